@@ -1,0 +1,31 @@
+// Thread and workgroup indices, wave size and barriers for each GPU family.
+#pragma once
+
+#include "arch/platform.h"
+
+namespace fmha {
+namespace arch {
+
+#if defined(FMHA_PLATFORM_NVIDIA)
+constexpr int kWaveSize = 32;
+__device__ inline uint32_t thread_index() { return threadIdx.x; }
+__device__ inline uint32_t block_index_x() { return blockIdx.x; }
+__device__ inline uint32_t block_index_y() { return blockIdx.y; }
+__device__ inline uint32_t block_index_z() { return blockIdx.z; }
+__device__ inline void block_barrier() { __syncthreads(); }
+#else
+constexpr int kWaveSize = 64;
+__device__ inline uint32_t thread_index() { return __builtin_amdgcn_workitem_id_x(); }
+__device__ inline uint32_t block_index_x() { return __builtin_amdgcn_workgroup_id_x(); }
+__device__ inline uint32_t block_index_y() { return __builtin_amdgcn_workgroup_id_y(); }
+__device__ inline uint32_t block_index_z() { return __builtin_amdgcn_workgroup_id_z(); }
+// A workgroup barrier that also orders LDS and global memory between the waves of the workgroup.
+__device__ inline void block_barrier() {
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
+  __builtin_amdgcn_s_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+}
+#endif
+
+}  // namespace arch
+}  // namespace fmha

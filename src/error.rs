@@ -1,0 +1,132 @@
+//! Status codes of the C ABI and the crate's error type.
+//!
+//! The numeric values of [`Status`] are part of the ABI: they are never renumbered, new codes are only
+//! appended.
+
+use std::fmt;
+
+/// Result codes returned by every exported function (`fmha_status` in C).
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Status {
+    /// Success.
+    Ok = 0,
+    /// An argument is out of range or inconsistent with another one.
+    InvalidArgument = 1,
+    /// The request is valid but this build has no kernel instance (or feature) for it.
+    Unsupported = 2,
+    /// The device runtime (CUDA/HIP, or the host backend's emulation of it) reported an error.
+    DeviceRuntime = 3,
+    /// A device, pinned or host allocation failed.
+    OutOfMemory = 4,
+    /// The workspace passed to `run` is smaller than `workspace_size` requires.
+    WorkspaceTooSmall = 5,
+    /// The workspace was never prepared for this launcher, or was prepared for other sequence lengths.
+    WorkspaceNotPrepared = 6,
+    /// A GPU build runs on a machine without a usable device.
+    NoDevice = 7,
+    /// A required pointer argument is null.
+    NullPointer = 8,
+    /// A bug inside the library (a caught panic, a broken invariant).
+    Internal = 9,
+    /// An asynchronous step (a host function on a stream) failed; reported by the next call.
+    AsyncFailure = 10,
+}
+
+impl Status {
+    /// Every status, in numeric order.
+    pub const ALL: [Status; 11] = [
+        Status::Ok,
+        Status::InvalidArgument,
+        Status::Unsupported,
+        Status::DeviceRuntime,
+        Status::OutOfMemory,
+        Status::WorkspaceTooSmall,
+        Status::WorkspaceNotPrepared,
+        Status::NoDevice,
+        Status::NullPointer,
+        Status::Internal,
+        Status::AsyncFailure,
+    ];
+
+    /// The status with this numeric value, if there is one.
+    pub fn from_code(code: i32) -> Option<Status> {
+        Status::ALL.iter().copied().find(|s| *s as i32 == code)
+    }
+
+    /// A short static description (what `fmha_status_string` returns).
+    pub fn description(self) -> &'static str {
+        match self {
+            Status::Ok => "success",
+            Status::InvalidArgument => "invalid argument",
+            Status::Unsupported => "unsupported: no kernel instance or feature for this request",
+            Status::DeviceRuntime => "device runtime error",
+            Status::OutOfMemory => "out of memory",
+            Status::WorkspaceTooSmall => "workspace too small",
+            Status::WorkspaceNotPrepared => "workspace not prepared",
+            Status::NoDevice => "no device",
+            Status::NullPointer => "null pointer",
+            Status::Internal => "internal error",
+            Status::AsyncFailure => "an asynchronous operation failed",
+        }
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.description())
+    }
+}
+
+/// An error: a status code plus a message naming what went wrong (the field, the value, the limit).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{status}: {message}")]
+pub struct Error {
+    pub status: Status,
+    pub message: String,
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub fn new(status: Status, message: impl Into<String>) -> Self {
+        Error { status, message: message.into() }
+    }
+    /// An invalid value for the named field.
+    pub fn invalid(field: &str, detail: impl fmt::Display) -> Self {
+        Error::new(Status::InvalidArgument, format!("{field}: {detail}"))
+    }
+    /// A required pointer that is null.
+    pub fn null(field: &str) -> Self {
+        Error::new(Status::NullPointer, format!("{field} must not be null"))
+    }
+    pub fn unsupported(detail: impl Into<String>) -> Self {
+        Error::new(Status::Unsupported, detail)
+    }
+    pub fn runtime(detail: impl Into<String>) -> Self {
+        Error::new(Status::DeviceRuntime, detail)
+    }
+    pub fn internal(detail: impl Into<String>) -> Self {
+        Error::new(Status::Internal, detail)
+    }
+}
+
+/// Fails with `InvalidArgument` naming `field` unless `condition` holds.
+pub fn ensure(condition: bool, field: &str, detail: impl FnOnce() -> String) -> Result<()> {
+    if condition {
+        Ok(())
+    } else {
+        Err(Error::invalid(field, detail()))
+    }
+}
+
+/// The message carried by a caught panic payload.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic payload".to_string()
+    }
+}

@@ -1,0 +1,148 @@
+//! Backend-neutral runtime helpers, so that examples and bindings read the same on every backend.
+//! Pointers returned by `fmha_device_malloc` are device pointers of the build's backend (host memory
+//! on the host backend).
+
+use super::{boundary, fmha_status, write_out};
+use crate::error::Error;
+use crate::runtime::{self, CopyKind, Stream};
+use std::ffi::c_void;
+
+/// A stream: `cudaStream_t` / `hipStream_t` on GPU builds (so framework streams can be passed in),
+/// a host-backend stream handle otherwise. NULL is the default stream.
+pub type fmha_stream_t = *mut c_void;
+
+/// `fmha_memcpy` directions.
+pub const FMHA_MEMCPY_HOST_TO_DEVICE: i32 = 1;
+pub const FMHA_MEMCPY_DEVICE_TO_HOST: i32 = 2;
+pub const FMHA_MEMCPY_DEVICE_TO_DEVICE: i32 = 3;
+
+/// Allocates `bytes` of device memory into `*ptr` (256-byte aligned).
+#[no_mangle]
+pub extern "C" fn fmha_device_malloc(ptr: *mut *mut c_void, bytes: usize) -> fmha_status {
+    boundary(|| {
+        if ptr.is_null() {
+            return Err(Error::null("ptr"));
+        }
+        let allocated = runtime::current()?.malloc(bytes)?;
+        write_out(ptr, "ptr", allocated as *mut c_void)
+    })
+}
+
+/// Frees memory from `fmha_device_malloc` (NULL is a no-op).
+#[no_mangle]
+pub extern "C" fn fmha_device_free(ptr: *mut c_void) -> fmha_status {
+    boundary(|| runtime::current()?.free(ptr as usize))
+}
+
+/// Allocates `bytes` of page-locked host memory into `*ptr`.
+#[no_mangle]
+pub extern "C" fn fmha_host_malloc_pinned(ptr: *mut *mut c_void, bytes: usize) -> fmha_status {
+    boundary(|| {
+        if ptr.is_null() {
+            return Err(Error::null("ptr"));
+        }
+        let allocated = runtime::current()?.malloc_pinned(bytes)?;
+        write_out(ptr, "ptr", allocated as *mut c_void)
+    })
+}
+
+/// Frees memory from `fmha_host_malloc_pinned` (NULL is a no-op).
+#[no_mangle]
+pub extern "C" fn fmha_host_free_pinned(ptr: *mut c_void) -> fmha_status {
+    boundary(|| runtime::current()?.free_pinned(ptr as usize))
+}
+
+/// Copies `bytes` from `src` to `dst` and waits for the copy; `kind` is an `FMHA_MEMCPY_*` value.
+#[no_mangle]
+pub extern "C" fn fmha_memcpy(dst: *mut c_void, src: *const c_void, bytes: usize, kind: i32) -> fmha_status {
+    boundary(|| runtime::current()?.memcpy(dst as usize, src as usize, bytes, CopyKind::from_i32(kind)?))
+}
+
+/// Queues a copy on `stream` and returns at once. Host memory must stay valid until the stream has
+/// run the copy (use pinned memory for truly asynchronous transfers on GPUs).
+#[no_mangle]
+pub extern "C" fn fmha_memcpy_async(
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+    kind: i32,
+    stream: fmha_stream_t,
+) -> fmha_status {
+    boundary(|| {
+        let kind = CopyKind::from_i32(kind)?;
+        runtime::current()?.memcpy_async(dst as usize, src as usize, bytes, kind, Stream(stream as usize))
+    })
+}
+
+/// Sets `bytes` of device memory at `dst` to the byte `value` (0..=255) and waits.
+#[no_mangle]
+pub extern "C" fn fmha_memset(dst: *mut c_void, value: i32, bytes: usize) -> fmha_status {
+    boundary(|| runtime::current()?.memset(dst as usize, byte_value(value)?, bytes))
+}
+
+/// Queues a memset on `stream`.
+#[no_mangle]
+pub extern "C" fn fmha_memset_async(dst: *mut c_void, value: i32, bytes: usize, stream: fmha_stream_t) -> fmha_status {
+    boundary(|| runtime::current()?.memset_async(dst as usize, byte_value(value)?, bytes, Stream(stream as usize)))
+}
+
+fn byte_value(value: i32) -> crate::error::Result<u8> {
+    u8::try_from(value).map_err(|_| Error::invalid("value", format!("{value} is not a byte value (0..=255)")))
+}
+
+/// Creates a stream into `*stream`.
+#[no_mangle]
+pub extern "C" fn fmha_stream_create(stream: *mut fmha_stream_t) -> fmha_status {
+    boundary(|| {
+        if stream.is_null() {
+            return Err(Error::null("stream"));
+        }
+        let created = runtime::current()?.stream_create()?;
+        write_out(stream, "stream", created.0 as fmha_stream_t)
+    })
+}
+
+/// Destroys a stream; work already queued on it still completes.
+#[no_mangle]
+pub extern "C" fn fmha_stream_destroy(stream: fmha_stream_t) -> fmha_status {
+    boundary(|| runtime::current()?.stream_destroy(Stream(stream as usize)))
+}
+
+/// Waits for all work queued on `stream`; reports an error of that work, if any.
+#[no_mangle]
+pub extern "C" fn fmha_stream_synchronize(stream: fmha_stream_t) -> fmha_status {
+    boundary(|| runtime::current()?.stream_synchronize(Stream(stream as usize)))
+}
+
+/// Waits for all work on all streams of the device.
+#[no_mangle]
+pub extern "C" fn fmha_device_synchronize() -> fmha_status {
+    boundary(|| runtime::current()?.device_synchronize())
+}
+
+/// The number of compute units (SMs on NVIDIA, CUs on AMD, logical CUs on the host backend) that the
+/// persistent scheduler plans for.
+#[no_mangle]
+pub extern "C" fn fmha_device_cu_count(count: *mut i32) -> fmha_status {
+    boundary(|| {
+        if count.is_null() {
+            return Err(Error::null("count"));
+        }
+        let cus = runtime::current()?.cu_count()?;
+        write_out(count, "count", i32::try_from(cus).unwrap_or(i32::MAX))
+    })
+}
+
+/// Host backend only: sets the logical CU count (1..=4096) the scheduler and executor use.
+/// GPU builds answer `FMHA_ERR_UNSUPPORTED` (their CU count is the device's).
+#[no_mangle]
+pub extern "C" fn fmha_host_set_cu_count(count: i32) -> fmha_status {
+    boundary(|| {
+        if runtime::ACTIVE_BACKEND != runtime::BackendKind::Host {
+            return Err(Error::unsupported(
+                "fmha_host_set_cu_count: only the host backend has a settable CU count; GPU builds use the device's",
+            ));
+        }
+        runtime::host::runtime().set_cu_count(i64::from(count))
+    })
+}

@@ -1,0 +1,84 @@
+//! Status codes and the thread-local error message.
+
+use crate::error::Status;
+use std::ffi::c_char;
+
+/// Result of every fallible function (`FMHA_OK` = 0). Values are fixed and never renumbered.
+pub type fmha_status = i32;
+
+pub const FMHA_OK: fmha_status = 0;
+pub const FMHA_ERR_INVALID_ARGUMENT: fmha_status = 1;
+pub const FMHA_ERR_UNSUPPORTED: fmha_status = 2;
+pub const FMHA_ERR_DEVICE_RUNTIME: fmha_status = 3;
+pub const FMHA_ERR_OUT_OF_MEMORY: fmha_status = 4;
+pub const FMHA_ERR_WORKSPACE_TOO_SMALL: fmha_status = 5;
+pub const FMHA_ERR_WORKSPACE_NOT_PREPARED: fmha_status = 6;
+pub const FMHA_ERR_NO_DEVICE: fmha_status = 7;
+pub const FMHA_ERR_NULL_POINTER: fmha_status = 8;
+pub const FMHA_ERR_INTERNAL: fmha_status = 9;
+pub const FMHA_ERR_ASYNC_FAILURE: fmha_status = 10;
+
+/// A static, NUL-terminated description of `status` ("unknown status" for values that are not codes).
+#[no_mangle]
+pub extern "C" fn fmha_status_string(status: fmha_status) -> *const c_char {
+    let text: &'static std::ffi::CStr = match Status::from_code(status) {
+        Some(Status::Ok) => c"success",
+        Some(Status::InvalidArgument) => c"invalid argument",
+        Some(Status::Unsupported) => c"unsupported: no kernel instance or feature for this request",
+        Some(Status::DeviceRuntime) => c"device runtime error",
+        Some(Status::OutOfMemory) => c"out of memory",
+        Some(Status::WorkspaceTooSmall) => c"workspace too small",
+        Some(Status::WorkspaceNotPrepared) => c"workspace not prepared",
+        Some(Status::NoDevice) => c"no device",
+        Some(Status::NullPointer) => c"null pointer",
+        Some(Status::Internal) => c"internal error",
+        Some(Status::AsyncFailure) => c"an asynchronous operation failed",
+        None => c"unknown status",
+    };
+    text.as_ptr()
+}
+
+/// Copies the message of the last failed call on this thread into `buffer` (NUL-terminated, truncated
+/// to `length - 1` bytes) and returns the full message length in bytes, without the NUL. The message
+/// is empty after a successful call. `buffer` may be null (with any `length`) to ask for the length.
+#[no_mangle]
+pub extern "C" fn fmha_last_error_message(buffer: *mut c_char, length: usize) -> usize {
+    let message = super::last_error();
+    let bytes = message.as_bytes();
+    if !buffer.is_null() && length > 0 {
+        let n = bytes.len().min(length - 1);
+        // SAFETY: the caller provides `length` writable bytes at `buffer`; we write n + 1 <= length.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), buffer as *mut u8, n);
+            *buffer.add(n) = 0;
+        }
+    }
+    bytes.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constants_match_status_enum() {
+        let constants = [
+            FMHA_OK,
+            FMHA_ERR_INVALID_ARGUMENT,
+            FMHA_ERR_UNSUPPORTED,
+            FMHA_ERR_DEVICE_RUNTIME,
+            FMHA_ERR_OUT_OF_MEMORY,
+            FMHA_ERR_WORKSPACE_TOO_SMALL,
+            FMHA_ERR_WORKSPACE_NOT_PREPARED,
+            FMHA_ERR_NO_DEVICE,
+            FMHA_ERR_NULL_POINTER,
+            FMHA_ERR_INTERNAL,
+            FMHA_ERR_ASYNC_FAILURE,
+        ];
+        for (status, constant) in Status::ALL.iter().zip(constants) {
+            assert_eq!(*status as i32, constant);
+            let text = unsafe { std::ffi::CStr::from_ptr(fmha_status_string(constant)) };
+            assert_eq!(text.to_str().unwrap(), status.description());
+        }
+    }
+}

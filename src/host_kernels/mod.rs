@@ -1,0 +1,4 @@
+//! The host backend's kernels: the same algorithms as `hip/`, as tile loops over the same kernel
+//! arguments, workspace bytes and schedule, run on stream worker threads.
+
+pub mod fill;

@@ -1,0 +1,36 @@
+//! `fmha`: fused multi-head attention behind a stable C ABI.
+//!
+//! Module map (see `docs/` and `../shared/design.md` for the architecture):
+//! - [`ffi`]: every exported `extern "C"` function; nothing else.
+//! - [`error`]: status codes and the error type.
+//! - [`runtime`]: the device runtime behind one trait (host, CUDA, ROCm).
+//! - [`host_kernels`]: the host backend's kernels.
+
+pub mod error;
+pub mod ffi;
+pub mod host_kernels;
+pub mod runtime;
+
+pub use error::{Error, Result, Status};
+
+/// `major * 10000 + minor * 100 + patch` of the crate version.
+pub const VERSION_NUMBER: u32 = version_number(env!("CARGO_PKG_VERSION"));
+
+const fn version_number(version: &str) -> u32 {
+    let bytes = version.as_bytes();
+    let mut parts = [0u32; 3];
+    let mut part = 0;
+    let mut i = 0;
+    while i < bytes.len() && part < 3 {
+        let c = bytes[i];
+        if c == b'.' {
+            part += 1;
+        } else if c.is_ascii_digit() {
+            parts[part] = parts[part] * 10 + (c - b'0') as u32;
+        } else {
+            break; // pre-release suffix
+        }
+        i += 1;
+    }
+    parts[0] * 10000 + parts[1] * 100 + parts[2]
+}

@@ -1,0 +1,33 @@
+//! Helpers shared by the integration tests: they call the library only through its C ABI.
+#![allow(dead_code)]
+
+use fmha::ffi::status::*;
+
+/// The thread-local message of the last failed call.
+pub fn last_error() -> String {
+    let len = fmha::ffi::status::fmha_last_error_message(std::ptr::null_mut(), 0);
+    let mut buffer = vec![0u8; len + 1];
+    fmha::ffi::status::fmha_last_error_message(buffer.as_mut_ptr() as *mut _, buffer.len());
+    String::from_utf8_lossy(&buffer[..len]).into_owned()
+}
+
+/// Asserts `status` is `expected` and the message mentions every word of `needles`.
+#[track_caller]
+pub fn expect_error(status: fmha_status, expected: fmha_status, needles: &[&str]) {
+    let message = last_error();
+    assert_eq!(status, expected, "unexpected status; message: {message}");
+    for needle in needles {
+        assert!(message.contains(needle), "message {message:?} does not mention {needle:?}");
+    }
+}
+
+#[track_caller]
+pub fn ok(status: fmha_status) {
+    assert_eq!(status, FMHA_OK, "call failed: {}", last_error());
+}
+
+/// True on GPU builds running without a device (tests then only check the clean failure).
+pub fn no_device() -> bool {
+    let mut count = 0;
+    fmha::ffi::runtime::fmha_device_cu_count(&mut count) == FMHA_ERR_NO_DEVICE
+}
