@@ -17,6 +17,27 @@
 #define FMHA_VERSION_NUMBER (FMHA_VERSION_MAJOR * 10000 + FMHA_VERSION_MINOR * 100 + FMHA_VERSION_PATCH)
 
 
+// `fmha_fwd_traits.dtype` / `fmha_bwd_traits.dtype`.
+#define FMHA_DTYPE_FP16 0
+
+#define FMHA_DTYPE_BF16 1
+
+// `mask_type`: no mask; causal or sliding window aligned to the top-left corner; aligned to the
+// bottom-right corner (flash-attn's causal). A window is `window_size_left/right` (-1 = unbounded);
+// causal is left = -1, right = 0.
+#define FMHA_MASK_NONE 0
+
+#define FMHA_MASK_TOP_LEFT 1
+
+#define FMHA_MASK_BOTTOM_RIGHT 2
+
+// `bias_type` (only NONE is supported so far; others answer FMHA_ERR_UNSUPPORTED).
+#define FMHA_BIAS_NONE 0
+
+#define FMHA_BIAS_ELEMENTWISE 1
+
+#define FMHA_BIAS_ALIBI 2
+
 // `fmha_memcpy` directions.
 #define FMHA_MEMCPY_HOST_TO_DEVICE 1
 
@@ -30,12 +51,145 @@
 
 #define FMHA_BACKEND_ROCM 2
 
+// A backward launcher (opaque).
+typedef struct fmha_bwd_launcher fmha_bwd_launcher;
+
 // Result of every fallible function (`FMHA_OK` = 0). Values are fixed and never renumbered.
 typedef int32_t fmha_status;
+
+// Forward dispatch key. Extensible: set `struct_size = sizeof(fmha_fwd_traits)`.
+typedef struct fmha_fwd_traits {
+  size_t struct_size;
+  // `FMHA_DTYPE_*` of q, k, v, o.
+  int32_t dtype;
+  int32_t hdim_q;
+  int32_t hdim_v;
+  // 0 = batch mode, 1 = group (varlen) mode.
+  int32_t is_group_mode;
+  // `FMHA_MASK_*`.
+  int32_t mask_type;
+  // `FMHA_BIAS_*`.
+  int32_t bias_type;
+  // Nonzero requests dropout (not supported yet).
+  int32_t has_dropout;
+} fmha_fwd_traits;
+
+// A strided tensor `[batch][head][row][column]` in device memory, columns contiguous, strides in
+// elements. In group (varlen) mode `batch_stride` is unused: batch b starts at row `seqstart[b]`.
+// This struct is frozen (embedded in others); it never grows.
+typedef struct fmha_tensor {
+  void *data;
+  int64_t batch_stride;
+  int64_t head_stride;
+  int64_t row_stride;
+} fmha_tensor;
+
+// Forward arguments. Extensible: set `struct_size = sizeof(fmha_fwd_args)`.
+//
+// Lengths: batch mode uses `seqlen_q/k` for every batch; group mode passes total physical rows in
+// `seqlen_q/k`, the physical offsets `seqstart_q/k` (`[batch + 1]`, device int32), optional logical
+// lengths `seqlen_q_ptr/seqlen_k_ptr` (`[batch]`, device int32, ≤ physical) and upper bounds
+// `max_seqlen_q/k` of the per-batch physical lengths.
+typedef struct fmha_fwd_args {
+  size_t struct_size;
+  struct fmha_tensor q;
+  struct fmha_tensor k;
+  struct fmha_tensor v;
+  struct fmha_tensor o;
+  // fp32 natural-log LSE `[batch][nhead_q][seqlen_q]`, `row_stride` must be 1 (group mode:
+  // `[nhead_q][total_q]`). `data = NULL` skips it.
+  struct fmha_tensor lse;
+  const int32_t *seqstart_q;
+  const int32_t *seqstart_k;
+  const int32_t *seqlen_q_ptr;
+  const int32_t *seqlen_k_ptr;
+  int32_t batch;
+  int32_t seqlen_q;
+  int32_t seqlen_k;
+  int32_t max_seqlen_q;
+  int32_t max_seqlen_k;
+  int32_t nhead_q;
+  int32_t nhead_k;
+  // Softmax scale; 0 selects `1 / sqrt(hdim_q)`.
+  float scale;
+  int32_t window_size_left;
+  int32_t window_size_right;
+} fmha_fwd_args;
 
 // A stream: `cudaStream_t` / `hipStream_t` on GPU builds (so framework streams can be passed in),
 // a host-backend stream handle otherwise. NULL is the default stream.
 typedef void *fmha_stream_t;
+
+// Backward dispatch key and problem shape (the workspace is sized from it). Extensible: set
+// `struct_size = sizeof(fmha_bwd_traits)`.
+typedef struct fmha_bwd_traits {
+  size_t struct_size;
+  // Batch mode: per-batch lengths; group mode: total physical rows (`seqstart[batch]`).
+  int32_t seqlen_q;
+  int32_t seqlen_k;
+  int32_t batch;
+  // Upper bounds of the per-batch physical lengths (group mode); batch mode: 0 or seqlen.
+  int32_t max_seqlen_q;
+  int32_t max_seqlen_k;
+  int32_t hdim_q;
+  int32_t hdim_v;
+  int32_t nhead_q;
+  int32_t nhead_k;
+  // `FMHA_DTYPE_*`.
+  int32_t dtype;
+  // 0 = batch mode, 1 = group (varlen) mode.
+  int32_t is_group_mode;
+  // `FMHA_MASK_*`.
+  int32_t mask_type;
+  // `FMHA_BIAS_*` (only NONE is supported so far).
+  int32_t bias_type;
+  // Nonzero: bias gradient (not supported yet).
+  int32_t has_dbias;
+  // Nonzero: dropout (not supported yet).
+  int32_t has_dropout;
+  // Nonzero: store dropout random values (not supported yet).
+  int32_t is_store_randval;
+  // Nonzero: bitwise reproducible dQ (persistent schedule, per-CU split slots, ordered reduction).
+  int32_t is_deterministic;
+} fmha_bwd_traits;
+
+// Backward arguments. Extensible: set `struct_size = sizeof(fmha_bwd_args)`. dK and dV have
+// `nhead_k` heads: the GQA/MQA reduction over query heads happens inside the library.
+typedef struct fmha_bwd_args {
+  size_t struct_size;
+  struct fmha_tensor q;
+  struct fmha_tensor k;
+  struct fmha_tensor v;
+  // The forward's output and LSE (fp32, natural log, unit row stride).
+  struct fmha_tensor o;
+  struct fmha_tensor lse;
+  struct fmha_tensor d_o;
+  // fp32 scratch in the LSE layout (written by the first stage).
+  struct fmha_tensor d;
+  struct fmha_tensor dq;
+  struct fmha_tensor dk;
+  struct fmha_tensor dv;
+  // The workspace this launcher prepared.
+  void *workspace;
+  const int32_t *seqstart_q;
+  const int32_t *seqstart_k;
+  const int32_t *seqlen_q_ptr;
+  const int32_t *seqlen_k_ptr;
+  // Must equal the launcher's traits.
+  int32_t batch;
+  int32_t seqlen_q;
+  int32_t seqlen_k;
+  int32_t max_seqlen_q;
+  int32_t max_seqlen_k;
+  int32_t nhead_q;
+  int32_t nhead_k;
+  int32_t hdim_q;
+  int32_t hdim_v;
+  // Softmax scale of the forward; 0 selects `1 / sqrt(hdim_q)`.
+  float scale;
+  int32_t window_size_left;
+  int32_t window_size_right;
+} fmha_bwd_args;
 
 #define FMHA_OK 0
 
@@ -62,6 +216,49 @@ typedef void *fmha_stream_t;
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+// Runs attention forward on `stream`: O = softmax(scale · Q Kᵀ + mask) V and the natural-log LSE.
+// Returns once the work is queued; errors found while it runs are reported by the next synchronize.
+fmha_status fmha_fwd(const struct fmha_fwd_traits *traits,
+                     const struct fmha_fwd_args *args,
+                     fmha_stream_t stream);
+
+// Writes the kernel instances of this build for the current device as a JSON array into `buffer`
+// (NUL-terminated, truncated to `length - 1` bytes) and the full length (without NUL) into
+// `*required`. `buffer` may be NULL to ask for the length.
+fmha_status fmha_registry_json(char *buffer, size_t length, size_t *required);
+
+// Creates a backward launcher for `traits` on the current device into `*launcher`: selects the
+// kernel instance and fixes the workspace layout (it uses the device's CU count).
+fmha_status fmha_bwd_launcher_create(const struct fmha_bwd_traits *traits,
+                                     struct fmha_bwd_launcher **launcher);
+
+// Destroys a launcher (NULL is a no-op). Work it already queued is unaffected.
+fmha_status fmha_bwd_launcher_destroy(struct fmha_bwd_launcher *launcher);
+
+// The workspace bytes `run` needs with this launcher (metadata region + dq_acc upper bound).
+fmha_status fmha_bwd_launcher_workspace_size(const struct fmha_bwd_launcher *launcher,
+                                             size_t *bytes);
+
+// Prepares `workspace` (at least `workspace_size` bytes of device memory) for the given sequence
+// starts: group mode passes the host copies of `seqstart_q/k` (`[batch + 1]` int32), batch mode
+// passes NULL. Synchronous. The launcher remembers the workspace; `run` zeroes its dq_acc region
+// itself, so one prepare serves any number of runs with the same sequence starts.
+fmha_status fmha_bwd_launcher_prepare_workspace(struct fmha_bwd_launcher *launcher,
+                                                void *workspace,
+                                                size_t workspace_size,
+                                                const int32_t *seqstart_q,
+                                                const int32_t *seqstart_k);
+
+// Enqueues the backward on `stream`: dot_do_o → dq_dk_dv → convert_dq. Returns once queued.
+fmha_status fmha_bwd_launcher_run(const struct fmha_bwd_launcher *launcher,
+                                  const struct fmha_bwd_args *args,
+                                  fmha_stream_t stream);
+
+// The workspace size a launcher for `traits` would need, without creating one (any sequence starts
+// consistent with the traits fit in it).
+fmha_status fmha_bwd_workspace_size_upper_bound(const struct fmha_bwd_traits *traits,
+                                                size_t *bytes);
 
 // Allocates `bytes` of device memory into `*ptr` (256-byte aligned).
 fmha_status fmha_device_malloc(void **ptr, size_t bytes);

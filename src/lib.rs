@@ -4,12 +4,26 @@
 //! - [`ffi`]: every exported `extern "C"` function; nothing else.
 //! - [`error`]: status codes and the error type.
 //! - [`runtime`]: the device runtime behind one trait (host, CUDA, ROCm).
+//! - [`problem`], [`mask`]: the attention problem (dtypes, strided tensors, shape, masks).
+//! - [`fwd`], [`bwd`]: the forward and backward operations (traits, args, validation, launchers).
+//! - [`workspace`], [`schedule`]: the backward workspace layout and the deterministic persistent
+//!   schedule, one implementation for every backend.
+//! - [`reference`]: float64 reference attention for tests.
+//! - [`registry`]: compiled kernel instances and their selection.
 //! - [`host_kernels`]: the host backend's kernels.
 
+pub mod bwd;
 pub mod error;
 pub mod ffi;
+pub mod fwd;
 pub mod host_kernels;
+pub mod mask;
+pub mod problem;
+pub mod reference;
+pub mod registry;
 pub mod runtime;
+pub mod schedule;
+pub mod workspace;
 
 pub use error::{Error, Result, Status};
 

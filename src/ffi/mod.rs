@@ -7,6 +7,8 @@
 // `unsafe fn` in Rust would change nothing for their C callers.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
+pub mod attention;
+pub mod backward;
 pub mod runtime;
 pub mod status;
 pub mod version;
@@ -57,4 +59,44 @@ pub(crate) fn write_out<T>(out: *mut T, field: &str, value: T) -> Result<()> {
     // contract of every out-parameter); `write` does not read or drop the old value.
     unsafe { out.write(value) };
     Ok(())
+}
+/// Borrows a caller-provided input struct.
+pub(crate) fn read_in<'a, T>(ptr: *const T, field: &str) -> Result<&'a T> {
+    // SAFETY: the C caller passes a pointer to an initialised `T` that outlives the call (the
+    // documented contract of every input struct); null is turned into an error by `as_ref`.
+    unsafe { ptr.as_ref() }.ok_or_else(|| Error::null(field))
+}
+
+/// Borrows a caller-provided host array of `len` elements (null allowed only when `len == 0`).
+pub(crate) fn read_slice<'a, T>(ptr: *const T, len: usize, field: &str) -> Result<&'a [T]> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if ptr.is_null() {
+        return Err(Error::null(field));
+    }
+    // SAFETY: non-null; the caller guarantees `len` initialised elements that outlive the call.
+    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+}
+
+/// Checks the `struct_size` field that begins every extensible struct: a caller compiled against an
+/// older header passes a smaller size, and the fields it does not know keep their defaults.
+pub(crate) fn check_struct_size(struct_size: usize, minimum: usize, maximum: usize, field: &str) -> Result<()> {
+    crate::error::ensure((minimum..=maximum).contains(&struct_size), field, || {
+        format!("struct_size is {struct_size}, expected between {minimum} and {maximum} (set it to sizeof(the struct))")
+    })
+}
+
+/// Copies `text` into a caller buffer of `length` bytes as a NUL-terminated string, truncated to
+/// `length - 1` bytes. Nothing is written when `buffer` is null or `length` is 0.
+pub(crate) fn copy_c_string(text: &str, buffer: *mut std::ffi::c_char, length: usize) {
+    if buffer.is_null() || length == 0 {
+        return;
+    }
+    let n = text.len().min(length - 1);
+    // SAFETY: the caller provides `length` writable bytes at `buffer`; we write n + 1 <= length.
+    unsafe {
+        std::ptr::copy_nonoverlapping(text.as_ptr(), buffer as *mut u8, n);
+        *buffer.add(n) = 0;
+    }
 }

@@ -44,16 +44,8 @@ pub extern "C" fn fmha_status_string(status: fmha_status) -> *const c_char {
 #[no_mangle]
 pub extern "C" fn fmha_last_error_message(buffer: *mut c_char, length: usize) -> usize {
     let message = super::last_error();
-    let bytes = message.as_bytes();
-    if !buffer.is_null() && length > 0 {
-        let n = bytes.len().min(length - 1);
-        // SAFETY: the caller provides `length` writable bytes at `buffer`; we write n + 1 <= length.
-        unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), buffer as *mut u8, n);
-            *buffer.add(n) = 0;
-        }
-    }
-    bytes.len()
+    super::copy_c_string(&message, buffer, length);
+    message.len()
 }
 
 #[cfg(test)]

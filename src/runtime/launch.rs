@@ -2,7 +2,9 @@
 //! backends call the C launch stubs of `hip/launch.h` (compiled from `hip/` by `build.rs`).
 
 use super::Stream;
+use crate::bwd::BwdKargs;
 use crate::error::Result;
+use crate::fwd::FwdKargs;
 
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 mod stubs {
@@ -33,6 +35,49 @@ pub fn fill_u32(dst: usize, value: u32, count: usize, stream: Stream) -> Result<
         super::host::runtime().enqueue(stream, move || {
             crate::host_kernels::fill::fill_u32(out, value);
             Ok(())
+        })
+    }
+}
+
+/// Enqueues the forward described by `kargs` on `stream`.
+pub fn forward(kargs: FwdKargs, stream: Stream) -> Result<()> {
+    #[cfg(any(feature = "cuda", feature = "rocm"))]
+    {
+        let _ = (kargs, stream);
+        Err(crate::error::Error::unsupported("the GPU forward kernels are not part of this build yet"))
+    }
+    #[cfg(not(any(feature = "cuda", feature = "rocm")))]
+    {
+        let host = super::host::runtime();
+        let cu_count = super::Runtime::cu_count(host)?;
+        host.enqueue(stream, move || match kargs.shape.dtype {
+            crate::problem::Dtype::F16 => crate::host_kernels::forward::run::<half::f16>(&kargs, cu_count),
+            crate::problem::Dtype::Bf16 => crate::host_kernels::forward::run::<half::bf16>(&kargs, cu_count),
+        })
+    }
+}
+
+/// Enqueues the backward (dot_do_o → dq_acc zeroing → dq_dk_dv → convert_dq) on `stream`.
+pub fn backward(kargs: BwdKargs, stream: Stream) -> Result<()> {
+    #[cfg(any(feature = "cuda", feature = "rocm"))]
+    {
+        let _ = (kargs, stream);
+        Err(crate::error::Error::unsupported("the GPU backward kernels are not part of this build yet"))
+    }
+    #[cfg(not(any(feature = "cuda", feature = "rocm")))]
+    {
+        fn stages<E: crate::problem::Element>(kargs: &BwdKargs, workers: i64) -> Result<()> {
+            use crate::host_kernels::backward::*;
+            let context = BwdContext::<E>::new(kargs)?;
+            dot_do_o::run(&context, workers)?;
+            zero_dq_acc::run(&context)?;
+            dq_dk_dv::run(&context, workers)?;
+            convert_dq::run(&context, workers)
+        }
+        let workers = kargs.layout.params.num_cus;
+        super::host::runtime().enqueue(stream, move || match kargs.shape.dtype {
+            crate::problem::Dtype::F16 => stages::<half::f16>(&kargs, workers),
+            crate::problem::Dtype::Bf16 => stages::<half::bf16>(&kargs, workers),
         })
     }
 }

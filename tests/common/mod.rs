@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: they call the library only through its C ABI.
 #![allow(dead_code)]
 
+pub mod attention;
+
 use fmha::ffi::status::*;
 
 /// The thread-local message of the last failed call.

@@ -1,0 +1,93 @@
+//! The backward's runtime arguments and their validation against the launcher's traits.
+
+use super::kargs::BwdExtents;
+use super::traits::BwdTraits;
+use crate::error::{ensure, Result};
+use crate::fwd::args::{check_lse_layout, check_sequence_arrays};
+use crate::mask::Mask;
+use crate::problem::{Shape, Tensor};
+
+/// Pointers, strides (elements), lengths and scalars of one backward call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BwdArgs {
+    pub q: Tensor,
+    pub k: Tensor,
+    pub v: Tensor,
+    pub o: Tensor,
+    pub lse: Tensor,
+    pub d_o: Tensor,
+    pub d: Tensor,
+    pub dq: Tensor,
+    pub dk: Tensor,
+    pub dv: Tensor,
+    pub workspace: usize,
+    pub seqstart_q: usize,
+    pub seqstart_k: usize,
+    pub seqlen_q_ptr: usize,
+    pub seqlen_k_ptr: usize,
+    pub batch: i64,
+    pub seqlen_q: i64,
+    pub seqlen_k: i64,
+    pub max_seqlen_q: i64,
+    pub max_seqlen_k: i64,
+    pub nhead_q: i64,
+    pub nhead_k: i64,
+    pub hdim_q: i64,
+    pub hdim_v: i64,
+    pub scale: f32,
+    pub window_size_left: i32,
+    pub window_size_right: i32,
+}
+
+impl BwdArgs {
+    /// The call's shape, checked field by field against the traits the launcher was created with.
+    pub fn shape(&self, traits: &BwdTraits) -> Result<Shape> {
+        for (name, arg, trait_value) in [
+            ("batch", self.batch, traits.batch),
+            ("seqlen_q", self.seqlen_q, traits.seqlen_q),
+            ("seqlen_k", self.seqlen_k, traits.seqlen_k),
+            ("max_seqlen_q", self.max_seqlen_q, traits.max_seqlen_q),
+            ("max_seqlen_k", self.max_seqlen_k, traits.max_seqlen_k),
+            ("nhead_q", self.nhead_q, traits.nhead_q),
+            ("nhead_k", self.nhead_k, traits.nhead_k),
+            ("hdim_q", self.hdim_q, traits.hdim_q),
+            ("hdim_v", self.hdim_v, traits.hdim_v),
+        ] {
+            ensure(arg == trait_value, name, || {
+                format!("{arg} disagrees with the launcher's traits ({trait_value}); create a launcher for this shape")
+            })?;
+        }
+        let mask = Mask { kind: traits.mask_type, left: self.window_size_left, right: self.window_size_right };
+        let mut shape = traits.shape(mask)?;
+        ensure(self.scale.is_finite() && self.scale >= 0.0, "scale", || {
+            format!("{} must be finite and non-negative (0 selects 1/sqrt(hdim_q))", self.scale)
+        })?;
+        if self.scale != 0.0 {
+            shape.scale = self.scale;
+        }
+        check_sequence_arrays(shape.mode, self.seqstart_q, self.seqstart_k, self.seqlen_q_ptr, self.seqlen_k_ptr)?;
+        Ok(shape)
+    }
+
+    /// Element extents of every tensor (and the checks of their layouts).
+    pub fn extents(&self, s: &Shape) -> Result<BwdExtents> {
+        let (m, b) = (s.mode, s.batch);
+        check_lse_layout(&self.lse, "lse")?;
+        check_lse_layout(&self.d, "d")?;
+        for (name, t) in [("lse", &self.lse), ("d", &self.d)] {
+            ensure(t.ptr != 0 || s.seqlen_q == 0, &format!("{name}.data"), || "must not be null".into())?;
+        }
+        Ok(BwdExtents {
+            q: self.q.extent("q", m, b, s.nhead_q, s.seqlen_q, s.hdim_q)?,
+            k: self.k.extent("k", m, b, s.nhead_k, s.seqlen_k, s.hdim_q)?,
+            v: self.v.extent("v", m, b, s.nhead_k, s.seqlen_k, s.hdim_v)?,
+            o: self.o.extent("o", m, b, s.nhead_q, s.seqlen_q, s.hdim_v)?,
+            lse: self.lse.extent("lse", m, b, s.nhead_q, s.seqlen_q, 1)?,
+            d_o: self.d_o.extent("do", m, b, s.nhead_q, s.seqlen_q, s.hdim_v)?,
+            d: self.d.extent("d", m, b, s.nhead_q, s.seqlen_q, 1)?,
+            dq: self.dq.extent("dq", m, b, s.nhead_q, s.seqlen_q, s.hdim_q)?,
+            dk: self.dk.extent("dk", m, b, s.nhead_k, s.seqlen_k, s.hdim_q)?,
+            dv: self.dv.extent("dv", m, b, s.nhead_k, s.seqlen_k, s.hdim_v)?,
+        })
+    }
+}

@@ -1,0 +1,13 @@
+//! The backward operation, CK's launcher model: create(traits) → workspace_size →
+//! prepare_workspace(seqstarts) → run(args, stream) → destroy. `run` enqueues dot_do_o → dq_dk_dv →
+//! convert_dq (plus the dq_acc zeroing the workspace rule asks for) on the caller's stream.
+
+pub mod args;
+pub mod kargs;
+pub mod launcher;
+pub mod traits;
+
+pub use args::BwdArgs;
+pub use kargs::BwdKargs;
+pub use launcher::BwdLauncher;
+pub use traits::BwdTraits;

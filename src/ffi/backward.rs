@@ -1,0 +1,259 @@
+//! The backward C API: the launcher handle and its functions.
+
+use super::attention::{fmha_tensor, mask_type};
+use super::runtime::fmha_stream_t;
+use super::{boundary, check_struct_size, fmha_status, read_in, read_slice, write_out};
+use crate::bwd::{launcher, BwdArgs, BwdLauncher, BwdTraits};
+use crate::error::{Error, Result};
+use crate::fwd::BiasType;
+use crate::problem::{Dtype, Mode};
+use crate::runtime::Stream;
+use std::ffi::c_void;
+
+/// Backward dispatch key and problem shape (the workspace is sized from it). Extensible: set
+/// `struct_size = sizeof(fmha_bwd_traits)`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct fmha_bwd_traits {
+    pub struct_size: usize,
+    /// Batch mode: per-batch lengths; group mode: total physical rows (`seqstart[batch]`).
+    pub seqlen_q: i32,
+    pub seqlen_k: i32,
+    pub batch: i32,
+    /// Upper bounds of the per-batch physical lengths (group mode); batch mode: 0 or seqlen.
+    pub max_seqlen_q: i32,
+    pub max_seqlen_k: i32,
+    pub hdim_q: i32,
+    pub hdim_v: i32,
+    pub nhead_q: i32,
+    pub nhead_k: i32,
+    /// `FMHA_DTYPE_*`.
+    pub dtype: i32,
+    /// 0 = batch mode, 1 = group (varlen) mode.
+    pub is_group_mode: i32,
+    /// `FMHA_MASK_*`.
+    pub mask_type: i32,
+    /// `FMHA_BIAS_*` (only NONE is supported so far).
+    pub bias_type: i32,
+    /// Nonzero: bias gradient (not supported yet).
+    pub has_dbias: i32,
+    /// Nonzero: dropout (not supported yet).
+    pub has_dropout: i32,
+    /// Nonzero: store dropout random values (not supported yet).
+    pub is_store_randval: i32,
+    /// Nonzero: bitwise reproducible dQ (persistent schedule, per-CU split slots, ordered reduction).
+    pub is_deterministic: i32,
+}
+
+/// Backward arguments. Extensible: set `struct_size = sizeof(fmha_bwd_args)`. dK and dV have
+/// `nhead_k` heads: the GQA/MQA reduction over query heads happens inside the library.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct fmha_bwd_args {
+    pub struct_size: usize,
+    pub q: fmha_tensor,
+    pub k: fmha_tensor,
+    pub v: fmha_tensor,
+    /// The forward's output and LSE (fp32, natural log, unit row stride).
+    pub o: fmha_tensor,
+    pub lse: fmha_tensor,
+    pub d_o: fmha_tensor,
+    /// fp32 scratch in the LSE layout (written by the first stage).
+    pub d: fmha_tensor,
+    pub dq: fmha_tensor,
+    pub dk: fmha_tensor,
+    pub dv: fmha_tensor,
+    /// The workspace this launcher prepared.
+    pub workspace: *mut c_void,
+    pub seqstart_q: *const i32,
+    pub seqstart_k: *const i32,
+    pub seqlen_q_ptr: *const i32,
+    pub seqlen_k_ptr: *const i32,
+    /// Must equal the launcher's traits.
+    pub batch: i32,
+    pub seqlen_q: i32,
+    pub seqlen_k: i32,
+    pub max_seqlen_q: i32,
+    pub max_seqlen_k: i32,
+    pub nhead_q: i32,
+    pub nhead_k: i32,
+    pub hdim_q: i32,
+    pub hdim_v: i32,
+    /// Softmax scale of the forward; 0 selects `1 / sqrt(hdim_q)`.
+    pub scale: f32,
+    pub window_size_left: i32,
+    pub window_size_right: i32,
+}
+
+/// A backward launcher (opaque).
+pub struct fmha_bwd_launcher {
+    inner: BwdLauncher,
+}
+
+impl fmha_bwd_traits {
+    pub(crate) fn to_traits(self) -> Result<BwdTraits> {
+        check_struct_size(self.struct_size, std::mem::size_of::<Self>(), std::mem::size_of::<Self>(), "traits")?;
+        let flag = |value: i32, field: &str| -> Result<bool> {
+            match value {
+                0 => Ok(false),
+                1 => Ok(true),
+                _ => Err(Error::invalid(field, format!("{value} is not 0 or 1"))),
+            }
+        };
+        Ok(BwdTraits {
+            dtype: Dtype::from_i32(self.dtype, "dtype")?,
+            mode: Mode::from_flag(self.is_group_mode, "is_group_mode")?,
+            mask_type: mask_type(self.mask_type)?,
+            bias_type: BiasType::from_i32(self.bias_type)?,
+            has_dbias: flag(self.has_dbias, "has_dbias")?,
+            has_dropout: flag(self.has_dropout, "has_dropout")?,
+            is_store_randval: flag(self.is_store_randval, "is_store_randval")?,
+            deterministic: flag(self.is_deterministic, "is_deterministic")?,
+            batch: i64::from(self.batch),
+            seqlen_q: i64::from(self.seqlen_q),
+            seqlen_k: i64::from(self.seqlen_k),
+            max_seqlen_q: i64::from(self.max_seqlen_q),
+            max_seqlen_k: i64::from(self.max_seqlen_k),
+            nhead_q: i64::from(self.nhead_q),
+            nhead_k: i64::from(self.nhead_k),
+            hdim_q: i64::from(self.hdim_q),
+            hdim_v: i64::from(self.hdim_v),
+        })
+    }
+}
+
+impl fmha_bwd_args {
+    pub(crate) fn to_args(self) -> Result<BwdArgs> {
+        check_struct_size(self.struct_size, std::mem::size_of::<Self>(), std::mem::size_of::<Self>(), "args")?;
+        Ok(BwdArgs {
+            q: self.q.to_tensor(),
+            k: self.k.to_tensor(),
+            v: self.v.to_tensor(),
+            o: self.o.to_tensor(),
+            lse: self.lse.to_tensor(),
+            d_o: self.d_o.to_tensor(),
+            d: self.d.to_tensor(),
+            dq: self.dq.to_tensor(),
+            dk: self.dk.to_tensor(),
+            dv: self.dv.to_tensor(),
+            workspace: self.workspace as usize,
+            seqstart_q: self.seqstart_q as usize,
+            seqstart_k: self.seqstart_k as usize,
+            seqlen_q_ptr: self.seqlen_q_ptr as usize,
+            seqlen_k_ptr: self.seqlen_k_ptr as usize,
+            batch: i64::from(self.batch),
+            seqlen_q: i64::from(self.seqlen_q),
+            seqlen_k: i64::from(self.seqlen_k),
+            max_seqlen_q: i64::from(self.max_seqlen_q),
+            max_seqlen_k: i64::from(self.max_seqlen_k),
+            nhead_q: i64::from(self.nhead_q),
+            nhead_k: i64::from(self.nhead_k),
+            hdim_q: i64::from(self.hdim_q),
+            hdim_v: i64::from(self.hdim_v),
+            scale: self.scale,
+            window_size_left: self.window_size_left,
+            window_size_right: self.window_size_right,
+        })
+    }
+}
+
+fn launcher_ref<'a>(launcher: *const fmha_bwd_launcher) -> Result<&'a BwdLauncher> {
+    read_in(launcher, "launcher").map(|l| &l.inner)
+}
+
+/// Creates a backward launcher for `traits` on the current device into `*launcher`: selects the
+/// kernel instance and fixes the workspace layout (it uses the device's CU count).
+#[no_mangle]
+pub extern "C" fn fmha_bwd_launcher_create(
+    traits: *const fmha_bwd_traits,
+    launcher: *mut *mut fmha_bwd_launcher,
+) -> fmha_status {
+    boundary(|| {
+        if launcher.is_null() {
+            return Err(Error::null("launcher"));
+        }
+        let traits = read_in(traits, "traits")?.to_traits()?;
+        let created = Box::new(fmha_bwd_launcher { inner: BwdLauncher::new(traits)? });
+        write_out(launcher, "launcher", Box::into_raw(created))
+    })
+}
+
+/// Destroys a launcher (NULL is a no-op). Work it already queued is unaffected.
+#[no_mangle]
+pub extern "C" fn fmha_bwd_launcher_destroy(launcher: *mut fmha_bwd_launcher) -> fmha_status {
+    boundary(|| {
+        if !launcher.is_null() {
+            // SAFETY: a non-null launcher comes from `fmha_bwd_launcher_create` (Box::into_raw) and the
+            // caller destroys it once.
+            drop(unsafe { Box::from_raw(launcher) });
+        }
+        Ok(())
+    })
+}
+
+/// The workspace bytes `run` needs with this launcher (metadata region + dq_acc upper bound).
+#[no_mangle]
+pub extern "C" fn fmha_bwd_launcher_workspace_size(
+    launcher: *const fmha_bwd_launcher,
+    bytes: *mut usize,
+) -> fmha_status {
+    boundary(|| {
+        let size = launcher_ref(launcher)?.workspace_size();
+        write_out(bytes, "bytes", size)
+    })
+}
+
+/// Prepares `workspace` (at least `workspace_size` bytes of device memory) for the given sequence
+/// starts: group mode passes the host copies of `seqstart_q/k` (`[batch + 1]` int32), batch mode
+/// passes NULL. Synchronous. The launcher remembers the workspace; `run` zeroes its dq_acc region
+/// itself, so one prepare serves any number of runs with the same sequence starts.
+#[no_mangle]
+pub extern "C" fn fmha_bwd_launcher_prepare_workspace(
+    launcher: *mut fmha_bwd_launcher,
+    workspace: *mut c_void,
+    workspace_size: usize,
+    seqstart_q: *const i32,
+    seqstart_k: *const i32,
+) -> fmha_status {
+    boundary(|| {
+        let launcher = launcher_ref(launcher)?;
+        let n = launcher.traits().batch as usize + 1;
+        let optional = |ptr: *const i32, field: &str| -> Result<Option<&[i32]>> {
+            if ptr.is_null() {
+                Ok(None)
+            } else {
+                read_slice(ptr, n, field).map(Some)
+            }
+        };
+        let (q, k) = (optional(seqstart_q, "seqstart_q")?, optional(seqstart_k, "seqstart_k")?);
+        launcher.prepare_workspace(workspace as usize, workspace_size, q, k)
+    })
+}
+
+/// Enqueues the backward on `stream`: dot_do_o → dq_dk_dv → convert_dq. Returns once queued.
+#[no_mangle]
+pub extern "C" fn fmha_bwd_launcher_run(
+    launcher: *const fmha_bwd_launcher,
+    args: *const fmha_bwd_args,
+    stream: fmha_stream_t,
+) -> fmha_status {
+    boundary(|| {
+        let launcher = launcher_ref(launcher)?;
+        let args = read_in(args, "args")?.to_args()?;
+        launcher.run(&args, Stream(stream as usize))
+    })
+}
+
+/// The workspace size a launcher for `traits` would need, without creating one (any sequence starts
+/// consistent with the traits fit in it).
+#[no_mangle]
+pub extern "C" fn fmha_bwd_workspace_size_upper_bound(
+    traits: *const fmha_bwd_traits,
+    bytes: *mut usize,
+) -> fmha_status {
+    boundary(|| {
+        let traits = read_in(traits, "traits")?.to_traits()?;
+        let size = launcher::workspace_size_upper_bound(&traits)?;
+        write_out(bytes, "bytes", size)
+    })
+}

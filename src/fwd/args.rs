@@ -1,0 +1,131 @@
+//! The forward's runtime arguments and their validation against the traits.
+
+use super::kargs::{FwdExtents, FwdKargs};
+use super::traits::{require_no_dropout, FwdTraits};
+use crate::error::{ensure, Error, Result};
+use crate::mask::Mask;
+use crate::problem::{Mode, Shape, Tensor};
+use crate::registry::{Operation, Request};
+use crate::runtime::Arch;
+
+/// Pointers, strides (elements) and lengths of one forward call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FwdArgs {
+    pub q: Tensor,
+    pub k: Tensor,
+    pub v: Tensor,
+    pub o: Tensor,
+    pub lse: Tensor,
+    pub seqstart_q: usize,
+    pub seqstart_k: usize,
+    pub seqlen_q_ptr: usize,
+    pub seqlen_k_ptr: usize,
+    pub batch: i64,
+    pub seqlen_q: i64,
+    pub seqlen_k: i64,
+    pub max_seqlen_q: i64,
+    pub max_seqlen_k: i64,
+    pub nhead_q: i64,
+    pub nhead_k: i64,
+    pub scale: f32,
+    pub window_size_left: i32,
+    pub window_size_right: i32,
+}
+
+/// Checks the sequence arrays against the mode: group mode needs `seqstart_q/k`, batch mode must
+/// not pass them (they would be silently ignored otherwise).
+pub fn check_sequence_arrays(
+    mode: Mode,
+    seqstart_q: usize,
+    seqstart_k: usize,
+    lens_q: usize,
+    lens_k: usize,
+) -> Result<()> {
+    match mode {
+        Mode::Group => {
+            ensure(seqstart_q != 0, "seqstart_q", || "must not be null in group mode".into())?;
+            ensure(seqstart_k != 0, "seqstart_k", || "must not be null in group mode".into())?;
+        }
+        Mode::Batch => {
+            for (name, ptr) in [
+                ("seqstart_q", seqstart_q),
+                ("seqstart_k", seqstart_k),
+                ("seqlen_q_ptr", lens_q),
+                ("seqlen_k_ptr", lens_k),
+            ] {
+                ensure(ptr == 0, name, || "must be null in batch mode (set is_group_mode for varlen)".into())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+impl FwdArgs {
+    /// Validates the args against the traits and selects the kernel instance for `arch`.
+    pub fn validate(&self, traits: &FwdTraits, arch: Arch) -> Result<FwdKargs> {
+        traits.bias_type.require_none()?;
+        require_no_dropout(traits.has_dropout)?;
+        let mask = Mask { kind: traits.mask_type, left: self.window_size_left, right: self.window_size_right };
+        let shape = Shape::new(
+            traits.dtype,
+            traits.mode,
+            self.batch,
+            (self.nhead_q, self.nhead_k),
+            (traits.hdim_q, traits.hdim_v),
+            (self.seqlen_q, self.seqlen_k),
+            (self.max_seqlen_q, self.max_seqlen_k),
+            self.scale,
+            mask,
+        )?;
+        check_sequence_arrays(shape.mode, self.seqstart_q, self.seqstart_k, self.seqlen_q_ptr, self.seqlen_k_ptr)?;
+        let (b, mode) = (shape.batch, shape.mode);
+        let extents = FwdExtents {
+            q: self.q.extent("q", mode, b, shape.nhead_q, shape.seqlen_q, shape.hdim_q)?,
+            k: self.k.extent("k", mode, b, shape.nhead_k, shape.seqlen_k, shape.hdim_q)?,
+            v: self.v.extent("v", mode, b, shape.nhead_k, shape.seqlen_k, shape.hdim_v)?,
+            o: self.o.extent("o", mode, b, shape.nhead_q, shape.seqlen_q, shape.hdim_v)?,
+            lse: if self.lse.ptr == 0 {
+                0
+            } else {
+                check_lse_layout(&self.lse, "lse")?;
+                self.lse.extent("lse", mode, b, shape.nhead_q, shape.seqlen_q, 1)?
+            },
+        };
+        let instance = crate::registry::select(
+            arch,
+            &Request {
+                operation: Operation::Forward,
+                dtype: shape.dtype,
+                hdim_q: shape.hdim_q,
+                hdim_v: shape.hdim_v,
+                masked: shape.masked(),
+                deterministic: false,
+            },
+        )?;
+        Ok(FwdKargs {
+            shape,
+            instance,
+            q: self.q,
+            k: self.k,
+            v: self.v,
+            o: self.o,
+            lse: self.lse,
+            extents,
+            seqstart_q: self.seqstart_q,
+            seqstart_k: self.seqstart_k,
+            seqlen_q_ptr: self.seqlen_q_ptr,
+            seqlen_k_ptr: self.seqlen_k_ptr,
+        })
+    }
+}
+
+/// LSE (and the backward's D) must have unit stride along q: kernels index them as packed rows.
+pub fn check_lse_layout(lse: &Tensor, field: &str) -> Result<()> {
+    if lse.row_stride != 1 {
+        return Err(Error::invalid(
+            &format!("{field}.row_stride"),
+            format!("{} must be 1 (LSE is [batch][nhead_q][seqlen_q] fp32 with unit stride along q)", lse.row_stride),
+        ));
+    }
+    Ok(())
+}

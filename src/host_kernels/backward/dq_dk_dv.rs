@@ -1,0 +1,205 @@
+//! Stage 2: one work unit = one (batch, kv head, K tile). K/V stay resident while the q tiles of every
+//! query head of the GQA group stream past: P is recomputed from LSE, dV and dK accumulate in f32,
+//! dQ partials go to the unit's dq_acc split slot. The grid is either one block per unit with atomic
+//! dq_acc adds (non-deterministic) or the persistent schedule of `schedule.rs`, one workgroup per CU
+//! walking its range, each split slot written by exactly one CU (deterministic).
+
+use super::BwdContext;
+use crate::error::{Error, Result};
+use crate::host_kernels::grid::for_each_block;
+use crate::host_kernels::tile_math::{axpy, dot, scale};
+use crate::problem::{Element, Mode};
+use crate::schedule::{group_jobs, BatchPersistent, WorkUnit};
+use crate::workspace::{DqAccBlock, MetadataView};
+use std::sync::atomic::{AtomicI64, Ordering};
+
+/// How a unit's dQ partial reaches dq_acc.
+enum DqWrite<'a> {
+    /// Any order: atomic adds (non-deterministic mode).
+    Atomic,
+    /// The slot belongs to this CU alone: plain read-add-write, in the CU's fixed unit order. The
+    /// owner table turns a schedule bug (two CUs on one slot) into an error instead of a silent race.
+    Owned { cu: i64, owners: &'a SlotOwners },
+}
+
+/// First CU to touch each (batch, kv head, split) slot.
+pub struct SlotOwners {
+    owner: Vec<AtomicI64>,
+    heads: usize,
+    splits: usize,
+}
+
+impl SlotOwners {
+    fn new(batch: usize, heads: usize, splits: usize) -> SlotOwners {
+        SlotOwners { owner: (0..batch * heads * splits).map(|_| AtomicI64::new(-1)).collect(), heads, splits }
+    }
+
+    fn claim(&self, unit: &WorkUnit, cu: i64) -> Result<()> {
+        let slot = (unit.batch as usize * self.heads + unit.head as usize) * self.splits + unit.split as usize;
+        let cell = self.owner.get(slot).ok_or_else(|| {
+            Error::internal(format!("deterministic schedule: split {} out of range {}", unit.split, self.splits))
+        })?;
+        match cell.compare_exchange(-1, cu, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => Ok(()),
+            Err(other) if other == cu => Ok(()),
+            Err(other) => Err(Error::internal(format!(
+                "deterministic schedule gave dq_acc slot (batch {}, head {}, split {}) to CUs {other} and {cu}",
+                unit.batch, unit.head, unit.split
+            ))),
+        }
+    }
+}
+
+pub fn run<E: Element>(c: &BwdContext<E>, workers: i64) -> Result<()> {
+    let s = &c.kargs.shape;
+    let (n0, masked) = (c.kargs.instance.n0, s.masked());
+    let meta = c.metadata()?;
+    let heads = s.nhead_k;
+    let num_cus = c.kargs.layout.params.num_cus;
+    if !c.kargs.deterministic {
+        let tiles = ((s.max_seqlen_k + n0 - 1) / n0).max(1);
+        let blocks = (tiles * heads * s.batch) as usize;
+        return for_each_block(blocks, workers, |block| {
+            let block = block as i64;
+            let unit = WorkUnit {
+                batch: block / (tiles * heads),
+                head: (block / tiles) % heads,
+                k_tile: block % tiles,
+                split: 0,
+            };
+            run_unit(c, &meta, &unit, DqWrite::Atomic)
+        });
+    }
+    let max_splits = ((s.max_seqlen_k + n0 - 1) / n0).max(1) as usize;
+    let owners = SlotOwners::new(s.batch as usize, heads as usize, max_splits);
+    match s.mode {
+        Mode::Batch => {
+            let plan = BatchPersistent::new(s.batch, heads, s.seqlen_k, n0, num_cus)?;
+            for_each_block(num_cus as usize, workers, |cu| {
+                for unit in plan.jobs(cu as i64, masked) {
+                    run_unit(c, &meta, &unit, DqWrite::Owned { cu: cu as i64, owners: &owners })?;
+                }
+                Ok(())
+            })
+        }
+        Mode::Group => {
+            let batch_states = meta.batch_states();
+            for_each_block(num_cus as usize, workers, |cu| {
+                let state = meta.cu_state(cu);
+                for unit in group_jobs(&state, &batch_states, heads, masked) {
+                    run_unit(c, &meta, &unit, DqWrite::Owned { cu: cu as i64, owners: &owners })?;
+                }
+                Ok(())
+            })
+        }
+    }
+}
+
+/// Per-unit scratch rows, f32.
+struct Tile {
+    width: usize,
+    data: Vec<f32>,
+}
+
+impl Tile {
+    fn new(rows: usize, width: usize) -> Tile {
+        Tile { width, data: vec![0.0; rows * width] }
+    }
+    fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.width..(i + 1) * self.width]
+    }
+    fn row_mut(&mut self, i: usize) -> &mut [f32] {
+        &mut self.data[i * self.width..(i + 1) * self.width]
+    }
+}
+
+fn run_unit<E: Element>(c: &BwdContext<E>, meta: &MetadataView<'_>, unit: &WorkUnit, write: DqWrite<'_>) -> Result<()> {
+    let s = &c.kargs.shape;
+    let (m0, n0) = (c.kargs.instance.m0, c.kargs.instance.n0);
+    let (b, hk) = (unit.batch, unit.head);
+    let rows = c.sequences.rows(b as usize)?;
+    let j0 = unit.k_tile * n0;
+    if rows.sk <= j0 {
+        return Ok(()); // tile beyond this batch's keys (padding or a shorter batch)
+    }
+    if let DqWrite::Owned { cu, owners } = &write {
+        owners.claim(unit, *cu)?;
+    }
+    let j1 = (j0 + n0).min(rows.sk);
+    let n = (j1 - j0) as usize;
+    let (dq, dv, group) = (s.hdim_q as usize, s.hdim_v as usize, s.group_size());
+    let mut staging = Vec::new();
+    let (mut k_tile, mut v_tile) = (Tile::new(n, dq), Tile::new(n, dv));
+    for j in 0..n {
+        let row = rows.k_start + j0 + j as i64;
+        c.k.read_row(b, hk, row, k_tile.row_mut(j), &mut staging);
+        c.v.read_row(b, hk, row, v_tile.row_mut(j), &mut staging);
+    }
+    let (mut dk_acc, mut dv_acc) = (Tile::new(n, dq), Tile::new(n, dv));
+    let mask = s.mask.resolve(rows.sq, rows.sk);
+    let (i_lo, i_hi) = if s.masked() { mask.query_range(j0, j1) } else { (0, rows.sq) };
+    let acc: DqAccBlock = c.kargs.layout.dq_acc_block(meta, c.seqstart_q.as_deref(), b as usize)?;
+    let dtype = E::DTYPE;
+    let m0u = m0 as usize;
+    let (mut q_tile, mut do_tile, mut dq_part) = (Tile::new(m0u, dq), Tile::new(m0u, dv), Tile::new(m0u, dq));
+    let (mut lse, mut big_d) = (vec![0f32; m0u], vec![0f32; m0u]);
+
+    for g in 0..group {
+        let h = hk * group + g;
+        // q tiles aligned to m0, as the GPU kernel iterates them.
+        let mut i0 = if i_lo < i_hi { i_lo / m0 * m0 } else { i_hi };
+        while i0 < i_hi {
+            let i1 = (i0 + m0).min(i_hi);
+            let m = (i1 - i0) as usize;
+            for i in 0..m {
+                let row = rows.q_start + i0 + i as i64;
+                c.q.read_row(b, h, row, q_tile.row_mut(i), &mut staging);
+                c.d_o.read_row(b, h, row, do_tile.row_mut(i), &mut staging);
+                let l = c.lse.slice().get(c.lse.row_offset(b, h, row));
+                // A fully masked row has LSE = -inf; using 0 keeps P = 0 instead of NaN.
+                lse[i] = if l == f32::NEG_INFINITY { 0.0 } else { l };
+                big_d[i] = c.d.slice().get(c.d.row_offset(b, h, row));
+            }
+            let edge = s.masked() && mask.tile_needs_mask(i0, i1, j0, j1);
+            for i in 0..m {
+                let qi = q_tile.row(i);
+                let gi = do_tile.row(i);
+                let dq_i = &mut dq_part.data[i * dq..(i + 1) * dq];
+                dq_i.fill(0.0);
+                for j in 0..n {
+                    if edge && !mask.is_kept(i0 + i as i64, j0 + j as i64) {
+                        continue; // P = 0: no contribution anywhere
+                    }
+                    let p = (dot(qi, k_tile.row(j)) * s.scale - lse[i]).exp();
+                    axpy(dtype.round(p), gi, dv_acc.row_mut(j));
+                    let dp = dot(gi, v_tile.row(j));
+                    let ds = dtype.round(p * (dp - big_d[i]));
+                    axpy(ds, qi, dk_acc.row_mut(j));
+                    axpy(ds, k_tile.row(j), dq_i);
+                }
+                scale(s.scale, dq_i);
+                let start = acc.index(hk as usize, unit.split as usize, (i0 + i as i64) as usize, g as usize * dq);
+                match write {
+                    DqWrite::Atomic => {
+                        for (col, x) in dq_i.iter().enumerate() {
+                            c.dq_acc.atomic_add(start + col, *x);
+                        }
+                    }
+                    DqWrite::Owned { .. } => {
+                        for (col, x) in dq_i.iter().enumerate() {
+                            c.dq_acc.set(start + col, c.dq_acc.get(start + col) + *x);
+                        }
+                    }
+                }
+            }
+            i0 = i1;
+        }
+    }
+    for j in 0..n {
+        let row = rows.k_start + j0 + j as i64;
+        scale(s.scale, dk_acc.row_mut(j));
+        c.dk.write_row(b, hk, row, dk_acc.row(j), &mut staging);
+        c.dv.write_row(b, hk, row, dv_acc.row(j), &mut staging);
+    }
+    Ok(())
+}

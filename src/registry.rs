@@ -1,0 +1,227 @@
+//! The kernel instances compiled into this build, per architecture, and selection by traits.
+//!
+//! Only what changes a kernel's inner loop is an instance (operation, dtype, head-dim bucket, masked
+//! or not, deterministic or not); everything else is a runtime argument. A request no instance serves
+//! answers "unsupported" and names the nearest instances.
+
+use crate::error::{Error, Result};
+use crate::problem::Dtype;
+use crate::runtime::Arch;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operation {
+    Forward,
+    Backward,
+}
+
+impl Operation {
+    pub fn name(self) -> &'static str {
+        match self {
+            Operation::Forward => "fwd",
+            Operation::Backward => "bwd",
+        }
+    }
+}
+
+/// One compiled kernel instance (for the backward: the dq_dk_dv kernel, whose tile drives the
+/// workspace and schedule; dot_do_o and convert_dq are tile-independent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Instance {
+    pub operation: Operation,
+    pub arch: Arch,
+    pub dtype: Dtype,
+    /// Largest `hdim_q` / `hdim_v` served (head dims are padded up to the bucket).
+    pub hdim_q: i64,
+    pub hdim_v: i64,
+    pub masked: bool,
+    pub deterministic: bool,
+    /// Forward: q rows per tile and k rows per inner step. Backward: q rows per inner step (kM0) and
+    /// k rows per work unit (kN0).
+    pub m0: i64,
+    pub n0: i64,
+    pub pipeline: &'static str,
+}
+
+impl Instance {
+    pub fn name(&self) -> String {
+        format!(
+            "fmha_{}_d{}x{}_{}_{}_{}_b{}x{}_{}_{}",
+            self.operation.name(),
+            self.hdim_q,
+            self.hdim_v,
+            self.dtype.name(),
+            if self.masked { "mask" } else { "nmask" },
+            if self.deterministic { "deterministic" } else { "ndeterministic" },
+            self.m0,
+            self.n0,
+            self.arch.name(),
+            self.pipeline
+        )
+    }
+}
+
+/// What a launcher asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    pub operation: Operation,
+    pub dtype: Dtype,
+    pub hdim_q: i64,
+    pub hdim_v: i64,
+    pub masked: bool,
+    pub deterministic: bool,
+}
+
+/// Backward tiles per head-dim bucket (kM0 × kN0), as CK's fp16/bf16 dq_dk_dv instances.
+const BACKWARD_TILES: [(i64, i64, i64); 4] = [(32, 32, 128), (64, 32, 128), (128, 16, 128), (256, 16, 64)];
+/// Forward tiles per head-dim bucket (q rows × k rows).
+const FORWARD_TILES: [(i64, i64, i64); 4] = [(32, 64, 64), (64, 64, 64), (128, 64, 64), (256, 64, 32)];
+
+/// Every instance this build has for `arch`.
+pub fn instances(arch: Arch) -> Vec<Instance> {
+    let mut list = Vec::new();
+    if arch != Arch::Host {
+        return list; // the GPU kernels register here as they land
+    }
+    for dtype in [Dtype::F16, Dtype::Bf16] {
+        for masked in [false, true] {
+            for &(hdim, m0, n0) in &FORWARD_TILES {
+                list.push(Instance {
+                    operation: Operation::Forward,
+                    arch,
+                    dtype,
+                    hdim_q: hdim,
+                    hdim_v: hdim,
+                    masked,
+                    deterministic: false,
+                    m0,
+                    n0,
+                    pipeline: "host_tile_loop",
+                });
+            }
+            for deterministic in [false, true] {
+                for &(hdim, m0, n0) in &BACKWARD_TILES {
+                    list.push(Instance {
+                        operation: Operation::Backward,
+                        arch,
+                        dtype,
+                        hdim_q: hdim,
+                        hdim_v: hdim,
+                        masked,
+                        deterministic,
+                        m0,
+                        n0,
+                        pipeline: if deterministic { "host_persistent" } else { "host_atomic" },
+                    });
+                }
+            }
+        }
+    }
+    list
+}
+
+/// The smallest instance serving `request` on `arch`.
+pub fn select(arch: Arch, request: &Request) -> Result<Instance> {
+    let all = instances(arch);
+    let fits = |i: &Instance| {
+        i.operation == request.operation
+            && i.dtype == request.dtype
+            && i.masked == request.masked
+            && i.deterministic == (request.deterministic && request.operation == Operation::Backward)
+            && request.hdim_q <= i.hdim_q
+            && request.hdim_v <= i.hdim_v
+    };
+    if let Some(best) = all.iter().filter(|i| fits(i)).min_by_key(|i| (i.hdim_q, i.hdim_v)) {
+        return Ok(*best);
+    }
+    // Nearest: same operation, ranked by how many key fields differ, then by head-dim distance.
+    let mut near: Vec<&Instance> = all.iter().filter(|i| i.operation == request.operation).collect();
+    near.sort_by_key(|i| {
+        let mismatches = (i.dtype != request.dtype) as i64
+            + (i.masked != request.masked) as i64
+            + (i.deterministic != request.deterministic) as i64;
+        (mismatches, (i.hdim_q - request.hdim_q).abs() + (i.hdim_v - request.hdim_v).abs())
+    });
+    let nearest: Vec<String> = near.iter().take(3).map(|i| i.name()).collect();
+    Err(Error::unsupported(format!(
+        "no {} kernel for {} hdim_q={} hdim_v={} {} {} on {}; nearest compiled instances: {}",
+        request.operation.name(),
+        request.dtype.name(),
+        request.hdim_q,
+        request.hdim_v,
+        if request.masked { "masked" } else { "unmasked" },
+        if request.deterministic { "deterministic" } else { "non-deterministic" },
+        arch.name(),
+        if nearest.is_empty() {
+            "none (this build has no attention kernels for this device)".into()
+        } else {
+            nearest.join(", ")
+        }
+    )))
+}
+
+/// The instance list as JSON (an array of objects), the seed of a dispatcher or benchmark tool.
+pub fn to_json(instances: &[Instance]) -> String {
+    let items: Vec<String> = instances
+        .iter()
+        .map(|i| {
+            format!(
+                "{{\"name\":\"{}\",\"operation\":\"{}\",\"arch\":\"{}\",\"dtype\":\"{}\",\"hdim_q\":{},\"hdim_v\":{},\
+                 \"masked\":{},\"deterministic\":{},\"m0\":{},\"n0\":{},\"pipeline\":\"{}\"}}",
+                i.name(),
+                i.operation.name(),
+                i.arch.name(),
+                i.dtype.name(),
+                i.hdim_q,
+                i.hdim_v,
+                i.masked,
+                i.deterministic,
+                i.m0,
+                i.n0,
+                i.pipeline
+            )
+        })
+        .collect();
+    format!("[{}]", items.join(","))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(op: Operation, hdim_q: i64, hdim_v: i64) -> Request {
+        Request { operation: op, dtype: Dtype::Bf16, hdim_q, hdim_v, masked: true, deterministic: true }
+    }
+
+    #[test]
+    fn selects_the_smallest_bucket_that_fits() {
+        let i = select(Arch::Host, &request(Operation::Backward, 40, 88)).unwrap();
+        assert_eq!((i.hdim_q, i.hdim_v, i.m0, i.n0), (128, 128, 16, 128));
+        let i = select(Arch::Host, &request(Operation::Backward, 32, 32)).unwrap();
+        assert_eq!((i.hdim_q, i.m0, i.n0), (32, 32, 128));
+        assert!(i.deterministic && i.masked);
+        let i = select(Arch::Host, &request(Operation::Forward, 256, 108)).unwrap();
+        assert_eq!(i.hdim_q, 256);
+        assert!(!i.deterministic);
+    }
+
+    #[test]
+    fn unsupported_names_the_nearest_instances() {
+        let e = select(Arch::Host, &request(Operation::Backward, 300, 64)).unwrap_err();
+        assert_eq!(e.status, crate::Status::Unsupported);
+        assert!(
+            e.message.contains("nearest compiled instances: fmha_bwd_d256x256_bf16_mask_deterministic"),
+            "{}",
+            e.message
+        );
+        let e = select(Arch::Gfx942, &request(Operation::Forward, 64, 64)).unwrap_err();
+        assert!(e.message.contains("no attention kernels"), "{}", e.message);
+    }
+
+    #[test]
+    fn json_lists_every_instance() {
+        let list = instances(Arch::Host);
+        let json = to_json(&list);
+        assert_eq!(json.matches("\"name\"").count(), list.len());
+        assert!(json.starts_with("[{") && json.ends_with("}]"));
+    }
+}

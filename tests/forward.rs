@@ -1,0 +1,52 @@
+//! Forward end to end through the C ABI against the float64 reference, with the field's rule.
+
+mod common;
+
+use common::attention::{check_forward, Case, Dtype, Layout, Rng};
+use fmha::mask::{Mask, MaskType};
+
+fn masks() -> Vec<Mask> {
+    vec![
+        Mask::NONE,
+        Mask::causal(MaskType::TopLeft),
+        Mask::causal(MaskType::BottomRight),
+        Mask { kind: MaskType::TopLeft, left: 128, right: 30 },
+        Mask { kind: MaskType::BottomRight, left: 4, right: 35 },
+    ]
+}
+
+#[test]
+fn batch_mode_masks_layouts_and_gqa() {
+    let mut rng = Rng::fresh();
+    eprintln!("seed {}", rng.0);
+    for (i, mask) in masks().into_iter().enumerate() {
+        for dtype in [Dtype::F16, Dtype::Bf16] {
+            let mut case = Case::batch_mode(dtype, 2, 4, [4, 2, 1][i % 3], (97, 181), (64, 64), mask);
+            case.layout = if i % 2 == 0 { Layout::Bshd } else { Layout::Bhsd };
+            check_forward(&case, &mut rng);
+        }
+    }
+}
+
+#[test]
+fn head_dims_including_unequal_q_and_v() {
+    let mut rng = Rng::fresh();
+    eprintln!("seed {}", rng.0);
+    for (dq, dv) in [(32, 32), (128, 128), (256, 256), (40, 88), (120, 160), (256, 108)] {
+        let case = Case::batch_mode(Dtype::Bf16, 1, 2, 1, (70, 131), (dq, dv), Mask::causal(MaskType::BottomRight));
+        check_forward(&case, &mut rng);
+    }
+}
+
+#[test]
+fn group_mode_with_zero_lengths_and_padding() {
+    let mut rng = Rng::fresh();
+    eprintln!("seed {}", rng.0);
+    for mask in masks() {
+        let mut case = Case::batch_mode(Dtype::F16, 5, 6, 2, (0, 0), (64, 64), mask);
+        case.group = true;
+        case.seqlens = vec![(0, 40), (33, 0), (129, 77), (1, 1), (64, 300)];
+        case.padding = vec![(3, 0), (0, 5), (7, 1), (0, 0), (0, 64)];
+        check_forward(&case, &mut rng);
+    }
+}
