@@ -206,7 +206,7 @@ mod tests {
 
     #[test]
     fn unsupported_names_the_nearest_instances() {
-        let e = select(Arch::Host, &request(Operation::Backward, 300, 64)).unwrap_err();
+        let e = select(Arch::Host, &request(Operation::Backward, 300, 256)).unwrap_err();
         assert_eq!(e.status, crate::Status::Unsupported);
         assert!(
             e.message.contains("nearest compiled instances: fmha_bwd_d256x256_bf16_mask_deterministic"),
