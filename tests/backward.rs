@@ -1,26 +1,124 @@
-//! Backward end to end through the C ABI against the float64 reference, with the field's rule.
+//! Backward end to end through the C ABI against the float64 reference, with the field's rule:
+//! CK's smoke shapes × {fp16, bf16} × {batch, group} × {deterministic, not} × head dims, zero-length
+//! batches in group mode, and bitwise determinism.
 
 mod common;
 
-use common::attention::{check_backward, Case, Dtype, Rng};
+use common::attention::{check_backward, check_backward_modes, Case, Dtype, PreparedLauncher, Rng};
 use fmha::mask::{Mask, MaskType};
 
-#[test]
-fn backward_small_cases() {
+/// CK's `smoke_test_bwd.sh` shapes: (batch, nhead_q, nhead_k, seqlen_q, seqlen_k, mask).
+fn smoke_shapes() -> Vec<(usize, usize, usize, usize, usize, Mask)> {
+    vec![
+        (1, 4, 2, 259, 259, Mask::NONE),
+        (2, 2, 2, 516, 253, Mask::NONE),
+        (1, 4, 1, 500, 251, Mask::causal(MaskType::TopLeft)),
+        (1, 2, 2, 900, 258, Mask::causal(MaskType::BottomRight)),
+        (2, 1, 1, 987, 219, Mask { kind: MaskType::TopLeft, left: 128, right: 30 }),
+        (2, 3, 1, 244, 499, Mask { kind: MaskType::BottomRight, left: 4, right: 35 }),
+    ]
+}
+
+const HEAD_DIMS: [(usize, usize); 7] = [(32, 32), (64, 64), (128, 128), (256, 256), (40, 88), (120, 160), (256, 108)];
+
+/// Group mode variant of a smoke shape: per-batch lengths around the shape's (CK's group runs use
+/// varying lengths), some physical padding.
+fn group_case(mut case: Case) -> Case {
+    let b = case.seqlens.len();
+    let (sq, sk) = case.seqlens[0];
+    case.group = true;
+    case.seqlens = (0..b).map(|i| (sq.saturating_sub(37 * i), sk + 11 * i)).collect();
+    case.padding = (0..b).map(|i| (i * 5, (i * 3) % 4)).collect();
+    case
+}
+
+fn smoke_grid(dtype: Dtype, group: bool) {
     let mut rng = Rng::fresh();
     eprintln!("seed {}", rng.0);
-    for deterministic in [false, true] {
-        for mask in
-            [Mask::NONE, Mask::causal(MaskType::TopLeft), Mask { kind: MaskType::BottomRight, left: 4, right: 35 }]
-        {
-            let mut case = Case::batch_mode(Dtype::F16, 2, 4, 2, (77, 150), (64, 64), mask);
-            case.deterministic = deterministic;
-            check_backward(&case, &mut rng);
-            let mut group = case.clone();
-            group.group = true;
-            group.seqlens = vec![(0, 40), (33, 0), (129, 77), (64, 300)];
-            group.padding = vec![(3, 0), (0, 5), (7, 1), (0, 64)];
-            check_backward(&group, &mut rng);
+    for (b, h, hk, sq, sk, mask) in smoke_shapes() {
+        for &dims in &HEAD_DIMS {
+            let case = Case::batch_mode(dtype, b, h, hk, (sq, sk), dims, mask);
+            let case = if group { group_case(case) } else { case };
+            check_backward_modes(&case, &[false, true], &mut rng);
         }
+    }
+}
+
+#[test]
+fn smoke_grid_fp16_batch() {
+    smoke_grid(Dtype::F16, false);
+}
+
+#[test]
+fn smoke_grid_fp16_group() {
+    smoke_grid(Dtype::F16, true);
+}
+
+#[test]
+fn smoke_grid_bf16_batch() {
+    smoke_grid(Dtype::Bf16, false);
+}
+
+#[test]
+fn smoke_grid_bf16_group() {
+    smoke_grid(Dtype::Bf16, true);
+}
+
+/// Group-mode batches with zero-length q or k, first, middle and last, every mask kind.
+#[test]
+fn group_mode_zero_length_batches() {
+    let mut rng = Rng::fresh();
+    eprintln!("seed {}", rng.0);
+    let layouts: [Vec<(usize, usize)>; 4] = [
+        vec![(0, 90), (70, 130), (45, 0)],
+        vec![(50, 0), (0, 0), (128, 64)],
+        vec![(33, 65), (0, 100), (17, 0), (80, 80)],
+        vec![(0, 0), (0, 64)],
+    ];
+    for seqlens in layouts {
+        for mask in [
+            Mask::NONE,
+            Mask::causal(MaskType::TopLeft),
+            Mask::causal(MaskType::BottomRight),
+            Mask { kind: MaskType::BottomRight, left: 10, right: 3 },
+        ] {
+            let mut case = Case::batch_mode(Dtype::Bf16, seqlens.len(), 4, 2, (1, 1), (64, 64), mask);
+            case.group = true;
+            case.padding = vec![(0, 0); seqlens.len()];
+            case.seqlens = seqlens.clone();
+            check_backward_modes(&case, &[false, true], &mut rng);
+        }
+    }
+}
+
+/// Repeated deterministic runs give identical bits; so do dK/dV across host CU counts (each K tile's
+/// dK/dV is computed by one unit in a fixed order whatever the CU count).
+#[test]
+fn deterministic_backward_is_bitwise_reproducible() {
+    let _serial = common::CU_COUNT_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let mut rng = Rng::fresh();
+    eprintln!("seed {}", rng.0);
+    let mut case = Case::batch_mode(Dtype::Bf16, 3, 8, 2, (0, 0), (64, 64), Mask::causal(MaskType::BottomRight));
+    case.group = true;
+    case.deterministic = true;
+    case.seqlens = vec![(130, 260), (0, 77), (301, 190)];
+    case.padding = vec![(0, 0); 3];
+    let (fwd, bwd) = check_backward(&case, &mut rng);
+    let mut per_cu_count = Vec::new();
+    for cus in [1, 7, 80] {
+        common::ok(fmha::ffi::runtime::fmha_host_set_cu_count(cus));
+        let launcher = PreparedLauncher::new(&case);
+        launcher.run(&case, &fwd, &bwd);
+        let first = bwd.bits();
+        for _ in 0..3 {
+            launcher.run(&case, &fwd, &bwd);
+            assert_eq!(bwd.bits(), first, "deterministic backward changed between runs with {cus} CUs");
+        }
+        per_cu_count.push((cus, first));
+    }
+    let (_, reference) = &per_cu_count[0];
+    for (cus, bits) in &per_cu_count[1..] {
+        assert_eq!(bits.dk, reference.dk, "dK differs between 1 and {cus} CUs");
+        assert_eq!(bits.dv, reference.dv, "dV differs between 1 and {cus} CUs");
     }
 }

@@ -684,33 +684,57 @@ impl Drop for PreparedLauncher {
     }
 }
 
-/// Forward, then backward through a fresh launcher; checks dQ, dK, dV with the field's rule (3×).
-/// Returns what a determinism test needs to run the backward again.
-pub fn check_backward(case: &Case, rng: &mut Rng) -> (Buffers, BackwardBuffers, PreparedLauncher, GradientBits) {
-    let (fwd, inputs) = check_forward(case, rng);
-    let bwd = BackwardBuffers::new(case, rng);
-    let launcher = PreparedLauncher::new(case);
-    launcher.run(case, &fwd, &bwd);
+/// Reference gradients: float64 and same-precision, per batch.
+pub struct ExpectedGradients {
+    pub exact: [Dense; 3],
+    pub low: [Dense; 3],
+}
+
+pub fn expected_gradients(case: &Case, inputs: &Inputs, d_o: &Dense) -> ExpectedGradients {
+    let problem = case.reference();
+    let mut exact: [Dense; 3] = Default::default();
+    let mut low: [Dense; 3] = Default::default();
+    for b in 0..case.seqlens.len() {
+        let args = (&inputs.q[b], &inputs.k[b], &inputs.v[b], &d_o[b]);
+        let e = problem.backward(b, args.0, args.1, args.2, args.3, Precision::F64).unwrap();
+        let l = problem.backward(b, args.0, args.1, args.2, args.3, Precision::LowPrecision(case.dtype)).unwrap();
+        for (slot, value) in exact.iter_mut().zip([e.dq, e.dk, e.dv]) {
+            slot.push(value);
+        }
+        for (slot, value) in low.iter_mut().zip([l.dq, l.dk, l.dv]) {
+            slot.push(value);
+        }
+    }
+    ExpectedGradients { exact, low }
+}
+
+/// Checks the gradients in `bwd` (after a run) with the field's rule (3×).
+pub fn check_gradients(case: &Case, bwd: &BackwardBuffers, expected: &ExpectedGradients) {
     let dq = download_16(case, &bwd.dq, case.nhead_q, case.hdim_q, false);
     let dk = download_16(case, &bwd.dk, case.nhead_k, case.hdim_q, true);
     let dv = download_16(case, &bwd.dv, case.nhead_k, case.hdim_v, true);
-    let problem = case.reference();
-    let (mut exact, mut low) = ((Vec::new(), Vec::new(), Vec::new()), (Vec::new(), Vec::new(), Vec::new()));
-    for b in 0..case.seqlens.len() {
-        let args = (&inputs.q[b], &inputs.k[b], &inputs.v[b], &bwd.d_o_dense[b]);
-        let e = problem.backward(b, args.0, args.1, args.2, args.3, Precision::F64).unwrap();
-        let l = problem.backward(b, args.0, args.1, args.2, args.3, Precision::LowPrecision(case.dtype)).unwrap();
-        exact.0.push(e.dq);
-        exact.1.push(e.dk);
-        exact.2.push(e.dv);
-        low.0.push(l.dq);
-        low.1.push(l.dk);
-        low.2.push(l.dv);
-    }
     let eps = epsilon(case.dtype);
-    check_rule(case, "dQ", &dq, &exact.0, &low.0, 3.0, eps);
-    check_rule(case, "dK", &dk, &exact.1, &low.1, 3.0, eps);
-    check_rule(case, "dV", &dv, &exact.2, &low.2, 3.0, eps);
-    let bits = bwd.bits();
-    (fwd, bwd, launcher, bits)
+    for (i, (name, kernel)) in [("dQ", &dq), ("dK", &dk), ("dV", &dv)].into_iter().enumerate() {
+        check_rule(case, name, kernel, &expected.exact[i], &expected.low[i], 3.0, eps);
+    }
+}
+
+/// Forward, then a backward through a fresh launcher for each of `deterministic` (the references are
+/// computed once); checks every output. Returns the buffers for further runs.
+pub fn check_backward_modes(case: &Case, modes: &[bool], rng: &mut Rng) -> (Buffers, BackwardBuffers) {
+    let (fwd, inputs) = check_forward(case, rng);
+    let bwd = BackwardBuffers::new(case, rng);
+    let expected = expected_gradients(case, &inputs, &bwd.d_o_dense);
+    for &deterministic in modes {
+        let case = Case { deterministic, ..case.clone() };
+        let launcher = PreparedLauncher::new(&case);
+        launcher.run(&case, &fwd, &bwd);
+        check_gradients(&case, &bwd, &expected);
+    }
+    (fwd, bwd)
+}
+
+/// Forward and backward of `case` (its own `deterministic` flag), checked.
+pub fn check_backward(case: &Case, rng: &mut Rng) -> (Buffers, BackwardBuffers) {
+    check_backward_modes(case, &[case.deterministic], rng)
 }

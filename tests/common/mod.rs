@@ -33,3 +33,6 @@ pub fn no_device() -> bool {
     let mut count = 0;
     fmha::ffi::runtime::fmha_device_cu_count(&mut count) == FMHA_ERR_NO_DEVICE
 }
+
+/// Serialises tests that change the host backend's CU count (a process-wide setting).
+pub static CU_COUNT_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());

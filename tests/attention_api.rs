@@ -1,0 +1,283 @@
+//! Bad inputs of every attention entry point: each gets a specific status and a message naming the
+//! field, and nothing is written.
+
+mod common;
+
+use common::attention::{bwd_traits, BackwardBuffers, Buffers, Case, Dtype, Inputs, Rng};
+use common::{expect_error, last_error, ok};
+use fmha::ffi::attention::*;
+use fmha::ffi::backward::*;
+use fmha::ffi::runtime::*;
+use fmha::ffi::status::*;
+use fmha::mask::{Mask, MaskType};
+use std::ptr::{null, null_mut};
+
+fn small_case(group: bool) -> Case {
+    let mut case = Case::batch_mode(Dtype::F16, 2, 4, 2, (33, 47), (64, 64), Mask::causal(MaskType::TopLeft));
+    if group {
+        case.group = true;
+        case.seqlens = vec![(20, 30), (13, 47)];
+        case.padding = vec![(0, 0); 2];
+    }
+    case
+}
+
+fn buffers(case: &Case, rng: &mut Rng) -> Buffers {
+    let inputs = Inputs {
+        q: common::attention::random_dense(case, rng, case.nhead_q, case.hdim_q, false),
+        k: common::attention::random_dense(case, rng, case.nhead_k, case.hdim_q, true),
+        v: common::attention::random_dense(case, rng, case.nhead_k, case.hdim_v, true),
+    };
+    Buffers::new(case, &inputs, rng)
+}
+
+#[test]
+fn forward_rejects_bad_inputs() {
+    let mut rng = Rng::fresh();
+    let case = small_case(false);
+    let b = buffers(&case, &mut rng);
+    let traits = Buffers::fwd_traits(&case);
+    let args = b.fwd_args(&case);
+    let run = |t: fmha_fwd_traits, a: fmha_fwd_args| fmha_fwd(&t, &a, null_mut());
+
+    expect_error(fmha_fwd(null(), &args, null_mut()), FMHA_ERR_NULL_POINTER, &["traits"]);
+    expect_error(fmha_fwd(&traits, null(), null_mut()), FMHA_ERR_NULL_POINTER, &["args"]);
+    expect_error(
+        run(fmha_fwd_traits { struct_size: 4, ..traits }, args),
+        FMHA_ERR_INVALID_ARGUMENT,
+        &["traits", "struct_size"],
+    );
+    expect_error(
+        run(traits, fmha_fwd_args { struct_size: 0, ..args }),
+        FMHA_ERR_INVALID_ARGUMENT,
+        &["args", "struct_size"],
+    );
+    expect_error(run(fmha_fwd_traits { dtype: 7, ..traits }, args), FMHA_ERR_INVALID_ARGUMENT, &["dtype", "7"]);
+    expect_error(run(fmha_fwd_traits { hdim_q: 0, ..traits }, args), FMHA_ERR_INVALID_ARGUMENT, &["hdim_q"]);
+    expect_error(run(fmha_fwd_traits { hdim_v: 300, ..traits }, args), FMHA_ERR_INVALID_ARGUMENT, &["hdim_v", "300"]);
+    expect_error(
+        run(fmha_fwd_traits { is_group_mode: 2, ..traits }, args),
+        FMHA_ERR_INVALID_ARGUMENT,
+        &["is_group_mode"],
+    );
+    expect_error(run(fmha_fwd_traits { mask_type: 9, ..traits }, args), FMHA_ERR_INVALID_ARGUMENT, &["mask_type"]);
+    expect_error(run(fmha_fwd_traits { mask_type: 3, ..traits }, args), FMHA_ERR_UNSUPPORTED, &["generic"]);
+    expect_error(
+        run(fmha_fwd_traits { bias_type: FMHA_BIAS_ALIBI, ..traits }, args),
+        FMHA_ERR_UNSUPPORTED,
+        &["bias_type", "ALiBi"],
+    );
+    expect_error(
+        run(fmha_fwd_traits { bias_type: FMHA_BIAS_ELEMENTWISE, ..traits }, args),
+        FMHA_ERR_UNSUPPORTED,
+        &["bias_type"],
+    );
+    expect_error(run(fmha_fwd_traits { bias_type: 5, ..traits }, args), FMHA_ERR_INVALID_ARGUMENT, &["bias_type"]);
+    expect_error(run(fmha_fwd_traits { has_dropout: 1, ..traits }, args), FMHA_ERR_UNSUPPORTED, &["dropout"]);
+    expect_error(run(traits, fmha_fwd_args { nhead_q: 5, ..args }), FMHA_ERR_INVALID_ARGUMENT, &["nhead_q", "nhead_k"]);
+    expect_error(run(traits, fmha_fwd_args { nhead_k: 0, ..args }), FMHA_ERR_INVALID_ARGUMENT, &["nhead_k"]);
+    expect_error(run(traits, fmha_fwd_args { batch: 0, ..args }), FMHA_ERR_INVALID_ARGUMENT, &["batch"]);
+    expect_error(
+        run(traits, fmha_fwd_args { seqlen_q: -1, ..args }),
+        FMHA_ERR_INVALID_ARGUMENT,
+        &["seqlen_q", "negative"],
+    );
+    expect_error(run(traits, fmha_fwd_args { max_seqlen_k: 5, ..args }), FMHA_ERR_INVALID_ARGUMENT, &["max_seqlen_k"]);
+    expect_error(run(traits, fmha_fwd_args { scale: f32::NAN, ..args }), FMHA_ERR_INVALID_ARGUMENT, &["scale"]);
+    expect_error(run(traits, fmha_fwd_args { scale: -1.0, ..args }), FMHA_ERR_INVALID_ARGUMENT, &["scale"]);
+    expect_error(
+        run(traits, fmha_fwd_args { window_size_left: -2, ..args }),
+        FMHA_ERR_INVALID_ARGUMENT,
+        &["window_size_left"],
+    );
+    expect_error(
+        run(fmha_fwd_traits { mask_type: FMHA_MASK_NONE, ..traits }, fmha_fwd_args { window_size_right: 0, ..args }),
+        FMHA_ERR_INVALID_ARGUMENT,
+        &["window_size_right"],
+    );
+    let null_q = fmha_tensor { data: null_mut(), ..args.q };
+    expect_error(run(traits, fmha_fwd_args { q: null_q, ..args }), FMHA_ERR_NULL_POINTER, &["q.data"]);
+    let negative = fmha_tensor { row_stride: -4, ..args.k };
+    expect_error(run(traits, fmha_fwd_args { k: negative, ..args }), FMHA_ERR_INVALID_ARGUMENT, &["k.row_stride"]);
+    let strided_lse = fmha_tensor { row_stride: 2, ..args.lse };
+    expect_error(
+        run(traits, fmha_fwd_args { lse: strided_lse, ..args }),
+        FMHA_ERR_INVALID_ARGUMENT,
+        &["lse.row_stride"],
+    );
+    let starts = [0i32, 33, 66];
+    expect_error(
+        run(traits, fmha_fwd_args { seqstart_q: starts.as_ptr(), ..args }),
+        FMHA_ERR_INVALID_ARGUMENT,
+        &["seqstart_q", "batch mode"],
+    );
+    // None of the refused calls queued anything: a synchronize reports no error.
+    ok(fmha_stream_synchronize(null_mut()));
+
+    // Group mode: missing seqstarts, and seqstarts that are wrong on the device (reported by the
+    // stream, like a device-side check on a GPU, with nothing written out of bounds).
+    let group = small_case(true);
+    let g = buffers(&group, &mut rng);
+    let gt = Buffers::fwd_traits(&group);
+    let ga = g.fwd_args(&group);
+    expect_error(
+        fmha_fwd(&gt, &fmha_fwd_args { seqstart_k: null(), ..ga }, null_mut()),
+        FMHA_ERR_INVALID_ARGUMENT,
+        &["seqstart_k"],
+    );
+    let bad_starts = common::attention::DeviceArray::new(&[0, 20, 15]);
+    ok(fmha_fwd(&gt, &fmha_fwd_args { seqstart_q: bad_starts.as_ptr(), ..ga }, null_mut()));
+    expect_error(fmha_stream_synchronize(null_mut()), FMHA_ERR_INVALID_ARGUMENT, &["seqstart_q", "monotone"]);
+    let short_max = fmha_fwd_args { max_seqlen_k: 40, ..ga };
+    ok(fmha_fwd(&gt, &short_max, null_mut()));
+    expect_error(fmha_stream_synchronize(null_mut()), FMHA_ERR_INVALID_ARGUMENT, &["max_seqlen_k"]);
+    let long_logical = common::attention::DeviceArray::new(&[21, 13]);
+    ok(fmha_fwd(&gt, &fmha_fwd_args { seqlen_q_ptr: long_logical.as_ptr(), ..ga }, null_mut()));
+    expect_error(fmha_stream_synchronize(null_mut()), FMHA_ERR_INVALID_ARGUMENT, &["seqlen_q_ptr"]);
+    assert_eq!(g.forward(&group), FMHA_OK, "{}", last_error());
+}
+
+#[test]
+fn backward_launcher_rejects_bad_inputs() {
+    let mut rng = Rng::fresh();
+    let case = small_case(true);
+    let traits = bwd_traits(&case);
+    let mut launcher = null_mut();
+    let create = |t: fmha_bwd_traits| {
+        let mut l = null_mut();
+        let status = fmha_bwd_launcher_create(&t, &mut l);
+        assert!(l.is_null() || status == FMHA_OK);
+        if !l.is_null() {
+            ok(fmha_bwd_launcher_destroy(l));
+        }
+        status
+    };
+    expect_error(fmha_bwd_launcher_create(null(), &mut launcher), FMHA_ERR_NULL_POINTER, &["traits"]);
+    expect_error(fmha_bwd_launcher_create(&traits, null_mut()), FMHA_ERR_NULL_POINTER, &["launcher"]);
+    expect_error(create(fmha_bwd_traits { struct_size: 1, ..traits }), FMHA_ERR_INVALID_ARGUMENT, &["struct_size"]);
+    expect_error(create(fmha_bwd_traits { nhead_q: 3, ..traits }), FMHA_ERR_INVALID_ARGUMENT, &["nhead_q"]);
+    expect_error(create(fmha_bwd_traits { hdim_q: 257, ..traits }), FMHA_ERR_INVALID_ARGUMENT, &["hdim_q"]);
+    expect_error(create(fmha_bwd_traits { seqlen_k: -3, ..traits }), FMHA_ERR_INVALID_ARGUMENT, &["seqlen_k"]);
+    expect_error(
+        create(fmha_bwd_traits { max_seqlen_q: 1000, ..traits }),
+        FMHA_ERR_INVALID_ARGUMENT,
+        &["max_seqlen_q"],
+    );
+    expect_error(
+        create(fmha_bwd_traits { is_deterministic: 2, ..traits }),
+        FMHA_ERR_INVALID_ARGUMENT,
+        &["is_deterministic"],
+    );
+    expect_error(create(fmha_bwd_traits { has_dbias: 1, ..traits }), FMHA_ERR_UNSUPPORTED, &["has_dbias"]);
+    expect_error(create(fmha_bwd_traits { has_dropout: 1, ..traits }), FMHA_ERR_UNSUPPORTED, &["dropout"]);
+    expect_error(create(fmha_bwd_traits { is_store_randval: 1, ..traits }), FMHA_ERR_UNSUPPORTED, &["randval"]);
+    expect_error(create(fmha_bwd_traits { bias_type: FMHA_BIAS_ALIBI, ..traits }), FMHA_ERR_UNSUPPORTED, &["ALiBi"]);
+    let mut size = 0usize;
+    expect_error(fmha_bwd_workspace_size_upper_bound(null(), &mut size), FMHA_ERR_NULL_POINTER, &["traits"]);
+    expect_error(fmha_bwd_workspace_size_upper_bound(&traits, null_mut()), FMHA_ERR_NULL_POINTER, &["bytes"]);
+    expect_error(
+        fmha_bwd_workspace_size_upper_bound(&fmha_bwd_traits { dtype: 4, ..traits }, &mut size),
+        FMHA_ERR_INVALID_ARGUMENT,
+        &["dtype"],
+    );
+    expect_error(fmha_bwd_launcher_workspace_size(null(), &mut size), FMHA_ERR_NULL_POINTER, &["launcher"]);
+    ok(fmha_bwd_launcher_destroy(null_mut()));
+
+    // A real launcher: workspace and argument mismatches.
+    let inputs = Inputs {
+        q: common::attention::random_dense(&case, &mut rng, 4, 64, false),
+        k: common::attention::random_dense(&case, &mut rng, 2, 64, true),
+        v: common::attention::random_dense(&case, &mut rng, 2, 64, true),
+    };
+    let fwd = Buffers::new(&case, &inputs, &mut rng);
+    assert_eq!(fwd.forward(&case), FMHA_OK);
+    let bwd = BackwardBuffers::new(&case, &mut rng);
+    ok(fmha_bwd_launcher_create(&traits, &mut launcher));
+    ok(fmha_bwd_launcher_workspace_size(launcher, &mut size));
+    expect_error(fmha_bwd_launcher_workspace_size(launcher, null_mut()), FMHA_ERR_NULL_POINTER, &["bytes"]);
+    let mut workspace = null_mut();
+    ok(fmha_device_malloc(&mut workspace, size));
+    let args = bwd.args(&case, &fwd, workspace);
+    expect_error(
+        fmha_bwd_launcher_run(launcher, &args, null_mut()),
+        FMHA_ERR_WORKSPACE_NOT_PREPARED,
+        &["never prepared"],
+    );
+    let (sq, sk) = ([0i32, 20, 33], [0i32, 30, 77]);
+    expect_error(
+        fmha_bwd_launcher_prepare_workspace(launcher, workspace, size - 1, sq.as_ptr(), sk.as_ptr()),
+        FMHA_ERR_WORKSPACE_TOO_SMALL,
+        &["workspace_size"],
+    );
+    expect_error(
+        fmha_bwd_launcher_prepare_workspace(launcher, null_mut(), size, sq.as_ptr(), sk.as_ptr()),
+        FMHA_ERR_NULL_POINTER,
+        &["workspace"],
+    );
+    expect_error(
+        fmha_bwd_launcher_prepare_workspace(launcher, workspace, size, null(), sk.as_ptr()),
+        FMHA_ERR_NULL_POINTER,
+        &["seqstart_q"],
+    );
+    let decreasing = [0i32, 40, 33];
+    expect_error(
+        fmha_bwd_launcher_prepare_workspace(launcher, workspace, size, decreasing.as_ptr(), sk.as_ptr()),
+        FMHA_ERR_INVALID_ARGUMENT,
+        &["seqstart_q"],
+    );
+    let too_long = [0i32, 70, 77];
+    expect_error(
+        fmha_bwd_launcher_prepare_workspace(launcher, workspace, size, sq.as_ptr(), too_long.as_ptr()),
+        FMHA_ERR_INVALID_ARGUMENT,
+        &["max_seqlen_k"],
+    );
+    expect_error(
+        fmha_bwd_launcher_prepare_workspace(null_mut(), workspace, size, sq.as_ptr(), sk.as_ptr()),
+        FMHA_ERR_NULL_POINTER,
+        &["launcher"],
+    );
+    // Prepared for other lengths than the args carry: the run is refused by the stream.
+    let other = [0i32, 21, 33];
+    ok(fmha_bwd_launcher_prepare_workspace(launcher, workspace, size, other.as_ptr(), sk.as_ptr()));
+    ok(fmha_bwd_launcher_run(launcher, &args, null_mut()));
+    expect_error(fmha_stream_synchronize(null_mut()), FMHA_ERR_WORKSPACE_NOT_PREPARED, &["prepared for other"]);
+    ok(fmha_bwd_launcher_prepare_workspace(launcher, workspace, size, sq.as_ptr(), sk.as_ptr()));
+    let run = |a: fmha_bwd_args| fmha_bwd_launcher_run(launcher, &a, null_mut());
+    expect_error(fmha_bwd_launcher_run(null(), &args, null_mut()), FMHA_ERR_NULL_POINTER, &["launcher"]);
+    expect_error(fmha_bwd_launcher_run(launcher, null(), null_mut()), FMHA_ERR_NULL_POINTER, &["args"]);
+    expect_error(run(fmha_bwd_args { struct_size: 8, ..args }), FMHA_ERR_INVALID_ARGUMENT, &["struct_size"]);
+    expect_error(run(fmha_bwd_args { nhead_k: 4, ..args }), FMHA_ERR_INVALID_ARGUMENT, &["nhead_k", "traits"]);
+    expect_error(run(fmha_bwd_args { seqlen_q: 34, ..args }), FMHA_ERR_INVALID_ARGUMENT, &["seqlen_q", "traits"]);
+    expect_error(run(fmha_bwd_args { hdim_v: 32, ..args }), FMHA_ERR_INVALID_ARGUMENT, &["hdim_v", "traits"]);
+    expect_error(run(fmha_bwd_args { workspace: null_mut(), ..args }), FMHA_ERR_WORKSPACE_NOT_PREPARED, &["workspace"]);
+    expect_error(run(fmha_bwd_args { window_size_left: -5, ..args }), FMHA_ERR_INVALID_ARGUMENT, &["window_size_left"]);
+    expect_error(run(fmha_bwd_args { scale: f32::INFINITY, ..args }), FMHA_ERR_INVALID_ARGUMENT, &["scale"]);
+    expect_error(run(fmha_bwd_args { seqstart_q: null(), ..args }), FMHA_ERR_INVALID_ARGUMENT, &["seqstart_q"]);
+    let null_dk = fmha_tensor { data: null_mut(), ..args.dk };
+    expect_error(run(fmha_bwd_args { dk: null_dk, ..args }), FMHA_ERR_NULL_POINTER, &["dk.data"]);
+    let strided_d = fmha_tensor { row_stride: 3, ..args.d };
+    expect_error(run(fmha_bwd_args { d: strided_d, ..args }), FMHA_ERR_INVALID_ARGUMENT, &["d.row_stride"]);
+    ok(fmha_stream_synchronize(null_mut()));
+    ok(fmha_bwd_launcher_run(launcher, &args, null_mut()));
+    ok(fmha_stream_synchronize(null_mut()));
+    ok(fmha_bwd_launcher_destroy(launcher));
+    ok(fmha_device_free(workspace));
+}
+
+#[test]
+fn registry_json_lists_instances() {
+    let mut required = 0usize;
+    expect_error(fmha_registry_json(null_mut(), 0, null_mut()), FMHA_ERR_NULL_POINTER, &["required"]);
+    ok(fmha_registry_json(null_mut(), 0, &mut required));
+    assert!(required > 2);
+    let mut buffer = vec![0u8; required + 1];
+    ok(fmha_registry_json(buffer.as_mut_ptr() as *mut _, buffer.len(), &mut required));
+    let json = std::str::from_utf8(&buffer[..required]).unwrap();
+    assert!(json.starts_with('[') && json.ends_with(']'));
+    if fmha::ffi::version::fmha_backend() == fmha::ffi::version::FMHA_BACKEND_HOST {
+        assert!(json.contains("\"operation\":\"bwd\"") && json.contains("\"deterministic\":true"), "{json}");
+    }
+    let mut small = [0x55u8; 8];
+    ok(fmha_registry_json(small.as_mut_ptr() as *mut _, small.len(), &mut required));
+    assert_eq!(small[7], 0);
+}
