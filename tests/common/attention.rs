@@ -694,8 +694,8 @@ pub fn expected_gradients(case: &Case, inputs: &Inputs, d_o: &Dense) -> Expected
     let problem = case.reference();
     let mut exact: [Dense; 3] = Default::default();
     let mut low: [Dense; 3] = Default::default();
-    for b in 0..case.seqlens.len() {
-        let args = (&inputs.q[b], &inputs.k[b], &inputs.v[b], &d_o[b]);
+    for (b, d_o) in d_o.iter().enumerate() {
+        let args = (&inputs.q[b], &inputs.k[b], &inputs.v[b], d_o);
         let e = problem.backward(b, args.0, args.1, args.2, args.3, Precision::F64).unwrap();
         let l = problem.backward(b, args.0, args.1, args.2, args.3, Precision::LowPrecision(case.dtype)).unwrap();
         for (slot, value) in exact.iter_mut().zip([e.dq, e.dk, e.dv]) {
