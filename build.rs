@@ -115,7 +115,8 @@ fn build_cuda() {
     println!("cargo:rustc-link-search=native={}", cuda_home.join("lib").display());
     println!("cargo:rustc-link-search=native={}", cuda_home.join("lib64").display());
     println!("cargo:rustc-link-lib=static=cudart_static");
-    for lib in ["dl", "rt", "pthread"] {
+    // cudart_static and the kernels' host code are C++ (static-init guards, exception personality).
+    for lib in ["stdc++", "dl", "rt", "pthread"] {
         println!("cargo:rustc-link-lib=dylib={lib}");
     }
 }
@@ -149,4 +150,6 @@ fn build_rocm() {
     let lib_dir = rocm_path.map(|r| r.join("lib")).unwrap_or_else(|| PathBuf::from("/usr/lib/x86_64-linux-gnu"));
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
     println!("cargo:rustc-link-lib=dylib=amdhip64");
+    // The kernels' host-side code is C++.
+    println!("cargo:rustc-link-lib=dylib=stdc++");
 }

@@ -31,7 +31,7 @@ pub extern "C" fn fmha_device_malloc(ptr: *mut *mut c_void, bytes: usize) -> fmh
 /// Frees memory from `fmha_device_malloc` (NULL is a no-op).
 #[no_mangle]
 pub extern "C" fn fmha_device_free(ptr: *mut c_void) -> fmha_status {
-    boundary(|| runtime::current()?.free(ptr as usize))
+    boundary(|| if ptr.is_null() { Ok(()) } else { runtime::current()?.free(ptr as usize) })
 }
 
 /// Allocates `bytes` of page-locked host memory into `*ptr`.
@@ -49,13 +49,16 @@ pub extern "C" fn fmha_host_malloc_pinned(ptr: *mut *mut c_void, bytes: usize) -
 /// Frees memory from `fmha_host_malloc_pinned` (NULL is a no-op).
 #[no_mangle]
 pub extern "C" fn fmha_host_free_pinned(ptr: *mut c_void) -> fmha_status {
-    boundary(|| runtime::current()?.free_pinned(ptr as usize))
+    boundary(|| if ptr.is_null() { Ok(()) } else { runtime::current()?.free_pinned(ptr as usize) })
 }
 
 /// Copies `bytes` from `src` to `dst` and waits for the copy; `kind` is an `FMHA_MEMCPY_*` value.
 #[no_mangle]
 pub extern "C" fn fmha_memcpy(dst: *mut c_void, src: *const c_void, bytes: usize, kind: i32) -> fmha_status {
-    boundary(|| runtime::current()?.memcpy(dst as usize, src as usize, bytes, CopyKind::from_i32(kind)?))
+    boundary(|| {
+        let kind = CopyKind::from_i32(kind)?;
+        runtime::current()?.memcpy(dst as usize, src as usize, bytes, kind)
+    })
 }
 
 /// Queues a copy on `stream` and returns at once. Host memory must stay valid until the stream has
@@ -77,13 +80,19 @@ pub extern "C" fn fmha_memcpy_async(
 /// Sets `bytes` of device memory at `dst` to the byte `value` (0..=255) and waits.
 #[no_mangle]
 pub extern "C" fn fmha_memset(dst: *mut c_void, value: i32, bytes: usize) -> fmha_status {
-    boundary(|| runtime::current()?.memset(dst as usize, byte_value(value)?, bytes))
+    boundary(|| {
+        let value = byte_value(value)?;
+        runtime::current()?.memset(dst as usize, value, bytes)
+    })
 }
 
 /// Queues a memset on `stream`.
 #[no_mangle]
 pub extern "C" fn fmha_memset_async(dst: *mut c_void, value: i32, bytes: usize, stream: fmha_stream_t) -> fmha_status {
-    boundary(|| runtime::current()?.memset_async(dst as usize, byte_value(value)?, bytes, Stream(stream as usize)))
+    boundary(|| {
+        let value = byte_value(value)?;
+        runtime::current()?.memset_async(dst as usize, value, bytes, Stream(stream as usize))
+    })
 }
 
 fn byte_value(value: i32) -> crate::error::Result<u8> {
