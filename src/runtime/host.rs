@@ -82,6 +82,11 @@ impl HostStream {
         sender.send(task).map_err(|_| Error::internal("host stream worker exited while the stream was alive"))
     }
 
+    fn is_idle(&self) -> bool {
+        let progress = lock(&self.progress);
+        progress.completed == progress.submitted
+    }
+
     fn synchronize(&self) -> Result<()> {
         let mut progress = lock(&self.progress);
         let target = progress.submitted;
@@ -114,6 +119,9 @@ pub struct HostRuntime {
     cu_count: AtomicI64,
     default_stream: OnceLock<Arc<HostStream>>,
     streams: Mutex<HashMap<usize, Arc<HostStream>>>,
+    /// Destroyed streams whose queued work may still be running: `device_synchronize` waits for them
+    /// too, as cudaDeviceSynchronize does.
+    draining: Mutex<Vec<Arc<HostStream>>>,
     events: Mutex<HashMap<usize, Arc<HostEvent>>>,
     allocations: Mutex<HashMap<usize, Layout>>,
     next_handle: AtomicUsize,
@@ -126,6 +134,7 @@ pub fn runtime() -> &'static HostRuntime {
         cu_count: AtomicI64::new(default_cu_count()),
         default_stream: OnceLock::new(),
         streams: Mutex::new(HashMap::new()),
+        draining: Mutex::new(Vec::new()),
         events: Mutex::new(HashMap::new()),
         allocations: Mutex::new(HashMap::new()),
         next_handle: AtomicUsize::new(1),
@@ -291,6 +300,9 @@ impl Runtime for HostRuntime {
         })?;
         // Like cudaStreamDestroy: returns at once; queued work still runs, then the worker exits.
         lock(&removed.sender).take();
+        let mut draining = lock(&self.draining);
+        draining.retain(|s| !s.is_idle());
+        draining.push(removed);
         Ok(())
     }
     fn stream_synchronize(&self, stream: Stream) -> Result<()> {
@@ -360,6 +372,7 @@ impl Runtime for HostRuntime {
     fn device_synchronize(&self) -> Result<()> {
         let mut streams: Vec<Arc<HostStream>> = lock(&self.streams).values().cloned().collect();
         streams.extend(self.default_stream.get().cloned());
+        streams.extend(lock(&self.draining).drain(..));
         streams.iter().try_for_each(|s| s.synchronize())
     }
 }

@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# Checks a built libfmha.so for what every release must satisfy:
+#
+#   all backends  only fmha_* symbols exported (nm -D --defined-only); soname libfmha.so.0
+#   cuda          an sm_XX cubin for every arch of FMHA_CUDA_ARCHS (default 90a) (cuobjdump --list-elf)
+#   rocm          a gfxNNN code object for every arch of FMHA_HIP_ARCHS (default gfx942,gfx950) in the
+#                 .hip_fatbin section, and no scratch: every kernel has .private_segment_fixed_size 0
+#                 and no SGPR/VGPR spills (llvm-readelf --notes on each extracted code object)
+#
+# Usage: scripts/check-artifacts.sh host|cuda|rocm path/to/libfmha.so
+#
+# Tools: nm, readelf, objcopy (binutils); cuobjdump (CUDA; .toolchains/cuda or PATH);
+# clang-offload-bundler-22 and llvm-readelf-22 (llvm-22 / clang-22), or their $ROCM_PATH/llvm versions.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+failures=0
+
+ok() { printf '  ok    %s\n' "$*"; }
+fail() {
+    printf '  FAIL  %s\n' "$*" >&2
+    failures=$((failures + 1))
+}
+
+find_tool() { # find_tool NAME CANDIDATE...: the first candidate that runs
+    local name=$1 candidate
+    shift
+    for candidate in "$@"; do
+        if [[ -n "$candidate" ]] && command -v "$candidate" >/dev/null 2>&1; then
+            command -v "$candidate"
+            return 0
+        fi
+    done
+    echo "check-artifacts: $name not found (tried: $*); run scripts/setup-toolchains.sh" >&2
+    return 1
+}
+
+# Only fmha_* symbols are exported.
+check_exports() {
+    local lib=$1 others
+    others=$(nm -D --defined-only "$lib" | awk 'NF >= 3 { print $3 }' | grep -v '^fmha_' || true)
+    if [[ -n "$others" ]]; then
+        fail "exports symbols other than fmha_*: $(echo "$others" | head -n 10 | tr '\n' ' ')"
+    else
+        ok "exports only fmha_* ($(nm -D --defined-only "$lib" | grep -c ' fmha_') symbols)"
+    fi
+}
+
+check_soname() {
+    local lib=$1 soname
+    soname=$(readelf -d "$lib" | sed -n 's/.*Library soname: \[\(.*\)\].*/\1/p')
+    if [[ "$soname" == "libfmha.so.0" ]]; then
+        ok "soname $soname"
+    else
+        fail "soname is '$soname', expected libfmha.so.0"
+    fi
+}
+
+# An sm_<arch> cubin for every CUDA arch of the build.
+check_cuda_cubins() {
+    local lib=$1 cuobjdump listing arch
+    cuobjdump=$(find_tool cuobjdump "${CUDA_HOME:+$CUDA_HOME/bin/cuobjdump}" \
+        "$repo/.toolchains/cuda/nvidia/cu13/bin/cuobjdump" cuobjdump)
+    listing=$("$cuobjdump" --list-elf "$lib" 2>&1 || true)
+    for arch in $(echo "${FMHA_CUDA_ARCHS:-90a}" | tr ',' ' '); do
+        if grep -q "\.sm_${arch}\.cubin" <<<"$listing"; then
+            ok "cubin for sm_$arch: $(grep "\.sm_${arch}\.cubin" <<<"$listing" | head -n 1 | sed 's/^ *//')"
+        else
+            fail "no sm_$arch cubin in $lib; cuobjdump --list-elf says: $listing"
+        fi
+    done
+}
+
+# Splits the .hip_fatbin section into its clang offload bundles (one per translation unit) and
+# unbundles every amdgcn code object into DIR as <n>-<arch>.co. Prints the bundle ids found.
+extract_hip_code_objects() {
+    local lib=$1 dir=$2 bundler offsets i start end size targets target n=0
+    bundler=$(find_tool clang-offload-bundler "${ROCM_PATH:+$ROCM_PATH/llvm/bin/clang-offload-bundler}" \
+        clang-offload-bundler-22 clang-offload-bundler)
+    objcopy -O binary --only-section=.hip_fatbin "$lib" "$dir/fatbin.bin"
+    [[ -s "$dir/fatbin.bin" ]] || { echo "no .hip_fatbin section" >&2; return 1; }
+    mapfile -t offsets < <(grep -obUa '__CLANG_OFFLOAD_BUNDLE__' "$dir/fatbin.bin" | cut -d: -f1)
+    [[ ${#offsets[@]} -gt 0 ]] || { echo "no offload bundle in .hip_fatbin" >&2; return 1; }
+    size=$(stat -c %s "$dir/fatbin.bin")
+    for i in "${!offsets[@]}"; do
+        start=${offsets[$i]}
+        end=${offsets[$((i + 1))]:-$size}
+        tail -c +"$((start + 1))" "$dir/fatbin.bin" | head -c "$((end - start))" >"$dir/bundle$i.bin"
+        targets=$("$bundler" --list --type=o --input="$dir/bundle$i.bin")
+        for target in $targets; do
+            echo "$target"
+            case "$target" in
+                hip*-amdgcn-amd-amdhsa--*)
+                    n=$((n + 1))
+                    "$bundler" --unbundle --type=o --input="$dir/bundle$i.bin" --targets="$target" \
+                        --output="$dir/$i-${target##*--}.co"
+                    ;;
+            esac
+        done
+    done
+}
+
+# Per kernel of an AMD code object: name, private (scratch) segment size, SGPR and VGPR spills.
+# Prints one line per kernel: "<name> <private_segment_fixed_size> <sgpr_spills> <vgpr_spills>".
+kernel_scratch_report() {
+    local readelf
+    readelf=$(find_tool llvm-readelf "${ROCM_PATH:+$ROCM_PATH/llvm/bin/llvm-readelf}" llvm-readelf-22 llvm-readelf)
+    "$readelf" --notes "$1" | awk '
+        /^  - / { if (name != "") print name, priv, sgpr, vgpr; name = ""; priv = "?"; sgpr = "?"; vgpr = "?" }
+        /^    \.name:/ { name = $2 }
+        /^  - \.name:/ { name = $3 }
+        /\.private_segment_fixed_size:/ { priv = $NF }
+        /\.sgpr_spill_count:/ { sgpr = $NF }
+        /\.vgpr_spill_count:/ { vgpr = $NF }
+        /^amdhsa\.target:/ { if (name != "") print name, priv, sgpr, vgpr; name = "" }
+    '
+}
+
+# No kernel uses scratch memory (register spills or stack): scratch is slow on every AMD GPU.
+check_no_scratch() {
+    local co=$1 line name priv sgpr vgpr kernels=0 bad=0
+    while read -r name priv sgpr vgpr; do
+        kernels=$((kernels + 1))
+        if [[ "$priv" != 0 || "$sgpr" != 0 || "$vgpr" != 0 ]]; then
+            fail "$(basename "$co"): kernel $name uses scratch: private_segment_fixed_size=$priv sgpr_spill_count=$sgpr vgpr_spill_count=$vgpr"
+            bad=$((bad + 1))
+        fi
+    done < <(kernel_scratch_report "$co")
+    if [[ $kernels -eq 0 ]]; then
+        fail "$(basename "$co"): no kernels found in the code object metadata"
+    elif [[ $bad -eq 0 ]]; then
+        ok "$(basename "$co"): $kernels kernel(s), no scratch, no spills"
+    fi
+}
+
+check_hip_code_objects() {
+    local lib=$1 dir ids arch co
+    dir=$(mktemp -d)
+    if ! ids=$(extract_hip_code_objects "$lib" "$dir"); then
+        fail "cannot extract the HIP code objects of $lib"
+        rm -rf "$dir"
+        return
+    fi
+    for arch in $(echo "${FMHA_HIP_ARCHS:-gfx942,gfx950}" | tr ',' ' '); do
+        if grep -q -- "-amdgcn-amd-amdhsa--$arch\$" <<<"$ids"; then
+            ok "code object for $arch ($(grep -c -- "-amdgcn-amd-amdhsa--$arch\$" <<<"$ids") bundle(s))"
+        else
+            fail "no amdgcn-amd-amdhsa--$arch code object in .hip_fatbin; bundle ids: $(echo "$ids" | sort -u | tr '\n' ' ')"
+        fi
+    done
+    for co in "$dir"/*.co; do
+        [[ -e "$co" ]] && check_no_scratch "$co"
+    done
+    rm -rf "$dir"
+}
+
+main() {
+    [[ $# -eq 2 ]] || { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 2; }
+    local backend=$1 lib=$2
+    [[ -f "$lib" ]] || { echo "check-artifacts: $lib does not exist" >&2; exit 2; }
+    echo "check-artifacts: $backend: $lib"
+    check_exports "$lib"
+    check_soname "$lib"
+    case "$backend" in
+        host) ;;
+        cuda) check_cuda_cubins "$lib" ;;
+        rocm) check_hip_code_objects "$lib" ;;
+        *) echo "check-artifacts: unknown backend $backend" >&2; exit 2 ;;
+    esac
+    if [[ $failures -gt 0 ]]; then
+        echo "check-artifacts: $failures check(s) failed" >&2
+        exit 1
+    fi
+}
+
+main "$@"

@@ -1,0 +1,255 @@
+#!/usr/bin/env bash
+# fmha's whole test suite, as CI runs it (.ci/run). On a fresh Debian 12 machine with only Rust it
+# installs its toolchains first (scripts/setup-toolchains.sh). Stages:
+#
+#   toolchains    scripts/setup-toolchains.sh (idempotent)
+#   fmt           cargo fmt --all --check
+#   clippy        cargo clippy --release --all-targets -- -D warnings
+#   cargo test    cargo test --release (Rust tests through the C ABI; include/fmha.h drift test)
+#   valgrind      the async-prepare lifetime tests and the releaser tests under valgrind
+#   quickstart    cargo run --release --example quickstart
+#   install       scripts/install.sh build/prefix; include/fmha.h == generated header; exports/soname
+#   C examples    c_examples/ via find_package(fmha), linked shared and static, run by ctest; and a
+#                 pkg-config build of 00_version.c (shared and static)
+#   C tests       tests/c/ (static + shared, C + C++, valgrind), ctest
+#   Go            tests/go (cgo, pkg-config), go test
+#   cuda build    --features cuda into target/cuda: clippy, install into build/prefix-cuda, artifact
+#                 checks (sm_90a cubin, exports, soname), C examples and tests/c against it (no GPU here:
+#                 the device tests are skipped, the no-device paths are tested)
+#   rocm build    --features rocm into target/rocm: clippy, install into build/prefix-rocm, artifact
+#                 checks (gfx942 + gfx950 code objects, no scratch use per kernel, exports, soname)
+#
+# Usage: scripts/test.sh [--skip-setup] [--skip-gpu]
+#   --skip-setup  do not run scripts/setup-toolchains.sh (the tools are known to be installed)
+#   --skip-gpu    skip the cuda and rocm builds (quick local iteration; CI runs everything)
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+
+skip_setup=0
+skip_gpu=0
+for arg in "$@"; do
+    case "$arg" in
+        --skip-setup) skip_setup=1 ;;
+        --skip-gpu) skip_gpu=1 ;;
+        -h | --help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "test.sh: unknown argument $arg" >&2; exit 2 ;;
+    esac
+done
+
+build=$repo/build
+jobs=$(nproc 2>/dev/null || echo 2)
+toolchains=${FMHA_TOOLCHAINS:-$repo/.toolchains}
+cuda_home_default=$toolchains/cuda/nvidia/cu13
+export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+
+# --- stage bookkeeping ----------------------------------------------------------------------------
+stage_names=()
+stage_seconds=()
+current_stage=""
+stage_started=0
+suite_started=$(date +%s)
+
+finish_stage() {
+    if [[ -n "$current_stage" ]]; then
+        stage_names+=("$current_stage")
+        stage_seconds+=("$(($(date +%s) - stage_started))")
+        current_stage=""
+    fi
+}
+
+begin() { # begin NAME: starts a stage (and ends the previous one)
+    finish_stage
+    current_stage=$1
+    stage_started=$(date +%s)
+    printf '\n==============================================================================\n'
+    printf '==> %s\n' "$1"
+    printf '==============================================================================\n'
+}
+
+summary() {
+    local status=$? i
+    local failed_stage=$current_stage
+    finish_stage
+    printf '\n------------------------------------------------------------------------------\n'
+    printf 'test.sh: stage timings\n'
+    for i in "${!stage_names[@]}"; do
+        printf '  %-34s %5ss\n' "${stage_names[$i]}" "${stage_seconds[$i]}"
+    done
+    printf '  %-34s %5ss\n' "total" "$(($(date +%s) - suite_started))"
+    if [[ $status -eq 0 ]]; then
+        printf 'test.sh: all stages passed\n'
+    else
+        printf 'test.sh: FAILED in stage "%s" (exit status %d)\n' "$failed_stage" "$status"
+    fi
+}
+trap summary EXIT
+
+note() { printf -- '--- %s\n' "$*"; }
+
+# --- helpers --------------------------------------------------------------------------------------
+
+# run_ctest DIR [allow-skips]: ctest with output on failure; skipped tests (exit 77) are failures
+# unless allowed (GPU builds without a GPU).
+run_ctest() {
+    local dir=$1 allow_skips=${2:-}
+    local log=$dir/ctest.log
+    ctest --test-dir "$dir" --output-on-failure --no-tests=error -j "$jobs" 2>&1 | tee "$log"
+    if [[ -z "$allow_skips" ]] && grep -q 'Skipped\|Not Run' "$log"; then
+        echo "test.sh: tests were skipped in $dir; on this backend every test must run" >&2
+        return 1
+    fi
+}
+
+# cmake_project SOURCE BUILD PREFIX [cmake args...]: fresh configure against an installed prefix,
+# build.
+cmake_project() {
+    local source=$1 dir=$2 prefix=$3
+    shift 3
+    rm -rf "$dir"
+    cmake -S "$source" -B "$dir" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@"
+    cmake --build "$dir" -j "$jobs"
+}
+
+# consumers PREFIX BUILD_DIR [allow-skips]: the C examples (shared and static) and the C tests.
+consumers() {
+    local prefix=$1 dir=$2 allow_skips=${3:-}
+    note "C examples, shared library"
+    cmake_project c_examples "$dir/c_examples" "$prefix"
+    run_ctest "$dir/c_examples" "$allow_skips"
+    note "C examples, static library"
+    cmake_project c_examples "$dir/c_examples_static" "$prefix" -DFMHA_EXAMPLES_STATIC=ON
+    run_ctest "$dir/c_examples_static" "$allow_skips"
+    note "C tests (static + shared, C + C++)"
+    cmake_project tests/c "$dir/tests_c" "$prefix"
+    run_ctest "$dir/tests_c" "$allow_skips"
+}
+
+# pkg_config_consumer PREFIX BUILD_DIR: 00_version.c built with pkg-config, shared and static.
+pkg_config_consumer() {
+    local prefix=$1 dir=$2 cc=${CC:-cc}
+    mkdir -p "$dir"
+    export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
+    note "pkg-config: $(pkg-config --modversion fmha), backend $(pkg-config --variable=backend fmha)"
+    note "pkg-config, shared: $cc ... $(pkg-config --cflags --libs fmha)"
+    # shellcheck disable=SC2046 # pkg-config output is a list of flags
+    "$cc" -std=c99 -Wall -Wextra -Werror c_examples/00_version.c $(pkg-config --cflags --libs fmha) \
+        -Wl,-rpath,"$(pkg-config --variable=libdir fmha)" -o "$dir/version_pkgconfig_shared"
+    "$dir/version_pkgconfig_shared"
+    # Static: the same flags with --static (Libs.private), and libfmha.a named explicitly.
+    local static_flags
+    static_flags=$(pkg-config --static --libs fmha | sed 's/-lfmha\b/-l:libfmha.a/')
+    note "pkg-config, static: $cc ... $static_flags"
+    # shellcheck disable=SC2086
+    "$cc" -std=c99 -Wall -Wextra -Werror c_examples/00_version.c $(pkg-config --cflags fmha) $static_flags \
+        -o "$dir/version_pkgconfig_static"
+    "$dir/version_pkgconfig_static"
+    if readelf -d "$dir/version_pkgconfig_static" | grep -q 'libfmha\.so'; then
+        echo "test.sh: the static pkg-config build depends on libfmha.so" >&2
+        return 1
+    fi
+    unset PKG_CONFIG_PATH
+}
+
+# header_drift PREFIX: the committed header is what cbindgen generates (the Rust drift test checks
+# the same; this names the files when it fails).
+header_drift() {
+    if [[ ! -f include/fmha.h ]]; then
+        echo "test.sh: include/fmha.h is missing; copy it from the generated header: cp $1/include/fmha.h include/" >&2
+        return 1
+    fi
+    if ! diff -u include/fmha.h "$1/include/fmha.h"; then
+        echo "test.sh: include/fmha.h differs from the generated header; refresh it: cp $1/include/fmha.h include/" >&2
+        return 1
+    fi
+    note "include/fmha.h matches the generated header"
+}
+
+# gpu_backend NAME CONSUMERS ENV...: clippy, install, artifact checks of one GPU backend, and with
+# CONSUMERS=yes the C examples and tests against it (no GPU here: they test the no-device paths).
+gpu_backend() {
+    local backend=$1 run_consumers=$2
+    shift 2
+    local prefix=$build/prefix-$backend
+    note "clippy --features $backend"
+    env "$@" CARGO_TARGET_DIR="$repo/target/$backend" \
+        cargo clippy --release --all-targets --features "$backend" -- -D warnings
+    note "build + install into $prefix"
+    env "$@" CARGO_TARGET_DIR="$repo/target/$backend" scripts/install.sh "$prefix" --features "$backend"
+    note "artifact checks"
+    env "$@" scripts/check-artifacts.sh "$backend" "$prefix/lib/libfmha.so"
+    if [[ "$run_consumers" == yes ]]; then
+        consumers "$prefix" "$build/$backend" allow-skips
+    fi
+}
+
+# --- stages ---------------------------------------------------------------------------------------
+
+if [[ $skip_setup -eq 0 ]]; then
+    begin "toolchains"
+    scripts/setup-toolchains.sh
+fi
+
+begin "fmt"
+cargo fmt --all --check
+
+begin "clippy"
+cargo clippy --release --all-targets -- -D warnings
+
+begin "cargo test"
+cargo test --release
+
+begin "valgrind (async prepare, releaser)"
+# The lifetime tests (stream held by a gate, launcher destroyed while work is queued, failures inside
+# host functions, the releaser under concurrency) run under valgrind: any invalid read or write fails.
+async_tests=$(cargo test --release --test async_prepare --no-run --message-format=json 2>/dev/null |
+    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
+valgrind --error-exitcode=99 --leak-check=no -q "$async_tests" --test-threads=1 \
+    gated launcher_destroyed failures caller_allocator releaser_c_api
+valgrind --error-exitcode=99 --leak-check=no -q "$(cargo test --release --lib --no-run --message-format=json 2>/dev/null |
+    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)" --test-threads=1 pinned::
+
+begin "quickstart"
+cargo run --release --example quickstart
+
+begin "install (host)"
+scripts/install.sh "$build/prefix"
+header_drift "$build/prefix"
+scripts/check-artifacts.sh host "$build/prefix/lib/libfmha.so"
+
+begin "C examples + pkg-config (host)"
+cmake_project c_examples "$build/host/c_examples" "$build/prefix"
+run_ctest "$build/host/c_examples"
+cmake_project c_examples "$build/host/c_examples_static" "$build/prefix" -DFMHA_EXAMPLES_STATIC=ON
+run_ctest "$build/host/c_examples_static"
+pkg_config_consumer "$build/prefix" "$build/host/pkgconfig"
+
+begin "C tests (host)"
+cmake_project tests/c "$build/host/tests_c" "$build/prefix"
+run_ctest "$build/host/tests_c"
+
+begin "Go (host)"
+(
+    cd tests/go
+    export PKG_CONFIG_PATH=$build/prefix/lib/pkgconfig
+    export LD_LIBRARY_PATH=$build/prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export GOPROXY=off GOFLAGS=-mod=mod
+    if [[ -z "${HOME:-}" && -z "${GOCACHE:-}" ]]; then
+        export GOCACHE=$build/go/cache GOPATH=$build/go/path
+    fi
+    go vet ./...
+    go test -count=1 -v ./...
+)
+
+if [[ $skip_gpu -eq 0 ]]; then
+    begin "cuda build (compile only)"
+    gpu_backend cuda yes CUDA_HOME="${CUDA_HOME:-$cuda_home_default}"
+
+    begin "rocm build (compile only)"
+    # No C consumers: Debian's libamdhip64.so.5 (HIP 5.2) lacks hipLaunchHostFunc, so a library
+    # linked against it cannot be loaded (it is bound at load time); real ROCm installs have it.
+    gpu_backend rocm no HIP_PATH="${HIP_PATH:-/usr}"
+else
+    note "GPU builds skipped (--skip-gpu)"
+fi

@@ -1,0 +1,3 @@
+module fmha_test
+
+go 1.19
