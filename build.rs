@@ -1,5 +1,6 @@
-//! Build script: generates the C header with cbindgen, sets the shared library's soname, and for the
-//! GPU backends compiles the HIP sources in `hip/` into a static archive linked into the crate.
+//! Build script: generates the C header with cbindgen, sets the shared library's soname, compiles the
+//! workspace prepare of `hip/bwd/` for the host CPU (every backend), and for the GPU backends compiles
+//! the HIP sources in `hip/` into a static archive linked into the crate.
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -22,6 +23,7 @@ fn main() {
 
     let out_dir = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     generate_header(&out_dir);
+    build_cpu_prepare();
 
     // The soname carries the ABI major version: only an ABI break bumps it.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libfmha.so.0");
@@ -53,6 +55,23 @@ fn generate_header(out_dir: &Path) {
         .generate()
         .expect("cbindgen generates the header")
         .write_to_file(out_dir.join("fmha.h"));
+}
+
+/// The C++ workspace prepare (`hip/bwd/prepare_workspace.h`, the routine the GPU prepare kernel runs)
+/// compiled for the host CPU into its own archive, in every backend: the tests compare its bytes with
+/// the Rust prepare, so CI checks the device code path without a GPU. Plain C++17 without the standard
+/// library or exceptions, so nothing beyond libc is linked. (`hip/` is watched by rerun-if-changed.)
+fn build_cpu_prepare() {
+    cc::Build::new()
+        .cpp(true)
+        .cpp_link_stdlib(None)
+        .std("c++17")
+        .opt_level(2)
+        .flag("-fno-exceptions")
+        .flag("-fno-rtti")
+        .include("hip")
+        .file("hip/bwd/prepare_workspace_cpu.cpp")
+        .compile("fmha_prepare_cpu");
 }
 
 /// Every `.hip` translation unit under `hip/` (headers are included from them).
@@ -111,6 +130,9 @@ fn build_cuda() {
         build.flag(format!("-gencode=arch=compute_{arch},code=sm_{arch}"));
     }
     build.files(hip_sources());
+    // Whole archive: kernels reached only through launch stubs (or only by tests) must still land in
+    // the shared library with their device code.
+    build.link_lib_modifier("+whole-archive");
     build.compile("fmha_kernels");
     println!("cargo:rustc-link-search=native={}", cuda_home.join("lib").display());
     println!("cargo:rustc-link-search=native={}", cuda_home.join("lib64").display());
@@ -146,6 +168,9 @@ fn build_rocm() {
         build.flag(format!("--offload-arch={arch}"));
     }
     build.files(hip_sources());
+    // Whole archive: kernels reached only through launch stubs (or only by tests) must still land in
+    // the shared library with their device code.
+    build.link_lib_modifier("+whole-archive");
     build.compile("fmha_kernels");
     let lib_dir = rocm_path.map(|r| r.join("lib")).unwrap_or_else(|| PathBuf::from("/usr/lib/x86_64-linux-gnu"));
     println!("cargo:rustc-link-search=native={}", lib_dir.display());

@@ -6,12 +6,21 @@
 
 #include <stdint.h>
 
+#include "bwd/prepare_params.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 // Sets `count` 32-bit words at `dst` to `value`.
 int32_t fmha_hip_fill_u32(void* dst, uint32_t value, uint64_t count, void* stream);
+
+// Builds the backward workspace's metadata region at `workspace` from the device arrays `seqstart_q`
+// and `seqstart_k` (`[batch + 1]` each in group mode, null in batch mode), in one thread, without
+// host synchronization (bwd/prepare_workspace.h). `*params_host` is copied into the launch; invalid
+// seqstarts leave an all-zero region ("not prepared").
+int32_t fmha_hip_prepare_workspace(void* workspace, const int32_t* seqstart_q, const int32_t* seqstart_k,
+                                   const fmha_prepare_params* params_host, void* stream);
 
 #ifdef __cplusplus
 }

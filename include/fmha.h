@@ -38,6 +38,13 @@
 
 #define FMHA_BIAS_ALIBI 2
 
+// `fmha_bwd_launcher_prepare_workspace_async` methods.
+#define FMHA_PREPARE_AUTO 0
+
+#define FMHA_PREPARE_HOST 1
+
+#define FMHA_PREPARE_DEVICE 2
+
 // `fmha_memcpy` directions.
 #define FMHA_MEMCPY_HOST_TO_DEVICE 1
 
@@ -53,6 +60,9 @@
 
 // A backward launcher (opaque).
 typedef struct fmha_bwd_launcher fmha_bwd_launcher;
+
+// A pinned-host releaser (opaque): a worker thread that frees buffers handed to it.
+typedef struct fmha_pinned_releaser fmha_pinned_releaser;
 
 // Result of every fallible function (`FMHA_OK` = 0). Values are fixed and never renumbered.
 typedef int32_t fmha_status;
@@ -191,6 +201,23 @@ typedef struct fmha_bwd_args {
   int32_t window_size_right;
 } fmha_bwd_args;
 
+// Allocates `bytes` of page-locked host memory into `*ptr`; returns `FMHA_OK` or an error status.
+typedef fmha_status (*fmha_pinned_allocate_fn)(void *user_data, size_t bytes, void **ptr);
+
+// Frees memory from the matching allocate function. fmha calls it only on its releaser thread,
+// never on a runtime callback thread, so it may call the device runtime.
+typedef void (*fmha_pinned_free_fn)(void *user_data, void *ptr);
+
+// A caller's pinned host allocator (e.g. a framework's caching host allocator). Extensible: set
+// `struct_size = sizeof(fmha_pinned_allocator)`. `user_data` is passed back to both functions,
+// which must be callable from any thread.
+typedef struct fmha_pinned_allocator {
+  size_t struct_size;
+  void *user_data;
+  fmha_pinned_allocate_fn allocate;
+  fmha_pinned_free_fn free;
+} fmha_pinned_allocator;
+
 #define FMHA_OK 0
 
 #define FMHA_ERR_INVALID_ARGUMENT 1
@@ -259,6 +286,40 @@ fmha_status fmha_bwd_launcher_run(const struct fmha_bwd_launcher *launcher,
 // consistent with the traits fit in it).
 fmha_status fmha_bwd_workspace_size_upper_bound(const struct fmha_bwd_traits *traits,
                                                 size_t *bytes);
+
+// Prepares `workspace` on `stream` and returns at once: nothing blocks the host. `seqstart_q/k` are
+// the device arrays (group mode; NULL in batch mode).
+//
+// `method`: `FMHA_PREPARE_HOST` copies the seqstarts to pinned memory, packs the metadata in a
+// stream host function and copies it back (the staging buffer lives until the stream consumed it,
+// even if the launcher is destroyed first); `FMHA_PREPARE_DEVICE` builds the same bytes in a
+// single-thread kernel (no host function, no pinned memory: safe under stream/graph capture);
+// `FMHA_PREPARE_AUTO` picks the device kernel when the stream is capturing, the host path otherwise.
+// `allocator` supplies the host path's pinned memory (NULL: the backend's pinned allocation).
+// A failure on the stream (e.g. invalid seqstarts) is reported by the launcher's next call as
+// `FMHA_ERR_ASYNC_FAILURE`.
+fmha_status fmha_bwd_launcher_prepare_workspace_async(struct fmha_bwd_launcher *launcher,
+                                                      void *workspace,
+                                                      size_t workspace_size,
+                                                      const int32_t *seqstart_q,
+                                                      const int32_t *seqstart_k,
+                                                      fmha_stream_t stream,
+                                                      const struct fmha_pinned_allocator *allocator,
+                                                      int32_t method);
+
+// Creates a releaser into `*releaser`. With `allocator == NULL` it frees with the backend's pinned
+// free (memory from `fmha_host_malloc_pinned`); otherwise with `allocator->free`.
+fmha_status fmha_pinned_releaser_create(const struct fmha_pinned_allocator *allocator,
+                                        struct fmha_pinned_releaser **releaser);
+
+// Hands `ptr` to the releaser's thread to be freed. Callable from any thread, including stream host
+// functions and runtime callbacks. `releaser == NULL` uses the library's process-wide releaser
+// (which frees with the backend's pinned free). NULL `ptr` is ignored.
+fmha_status fmha_pinned_releaser_release(const struct fmha_pinned_releaser *releaser, void *ptr);
+
+// Frees everything queued, stops the thread and destroys the releaser (NULL is a no-op). Releases
+// racing with destroy are still freed exactly once; none may start after destroy returned.
+fmha_status fmha_pinned_releaser_destroy(struct fmha_pinned_releaser *releaser);
 
 // Allocates `bytes` of device memory into `*ptr` (256-byte aligned).
 fmha_status fmha_device_malloc(void **ptr, size_t bytes);

@@ -18,6 +18,7 @@ pub mod ffi;
 pub mod fwd;
 pub mod host_kernels;
 pub mod mask;
+pub mod pinned;
 pub mod problem;
 pub mod reference;
 pub mod registry;

@@ -232,6 +232,72 @@ pub fn workspace_size_upper_bound(params: &WorkspaceParams) -> Result<usize> {
     Ok(WorkspaceLayout::new(params)?.workspace_size())
 }
 
+/// The arguments of the C++ workspace prepare (`fmha_prepare_params` of `hip/bwd/prepare_params.h`,
+/// field for field): the params and the layout the host computed, so the device-side prepare neither
+/// recomputes nor can disagree with the layout. Every field is `i64` (no padding); booleans and the
+/// XCD remap are 0 or 1.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrepareParams {
+    pub group_mode: i64,
+    pub deterministic: i64,
+    pub batch: i64,
+    pub nhead_q: i64,
+    pub hdim_q: i64,
+    pub seqlen_q: i64,
+    pub seqlen_k: i64,
+    pub max_seqlen_k: i64,
+    pub m0: i64,
+    pub n0: i64,
+    pub num_cus: i64,
+    /// 0: none, 1: 8 XCDs.
+    pub remap: i64,
+    pub nsplits_offset: i64,
+    pub nsplits_count: i64,
+    pub dq_acc_offsets_offset: i64,
+    pub dq_acc_offsets_count: i64,
+    pub cu_state_offset: i64,
+    pub cu_state_count: i64,
+    pub batch_state_offset: i64,
+    pub batch_state_count: i64,
+    pub metadata_bytes: i64,
+}
+
+impl PrepareParams {
+    /// The prepare arguments for `layout`. Every size of a layout fits `i64`: [`WorkspaceLayout::new`]
+    /// bounds the counts by `i32::MAX` and the region by the address space.
+    pub fn new(layout: &WorkspaceLayout) -> PrepareParams {
+        let p = &layout.params;
+        let size = |v: usize| v as i64;
+        PrepareParams {
+            group_mode: i64::from(p.group_mode),
+            deterministic: i64::from(p.deterministic),
+            batch: p.batch,
+            nhead_q: p.nhead_q,
+            hdim_q: p.hdim_q,
+            seqlen_q: p.seqlen_q,
+            seqlen_k: p.seqlen_k,
+            max_seqlen_k: p.max_seqlen_k,
+            m0: p.m0,
+            n0: p.n0,
+            num_cus: p.num_cus,
+            remap: match p.remap {
+                XcdRemap::None => 0,
+                XcdRemap::Xcd8 => 1,
+            },
+            nsplits_offset: size(layout.nsplits.offset),
+            nsplits_count: size(layout.nsplits.count),
+            dq_acc_offsets_offset: size(layout.dq_acc_offsets.offset),
+            dq_acc_offsets_count: size(layout.dq_acc_offsets.count),
+            cu_state_offset: size(layout.cu_state.offset),
+            cu_state_count: size(layout.cu_state.count),
+            batch_state_offset: size(layout.batch_state.offset),
+            batch_state_count: size(layout.batch_state.count),
+            metadata_bytes: size(layout.metadata_bytes),
+        }
+    }
+}
+
 /// One batch's dq_acc block: `[nhead_q][nsplits][rows][hdim]` fp32, contiguous.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DqAccBlock {

@@ -27,9 +27,8 @@ pub struct BwdKargs {
     pub seqlen_q_ptr: usize,
     pub seqlen_k_ptr: usize,
     pub workspace: usize,
+    /// The kernels check the workspace header's fingerprint against the sequence starts they read.
     pub layout: WorkspaceLayout,
-    /// Fingerprint of the prepared metadata; kernels that can read the workspace header check it.
-    pub fingerprint: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

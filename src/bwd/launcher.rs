@@ -4,6 +4,7 @@
 
 use super::args::BwdArgs;
 use super::kargs::BwdKargs;
+use super::prepare_async::AsyncErrorSlot;
 use super::traits::BwdTraits;
 use crate::error::{Error, Result, Status};
 use crate::problem::{Mode, Shape};
@@ -13,12 +14,13 @@ use crate::schedule::XcdRemap;
 use crate::workspace::{self, WorkspaceLayout, WorkspaceParams};
 use std::sync::Mutex;
 
-/// What the last `prepare_workspace` wrote, so `run` can refuse a workspace it never saw.
+/// What the last prepare was given, so `run` can refuse a workspace it never saw. (Whether the
+/// metadata matches the run's sequence starts is checked by the kernels, from the header's
+/// fingerprint: after an asynchronous prepare the host never sees the device seqstarts.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Prepared {
     workspace: usize,
     bytes: usize,
-    fingerprint: u64,
 }
 
 #[derive(Debug)]
@@ -28,6 +30,7 @@ pub struct BwdLauncher {
     instance: Instance,
     layout: WorkspaceLayout,
     prepared: Mutex<Option<Prepared>>,
+    async_errors: AsyncErrorSlot,
 }
 
 /// The workspace parameters of a problem for a dq_dk_dv instance on `num_cus` compute units.
@@ -84,7 +87,14 @@ impl BwdLauncher {
         let arch = rt.arch()?;
         let instance = select(&traits, &shape, arch)?;
         let layout = WorkspaceLayout::new(&workspace_params(&traits, &instance, rt.cu_count()?, arch))?;
-        Ok(BwdLauncher { traits, shape, instance, layout, prepared: Mutex::new(None) })
+        Ok(BwdLauncher {
+            traits,
+            shape,
+            instance,
+            layout,
+            prepared: Mutex::new(None),
+            async_errors: AsyncErrorSlot::default(),
+        })
     }
 
     pub fn traits(&self) -> &BwdTraits {
@@ -104,7 +114,7 @@ impl BwdLauncher {
         self.layout.workspace_size()
     }
 
-    fn check_workspace(&self, workspace: usize, bytes: usize) -> Result<()> {
+    pub(crate) fn check_workspace(&self, workspace: usize, bytes: usize) -> Result<()> {
         if workspace == 0 {
             return Err(Error::null("workspace"));
         }
@@ -119,7 +129,7 @@ impl BwdLauncher {
     }
 
     /// Host seqstarts → metadata bytes, built on the host.
-    pub fn metadata(&self, seqstart_q: Option<&[i32]>, seqstart_k: Option<&[i32]>) -> Result<(Vec<u8>, u64)> {
+    pub fn metadata(&self, seqstart_q: Option<&[i32]>, seqstart_k: Option<&[i32]>) -> Result<Vec<u8>> {
         match self.traits.mode {
             Mode::Group => {
                 if seqstart_q.is_none() {
@@ -136,8 +146,8 @@ impl BwdLauncher {
             }
         }
         let mut bytes = AlignedBytes::new(self.layout.metadata_bytes);
-        let info = workspace::prepare_metadata(&self.layout, seqstart_q, seqstart_k, bytes.as_mut_slice())?;
-        Ok((bytes.as_mut_slice().to_vec(), info.fingerprint))
+        workspace::prepare_metadata(&self.layout, seqstart_q, seqstart_k, bytes.as_mut_slice())?;
+        Ok(bytes.as_mut_slice().to_vec())
     }
 
     /// Writes the metadata for these (host) sequence starts into the workspace and waits for the copy.
@@ -148,16 +158,26 @@ impl BwdLauncher {
         seqstart_q: Option<&[i32]>,
         seqstart_k: Option<&[i32]>,
     ) -> Result<()> {
+        self.take_async_error()?;
         self.check_workspace(workspace, bytes)?;
-        let (metadata, fingerprint) = self.metadata(seqstart_q, seqstart_k)?;
+        let metadata = self.metadata(seqstart_q, seqstart_k)?;
         let rt = runtime::current()?;
         rt.memcpy(workspace, metadata.as_ptr() as usize, metadata.len(), CopyKind::HostToDevice)?;
-        *self.prepared.lock().unwrap_or_else(|p| p.into_inner()) = Some(Prepared { workspace, bytes, fingerprint });
+        self.set_prepared(workspace, bytes);
         Ok(())
+    }
+
+    pub(crate) fn set_prepared(&self, workspace: usize, bytes: usize) {
+        *self.prepared.lock().unwrap_or_else(|p| p.into_inner()) = Some(Prepared { workspace, bytes });
+    }
+
+    pub(crate) fn async_errors(&self) -> AsyncErrorSlot {
+        std::sync::Arc::clone(&self.async_errors)
     }
 
     /// Validates `args` against the traits and the prepared workspace, and enqueues the backward.
     pub fn run(&self, args: &BwdArgs, stream: Stream) -> Result<()> {
+        self.take_async_error()?;
         let shape = args.shape(&self.traits)?;
         let extents = args.extents(&shape)?;
         let prepared = self.prepared.lock().unwrap_or_else(|p| p.into_inner()).ok_or_else(|| {
@@ -197,7 +217,6 @@ impl BwdLauncher {
             seqlen_k_ptr: args.seqlen_k_ptr,
             workspace: args.workspace,
             layout: self.layout,
-            fingerprint: prepared.fingerprint,
         };
         runtime::launch::backward(kargs, stream)
     }
@@ -208,19 +227,19 @@ impl BwdLauncher {
 }
 
 /// A byte buffer whose start is 16-byte aligned (the metadata sections are read as aligned structs).
-struct AlignedBytes {
+pub(crate) struct AlignedBytes {
     storage: Vec<u8>,
     offset: usize,
     len: usize,
 }
 
 impl AlignedBytes {
-    fn new(len: usize) -> AlignedBytes {
+    pub(crate) fn new(len: usize) -> AlignedBytes {
         let storage = vec![0u8; len + workspace::SECTION_ALIGNMENT];
         let offset = storage.as_ptr().align_offset(workspace::SECTION_ALIGNMENT);
         AlignedBytes { storage, offset, len }
     }
-    fn as_mut_slice(&mut self) -> &mut [u8] {
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
         &mut self.storage[self.offset..self.offset + self.len]
     }
 }

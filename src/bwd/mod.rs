@@ -5,9 +5,11 @@
 pub mod args;
 pub mod kargs;
 pub mod launcher;
+pub mod prepare_async;
 pub mod traits;
 
 pub use args::BwdArgs;
 pub use kargs::BwdKargs;
 pub use launcher::BwdLauncher;
+pub use prepare_async::PrepareMethod;
 pub use traits::BwdTraits;

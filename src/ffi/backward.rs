@@ -257,3 +257,51 @@ pub extern "C" fn fmha_bwd_workspace_size_upper_bound(
         write_out(bytes, "bytes", size)
     })
 }
+
+/// `fmha_bwd_launcher_prepare_workspace_async` methods.
+pub const FMHA_PREPARE_AUTO: i32 = 0;
+pub const FMHA_PREPARE_HOST: i32 = 1;
+pub const FMHA_PREPARE_DEVICE: i32 = 2;
+
+/// Prepares `workspace` on `stream` and returns at once: nothing blocks the host. `seqstart_q/k` are
+/// the device arrays (group mode; NULL in batch mode).
+///
+/// `method`: `FMHA_PREPARE_HOST` copies the seqstarts to pinned memory, packs the metadata in a
+/// stream host function and copies it back (the staging buffer lives until the stream consumed it,
+/// even if the launcher is destroyed first); `FMHA_PREPARE_DEVICE` builds the same bytes in a
+/// single-thread kernel (no host function, no pinned memory: safe under stream/graph capture);
+/// `FMHA_PREPARE_AUTO` picks the device kernel when the stream is capturing, the host path otherwise.
+/// `allocator` supplies the host path's pinned memory (NULL: the backend's pinned allocation).
+/// A failure on the stream (e.g. invalid seqstarts) is reported by the launcher's next call as
+/// `FMHA_ERR_ASYNC_FAILURE`.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn fmha_bwd_launcher_prepare_workspace_async(
+    launcher: *mut fmha_bwd_launcher,
+    workspace: *mut c_void,
+    workspace_size: usize,
+    seqstart_q: *const i32,
+    seqstart_k: *const i32,
+    stream: fmha_stream_t,
+    allocator: *const super::pinned::fmha_pinned_allocator,
+    method: i32,
+) -> fmha_status {
+    boundary(|| {
+        let launcher = launcher_ref(launcher)?;
+        let method = crate::bwd::PrepareMethod::from_i32(method)?;
+        let allocator = if allocator.is_null() {
+            None
+        } else {
+            Some(super::pinned::CallerAllocator::new(read_in(allocator, "allocator")?)?.into_allocator())
+        };
+        launcher.prepare_workspace_async(
+            workspace as usize,
+            workspace_size,
+            seqstart_q as usize,
+            seqstart_k as usize,
+            Stream(stream as usize),
+            allocator,
+            method,
+        )
+    })
+}

@@ -9,6 +9,7 @@
 
 pub mod attention;
 pub mod backward;
+pub mod pinned;
 pub mod runtime;
 pub mod status;
 pub mod version;

@@ -3,8 +3,9 @@
 
 use super::Stream;
 use crate::bwd::BwdKargs;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::fwd::FwdKargs;
+use crate::workspace::{PrepareParams, WorkspaceLayout, SECTION_ALIGNMENT};
 
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 mod stubs {
@@ -13,6 +14,28 @@ mod stubs {
     // runtime's error code of the launch (0 = success).
     extern "C" {
         pub fn fmha_hip_fill_u32(dst: *mut c_void, value: u32, count: u64, stream: *mut c_void) -> i32;
+        pub fn fmha_hip_prepare_workspace(
+            workspace: *mut c_void,
+            seqstart_q: *const i32,
+            seqstart_k: *const i32,
+            params_host: *const crate::workspace::PrepareParams,
+            stream: *mut c_void,
+        ) -> i32;
+    }
+}
+
+/// The C++ routines compiled for the host CPU in every backend (`build.rs`, `build_cpu_prepare`).
+mod cpu_stubs {
+    use crate::workspace::PrepareParams;
+    extern "C" {
+        // hip/bwd/prepare_workspace_cpu.cpp: returns 0 or the `Status` code of the failure.
+        pub fn fmha_cpu_prepare_workspace(
+            metadata: *mut u8,
+            len: usize,
+            seqstart_q: *const i32,
+            seqstart_k: *const i32,
+            params: *const PrepareParams,
+        ) -> i32;
     }
 }
 
@@ -35,6 +58,137 @@ pub fn fill_u32(dst: usize, value: u32, count: usize, stream: Stream) -> Result<
         super::host::runtime().enqueue(stream, move || {
             crate::host_kernels::fill::fill_u32(out, value);
             Ok(())
+        })
+    }
+}
+
+/// A buffer of `fill` bytes with a [`SECTION_ALIGNMENT`]-aligned window of `len` bytes starting at the
+/// returned index, in safe code (the metadata sections are read as aligned structs, so every prepare
+/// wants an aligned start).
+fn aligned_buffer(len: usize, fill: u8) -> (Vec<u8>, usize) {
+    let buffer = vec![fill; len + SECTION_ALIGNMENT];
+    let start = (SECTION_ALIGNMENT - buffer.as_ptr() as usize % SECTION_ALIGNMENT) % SECTION_ALIGNMENT;
+    (buffer, start)
+}
+
+/// Runs the C++ workspace prepare (`hip/bwd/prepare_workspace.h`, the code of the device-side prepare
+/// kernel) on the host CPU and returns the `layout.metadata_bytes` bytes it wrote. Tests compare them
+/// with [`crate::workspace::prepare_metadata`]: both must be identical, byte for byte.
+///
+/// `seqstart_q`/`seqstart_k` as for `prepare_metadata` (`[batch + 1]` each in group mode, `None` in
+/// batch mode). Where `prepare_metadata` fails, the routine writes an all-zero region.
+pub fn prepare_workspace_cpu(
+    layout: &WorkspaceLayout,
+    seqstart_q: Option<&[i32]>,
+    seqstart_k: Option<&[i32]>,
+) -> Vec<u8> {
+    prepare_workspace_cpu_status(layout, seqstart_q, seqstart_k).1
+}
+
+/// [`prepare_workspace_cpu`] with the routine's result: 0, or the [`crate::Status`] code of the error
+/// `prepare_metadata` returns for the same inputs.
+fn prepare_workspace_cpu_status(
+    layout: &WorkspaceLayout,
+    seqstart_q: Option<&[i32]>,
+    seqstart_k: Option<&[i32]>,
+) -> (i32, Vec<u8>) {
+    let len = layout.metadata_bytes;
+    // The routine reads `batch + 1` entries of each array it is given (device memory has no length); an
+    // array of another length is refused here, as `prepare_metadata` refuses it.
+    let entries = layout.params.batch as usize + 1;
+    if [seqstart_q, seqstart_k].iter().flatten().any(|s| s.len() != entries) {
+        return (crate::Status::InvalidArgument as i32, vec![0; len]);
+    }
+    let params = PrepareParams::new(layout);
+    // Poisoned, so that a byte the routine does not write shows up in the comparison.
+    let (mut buffer, start) = aligned_buffer(len, 0xA5);
+    let pointer = |s: Option<&[i32]>| s.map_or(std::ptr::null(), <[i32]>::as_ptr);
+    let region = &mut buffer[start..start + len];
+    // SAFETY: `region` is `len` writable bytes, and the routine writes at most `params.metadata_bytes`
+    // = `len` bytes; each seqstart pointer is null or holds `batch + 1` readable entries (checked above);
+    // `params` lives across the call; nothing is retained after it returns.
+    let code = unsafe {
+        cpu_stubs::fmha_cpu_prepare_workspace(
+            region.as_mut_ptr(),
+            len,
+            pointer(seqstart_q),
+            pointer(seqstart_k),
+            &params,
+        )
+    };
+    (code, region.to_vec())
+}
+
+/// Prepares the backward workspace's metadata region at device address `workspace` from the sequence
+/// starts in device memory, on `stream`, without synchronizing with the host: graph-capture safe (spec
+/// `ck_fmha_bwd.md` §4.3). `seqstart_q_dev`/`seqstart_k_dev` are device addresses of `[batch + 1]`
+/// `i32` each in group mode, 0 in batch mode; `workspace` holds at least `layout.metadata_bytes` bytes
+/// and is 16-byte aligned. The dq_acc region after the metadata is not touched.
+///
+/// GPU builds launch the one-thread kernel of `hip/bwd/prepare_workspace.hip`; the host backend queues
+/// [`crate::workspace::prepare_metadata`] on the stream, which writes the same bytes. Invalid seqstarts
+/// (only seen when the stream gets there) leave an all-zero region, which `run` refuses as not
+/// prepared; the host backend also reports the error at the stream's next synchronize.
+pub fn prepare_workspace_device(
+    layout: &WorkspaceLayout,
+    workspace: usize,
+    seqstart_q_dev: usize,
+    seqstart_k_dev: usize,
+    stream: Stream,
+) -> Result<()> {
+    if workspace == 0 {
+        return Err(Error::null("workspace"));
+    }
+    let misalign = workspace % SECTION_ALIGNMENT;
+    crate::error::ensure(misalign == 0, "workspace", || {
+        format!("must be {SECTION_ALIGNMENT}-byte aligned (address mod {SECTION_ALIGNMENT} = {misalign})")
+    })?;
+    #[cfg(any(feature = "cuda", feature = "rocm"))]
+    {
+        super::current()?; // fails cleanly with NoDevice before touching the driver
+        let params = PrepareParams::new(layout);
+        // SAFETY: the stub copies `params` into the launch before returning. The kernel writes
+        // `layout.metadata_bytes` bytes at `workspace` and reads `batch + 1` entries of each non-null
+        // seqstart array: device memory of those sizes, as the caller guarantees. `stream` is a native
+        // stream handle.
+        let code = unsafe {
+            stubs::fmha_hip_prepare_workspace(
+                workspace as *mut _,
+                seqstart_q_dev as *const i32,
+                seqstart_k_dev as *const i32,
+                &params,
+                stream.0 as *mut _,
+            )
+        };
+        launch_result("prepare_workspace", code)
+    }
+    #[cfg(not(any(feature = "cuda", feature = "rocm")))]
+    {
+        use super::host::DeviceSlice;
+        let out = DeviceSlice::<u8>::new(workspace, layout.metadata_bytes, "workspace")?;
+        let entries = layout.params.batch as usize + 1;
+        let seqstart = |address: usize, field: &str| {
+            (address != 0).then(|| DeviceSlice::<i32>::new(address, entries, field)).transpose()
+        };
+        let (q, k) = (seqstart(seqstart_q_dev, "seqstart_q")?, seqstart(seqstart_k_dev, "seqstart_k")?);
+        let layout = *layout;
+        super::host::runtime().enqueue(stream, move || {
+            let read = |s: Option<DeviceSlice<i32>>| {
+                s.map(|s| {
+                    let mut host = vec![0; s.len()];
+                    s.read_into(0, &mut host);
+                    host
+                })
+            };
+            let (q, k) = (read(q), read(k));
+            let (mut buffer, start) = aligned_buffer(layout.metadata_bytes, 0);
+            let region = &mut buffer[start..start + layout.metadata_bytes];
+            let outcome = crate::workspace::prepare_metadata(&layout, q.as_deref(), k.as_deref(), region);
+            if outcome.is_err() {
+                region.fill(0); // as the GPU kernel leaves it: "not prepared", no work
+            }
+            out.write_from(0, region);
+            outcome.map(|_| ())
         })
     }
 }
@@ -90,6 +244,9 @@ fn launch_result(kernel: &str, code: i32) -> Result<()> {
         Err(crate::error::Error::runtime(format!("launch of kernel {kernel} failed with runtime error code {code}")))
     }
 }
+
+#[cfg(test)]
+mod prepare_tests;
 
 #[cfg(test)]
 mod tests {

@@ -65,6 +65,9 @@ pub struct Case {
     pub deterministic: bool,
     pub layout: Layout,
     pub scale: f32,
+    /// Group mode: `max_seqlen_q/k` to declare instead of the actual maxima (a launcher reused
+    /// across calls declares a bound that holds for all of them).
+    pub max_seqlen: Option<(usize, usize)>,
 }
 
 impl Case {
@@ -90,13 +93,14 @@ impl Case {
             deterministic: false,
             layout: Layout::Bshd,
             scale: 0.0,
+            max_seqlen: None,
         }
     }
 
     fn physical(&self, b: usize) -> (usize, usize) {
         (self.seqlens[b].0 + self.padding[b].0, self.seqlens[b].1 + self.padding[b].1)
     }
-    fn starts(&self, k_side: bool) -> Vec<i32> {
+    pub fn starts(&self, k_side: bool) -> Vec<i32> {
         let mut starts = vec![0i32];
         for b in 0..self.seqlens.len() {
             let (pq, pk) = self.physical(b);
@@ -460,7 +464,8 @@ impl Buffers {
                     .max()
                     .unwrap_or(0)
             };
-            (case.total(false) as i32, case.total(true) as i32, max(false) as i32, max(true) as i32)
+            let (max_q, max_k) = case.max_seqlen.unwrap_or((max(false), max(true)));
+            (case.total(false) as i32, case.total(true) as i32, max_q as i32, max_k as i32)
         } else {
             (case.seqlens[0].0 as i32, case.seqlens[0].1 as i32, case.seqlens[0].0 as i32, case.seqlens[0].1 as i32)
         }
@@ -737,4 +742,13 @@ pub fn check_backward_modes(case: &Case, modes: &[bool], rng: &mut Rng) -> (Buff
 /// Forward and backward of `case` (its own `deterministic` flag), checked.
 pub fn check_backward(case: &Case, rng: &mut Rng) -> (Buffers, BackwardBuffers) {
     check_backward_modes(case, &[case.deterministic], rng)
+}
+
+/// Forward of `case` checked, plus backward buffers and the expected gradients, for tests that drive
+/// the backward launcher themselves.
+pub fn forward_and_expected(case: &Case, rng: &mut Rng) -> (Buffers, BackwardBuffers, ExpectedGradients) {
+    let (fwd, inputs) = check_forward(case, rng);
+    let bwd = BackwardBuffers::new(case, rng);
+    let expected = expected_gradients(case, &inputs, &bwd.d_o_dense);
+    (fwd, bwd, expected)
 }

@@ -1,0 +1,560 @@
+//! Asynchronous workspace preparation on the host backend: nothing blocks or is written before the
+//! stream gets there, results equal the synchronous path bit for bit, the launcher can be destroyed
+//! while the stream still works, failures on the stream are reported by the next call, and the host
+//! and device methods write identical bytes.
+
+mod common;
+
+use common::attention::{bwd_traits, check_gradients, forward_and_expected, Buffers, Case, DeviceArray, Dtype, Rng};
+use common::{expect_error, last_error, ok};
+use fmha::ffi::backward::*;
+use fmha::ffi::pinned::*;
+use fmha::ffi::runtime::*;
+use fmha::ffi::status::*;
+use fmha::mask::{Mask, MaskType};
+use fmha::runtime::Stream;
+use std::collections::HashSet;
+use std::ffi::c_void;
+use std::ptr::{null, null_mut};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// A host function that holds a stream until `open` is called.
+struct Gate {
+    state: Arc<(Mutex<bool>, Condvar)>,
+}
+
+impl Gate {
+    fn close(stream: fmha_stream_t) -> Gate {
+        let state = Arc::new((Mutex::new(false), Condvar::new()));
+        let waiter = Arc::clone(&state);
+        let rt = fmha::runtime::current().unwrap();
+        rt.launch_host_func(
+            Stream(stream as usize),
+            Box::new(move || {
+                let (open, changed) = &*waiter;
+                let mut open = open.lock().unwrap();
+                while !*open {
+                    open = changed.wait(open).unwrap();
+                }
+            }),
+        )
+        .unwrap();
+        Gate { state }
+    }
+    fn open(&self) {
+        *self.state.0.lock().unwrap() = true;
+        self.state.1.notify_all();
+    }
+}
+
+fn varlen_case(seqlens: Vec<(usize, usize)>, deterministic: bool) -> Case {
+    let mut case =
+        Case::batch_mode(Dtype::Bf16, seqlens.len(), 4, 2, (1, 1), (64, 64), Mask::causal(MaskType::BottomRight));
+    case.group = true;
+    case.padding = vec![(0, 0); seqlens.len()];
+    case.seqlens = seqlens;
+    case.deterministic = deterministic;
+    case
+}
+
+struct Launcher {
+    raw: *mut fmha_bwd_launcher,
+    workspace: *mut c_void,
+    size: usize,
+}
+
+impl Launcher {
+    fn new(case: &Case) -> Launcher {
+        let traits = bwd_traits(case);
+        let mut raw = null_mut();
+        ok(fmha_bwd_launcher_create(&traits, &mut raw));
+        let mut size = 0;
+        ok(fmha_bwd_launcher_workspace_size(raw, &mut size));
+        let mut workspace = null_mut();
+        ok(fmha_device_malloc(&mut workspace, size));
+        ok(fmha_memset(workspace, 0x7F, size));
+        Launcher { raw, workspace, size }
+    }
+    fn prepare_async(&self, fwd: &Buffers, stream: fmha_stream_t, method: i32) -> fmha_status {
+        let args = fwd.fwd_args_for_prepare();
+        fmha_bwd_launcher_prepare_workspace_async(
+            self.raw,
+            self.workspace,
+            self.size,
+            args.0,
+            args.1,
+            stream,
+            null(),
+            method,
+        )
+    }
+    fn metadata(&self, bytes: usize) -> Vec<u8> {
+        let mut out = vec![0u8; bytes];
+        ok(fmha_memcpy(out.as_mut_ptr() as *mut c_void, self.workspace, bytes, FMHA_MEMCPY_DEVICE_TO_HOST));
+        out
+    }
+}
+
+impl Drop for Launcher {
+    fn drop(&mut self) {
+        fmha_bwd_launcher_destroy(self.raw);
+        fmha_device_free(self.workspace);
+    }
+}
+
+trait PrepareArgs {
+    fn fwd_args_for_prepare(&self) -> (*const i32, *const i32);
+}
+
+impl PrepareArgs for Buffers {
+    fn fwd_args_for_prepare(&self) -> (*const i32, *const i32) {
+        (self.seqstart_q.as_ptr(), self.seqstart_k.as_ptr())
+    }
+}
+
+fn metadata_bytes(case: &Case) -> usize {
+    let traits = bwd_traits(case);
+    let launcher = fmha::bwd::BwdLauncher::new(fmha_bwd_traits_to_rust(&traits)).unwrap();
+    launcher.layout().metadata_bytes
+}
+
+fn fmha_bwd_traits_to_rust(t: &fmha_bwd_traits) -> fmha::bwd::BwdTraits {
+    fmha::bwd::BwdTraits {
+        dtype: if t.dtype == 0 { Dtype::F16 } else { Dtype::Bf16 },
+        mode: if t.is_group_mode == 1 { fmha::problem::Mode::Group } else { fmha::problem::Mode::Batch },
+        mask_type: fmha::mask::MaskType::from_i32(t.mask_type).unwrap(),
+        bias_type: fmha::fwd::BiasType::None,
+        has_dbias: false,
+        has_dropout: false,
+        is_store_randval: false,
+        deterministic: t.is_deterministic == 1,
+        batch: t.batch.into(),
+        seqlen_q: t.seqlen_q.into(),
+        seqlen_k: t.seqlen_k.into(),
+        max_seqlen_q: t.max_seqlen_q.into(),
+        max_seqlen_k: t.max_seqlen_k.into(),
+        nhead_q: t.nhead_q.into(),
+        nhead_k: t.nhead_k.into(),
+        hdim_q: t.hdim_q.into(),
+        hdim_v: t.hdim_v.into(),
+    }
+}
+
+#[test]
+fn gated_stream_async_prepare_and_run_return_at_once_and_match_the_sync_path() {
+    let mut rng = Rng::fresh();
+    eprintln!("seed {}", rng.0);
+    let case = varlen_case(vec![(70, 130), (0, 33), (129, 64)], true);
+    let (fwd, bwd, expected) = forward_and_expected(&case, &mut rng);
+    // Reference: synchronous prepare.
+    let sync = Launcher::new(&case);
+    let (q, k) = (case.starts(false), case.starts(true));
+    ok(fmha_bwd_launcher_prepare_workspace(sync.raw, sync.workspace, sync.size, q.as_ptr(), k.as_ptr()));
+    bwd.poison(&case);
+    ok(fmha_bwd_launcher_run(sync.raw, &bwd.args(&case, &fwd, sync.workspace), null_mut()));
+    ok(fmha_stream_synchronize(null_mut()));
+    check_gradients(&case, &bwd, &expected);
+    let sync_bits = bwd.bits();
+    let meta = metadata_bytes(&case);
+
+    for method in [FMHA_PREPARE_HOST, FMHA_PREPARE_DEVICE, FMHA_PREPARE_AUTO] {
+        let launcher = Launcher::new(&case);
+        let mut stream = null_mut();
+        ok(fmha_stream_create(&mut stream));
+        bwd.poison(&case);
+        let poisoned = bwd.bits();
+        let gate = Gate::close(stream);
+        let started = Instant::now();
+        ok(launcher.prepare_async(&fwd, stream, method));
+        ok(fmha_bwd_launcher_run(launcher.raw, &bwd.args(&case, &fwd, launcher.workspace), stream));
+        let host_time = started.elapsed();
+        assert!(host_time < Duration::from_millis(200), "prepare_async + run blocked for {host_time:?}");
+        std::thread::sleep(Duration::from_millis(20));
+        // Nothing was written while the stream was held.
+        assert!(launcher.metadata(meta).iter().all(|&b| b == 0x7F), "metadata written before the gate opened");
+        assert_eq!(bwd.bits(), poisoned, "gradients written before the gate opened");
+        gate.open();
+        ok(fmha_stream_synchronize(stream));
+        assert_eq!(bwd.bits(), sync_bits, "method {method}: async results differ from the sync path");
+        assert_eq!(launcher.metadata(meta), sync.metadata(meta), "method {method}: metadata bytes differ");
+        ok(fmha_stream_destroy(stream));
+    }
+}
+
+#[test]
+fn launcher_destroyed_while_the_stream_is_gated() {
+    let mut rng = Rng::fresh();
+    let case = varlen_case(vec![(50, 90), (31, 0), (64, 64)], true);
+    let (fwd, bwd, expected) = forward_and_expected(&case, &mut rng);
+    for method in [FMHA_PREPARE_HOST, FMHA_PREPARE_DEVICE] {
+        let mut stream = null_mut();
+        ok(fmha_stream_create(&mut stream));
+        let launcher = Launcher::new(&case);
+        bwd.poison(&case);
+        let gate = Gate::close(stream);
+        ok(launcher.prepare_async(&fwd, stream, method));
+        ok(fmha_bwd_launcher_run(launcher.raw, &bwd.args(&case, &fwd, launcher.workspace), stream));
+        // Destroy the launcher (not the workspace: the queued run still uses it) before the stream
+        // has run anything; the staging buffer and kernel arguments live on in the queued work.
+        ok(fmha_bwd_launcher_destroy(launcher.raw));
+        let workspace = launcher.workspace;
+        std::mem::forget(launcher);
+        gate.open();
+        ok(fmha_stream_synchronize(stream));
+        check_gradients(&case, &bwd, &expected);
+        ok(fmha_device_free(workspace));
+        ok(fmha_stream_destroy(stream));
+    }
+}
+
+#[test]
+fn one_launcher_and_workspace_reused_over_a_hundred_varlen_calls() {
+    let mut rng = Rng::fresh();
+    eprintln!("seed {}", rng.0);
+    let (total_q, total_k, batch) = (96usize, 120usize, 4usize);
+    let split = |rng: &mut Rng, total: usize| -> Vec<usize> {
+        let mut cuts: Vec<usize> = (0..batch - 1).map(|_| rng.range(0, total)).collect();
+        cuts.sort();
+        let mut lens = Vec::new();
+        let mut last = 0;
+        for c in cuts.into_iter().chain(std::iter::once(total)) {
+            lens.push(c - last);
+            last = c;
+        }
+        lens
+    };
+    let first = varlen_case(vec![(24, 30); 4], true);
+    let mut template = first.clone();
+    template.max_seqlen = Some((total_q, total_k));
+    let launcher = Launcher::new(&template);
+    let mut stream = null_mut();
+    ok(fmha_stream_create(&mut stream));
+    for call in 0..100 {
+        let (lq, lk) = (split(&mut rng, total_q), split(&mut rng, total_k));
+        let mut case = template.clone();
+        case.seqlens = lq.into_iter().zip(lk).collect();
+        let (fwd, bwd, expected) = forward_and_expected(&case, &mut rng);
+        bwd.poison(&case);
+        let method = if call % 2 == 0 { FMHA_PREPARE_HOST } else { FMHA_PREPARE_DEVICE };
+        ok(launcher.prepare_async(&fwd, stream, method));
+        ok(fmha_bwd_launcher_run(launcher.raw, &bwd.args(&case, &fwd, launcher.workspace), stream));
+        ok(fmha_stream_synchronize(stream));
+        check_gradients(&case, &bwd, &expected);
+    }
+    ok(fmha_stream_destroy(stream));
+}
+
+#[test]
+fn failures_on_the_stream_are_reported_by_the_next_call() {
+    let mut rng = Rng::fresh();
+    let case = varlen_case(vec![(20, 30), (13, 47)], false);
+    let (fwd, bwd, expected) = forward_and_expected(&case, &mut rng);
+    let launcher = Launcher::new(&case);
+    let args = bwd.args(&case, &fwd, launcher.workspace);
+    // A stream of its own: errors on a stream are sticky until its next synchronize, and tests run
+    // in parallel.
+    let mut stream = null_mut();
+    ok(fmha_stream_create(&mut stream));
+    // Non-monotone device seqstarts: the host function fails; prepare itself returned at once.
+    let bad = DeviceArray::new(&[0, 40, 33]);
+    ok(fmha_bwd_launcher_prepare_workspace_async(
+        launcher.raw,
+        launcher.workspace,
+        launcher.size,
+        bad.as_ptr(),
+        fwd.seqstart_k.as_ptr(),
+        stream,
+        null(),
+        FMHA_PREPARE_HOST,
+    ));
+    ok(fmha_stream_synchronize(stream));
+    expect_error(
+        fmha_bwd_launcher_run(launcher.raw, &args, stream),
+        FMHA_ERR_ASYNC_FAILURE,
+        &["seqstart_q", "prepare_workspace_async"],
+    );
+    // Reported once; a good prepare then works.
+    ok(launcher.prepare_async(&fwd, stream, FMHA_PREPARE_HOST));
+    bwd.poison(&case);
+    ok(fmha_bwd_launcher_run(launcher.raw, &args, stream));
+    ok(fmha_stream_synchronize(stream));
+    check_gradients(&case, &bwd, &expected);
+    // The device method writes an unprepared (all-zero) region for bad seqstarts: the run is refused
+    // by the stream instead of computing garbage.
+    ok(fmha_bwd_launcher_prepare_workspace_async(
+        launcher.raw,
+        launcher.workspace,
+        launcher.size,
+        bad.as_ptr(),
+        fwd.seqstart_k.as_ptr(),
+        stream,
+        null(),
+        FMHA_PREPARE_DEVICE,
+    ));
+    let status = fmha_stream_synchronize(stream);
+    assert_eq!(status, FMHA_ERR_INVALID_ARGUMENT, "{}", last_error());
+    ok(fmha_bwd_launcher_run(launcher.raw, &args, stream));
+    expect_error(fmha_stream_synchronize(stream), FMHA_ERR_WORKSPACE_NOT_PREPARED, &["workspace"]);
+    ok(fmha_stream_destroy(stream));
+}
+
+#[test]
+fn bad_inputs_of_prepare_async() {
+    let mut rng = Rng::fresh();
+    let case = varlen_case(vec![(20, 30), (13, 47)], true);
+    let (fwd, _bwd, _) = forward_and_expected(&case, &mut rng);
+    let launcher = Launcher::new(&case);
+    let (q, k) = fwd.fwd_args_for_prepare();
+    let call = |ws: *mut c_void,
+                size: usize,
+                q: *const i32,
+                k: *const i32,
+                alloc: *const fmha_pinned_allocator,
+                method: i32| {
+        fmha_bwd_launcher_prepare_workspace_async(launcher.raw, ws, size, q, k, null_mut(), alloc, method)
+    };
+    expect_error(
+        fmha_bwd_launcher_prepare_workspace_async(
+            null_mut(),
+            launcher.workspace,
+            launcher.size,
+            q,
+            k,
+            null_mut(),
+            null(),
+            0,
+        ),
+        FMHA_ERR_NULL_POINTER,
+        &["launcher"],
+    );
+    expect_error(call(launcher.workspace, launcher.size, q, k, null(), 7), FMHA_ERR_INVALID_ARGUMENT, &["method"]);
+    expect_error(call(null_mut(), launcher.size, q, k, null(), 0), FMHA_ERR_NULL_POINTER, &["workspace"]);
+    expect_error(call(launcher.workspace, 16, q, k, null(), 0), FMHA_ERR_WORKSPACE_TOO_SMALL, &["workspace_size"]);
+    expect_error(call(launcher.workspace, launcher.size, null(), k, null(), 0), FMHA_ERR_NULL_POINTER, &["seqstart_q"]);
+    expect_error(call(launcher.workspace, launcher.size, q, null(), null(), 0), FMHA_ERR_NULL_POINTER, &["seqstart_k"]);
+    let no_free = fmha_pinned_allocator {
+        struct_size: std::mem::size_of::<fmha_pinned_allocator>(),
+        user_data: null_mut(),
+        allocate: Some(failing_allocate),
+        free: None,
+    };
+    expect_error(
+        call(launcher.workspace, launcher.size, q, k, &no_free, 1),
+        FMHA_ERR_NULL_POINTER,
+        &["allocator.free"],
+    );
+    let failing = fmha_pinned_allocator { free: Some(counting_free), ..no_free };
+    expect_error(
+        call(launcher.workspace, launcher.size, q, k, &failing, 1),
+        FMHA_ERR_OUT_OF_MEMORY,
+        &["allocator.allocate"],
+    );
+    let short = fmha_pinned_allocator { struct_size: 3, ..failing };
+    expect_error(
+        call(launcher.workspace, launcher.size, q, k, &short, 1),
+        FMHA_ERR_INVALID_ARGUMENT,
+        &["allocator", "struct_size"],
+    );
+    // Nothing was queued by the refused calls.
+    ok(fmha_stream_synchronize(null_mut()));
+    let batch = Case { group: false, seqlens: vec![(20, 30); 2], ..case.clone() };
+    let batch_launcher = Launcher::new(&batch);
+    expect_error(
+        fmha_bwd_launcher_prepare_workspace_async(
+            batch_launcher.raw,
+            batch_launcher.workspace,
+            batch_launcher.size,
+            q,
+            null(),
+            null_mut(),
+            null(),
+            0,
+        ),
+        FMHA_ERR_INVALID_ARGUMENT,
+        &["seqstart_q", "batch mode"],
+    );
+}
+
+// A caller allocator that counts: every staging buffer is freed once, on the releaser thread.
+static ALLOCATED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+static FREED: Mutex<Vec<(usize, String)>> = Mutex::new(Vec::new());
+
+unsafe extern "C" fn counting_allocate(_user: *mut c_void, bytes: usize, ptr: *mut *mut c_void) -> fmha_status {
+    let mut p = null_mut();
+    let status = fmha_host_malloc_pinned(&mut p, bytes);
+    if status == FMHA_OK {
+        ALLOCATED.lock().unwrap().push(p as usize);
+        unsafe { ptr.write(p) };
+    }
+    status
+}
+
+unsafe extern "C" fn counting_free(_user: *mut c_void, ptr: *mut c_void) {
+    let thread = std::thread::current().name().unwrap_or("").to_string();
+    FREED.lock().unwrap().push((ptr as usize, thread));
+    fmha_host_free_pinned(ptr);
+}
+
+unsafe extern "C" fn failing_allocate(_user: *mut c_void, _bytes: usize, _ptr: *mut *mut c_void) -> fmha_status {
+    FMHA_ERR_OUT_OF_MEMORY
+}
+
+#[test]
+fn caller_allocator_buffers_are_freed_once_on_the_releaser_thread() {
+    let mut rng = Rng::fresh();
+    let case = varlen_case(vec![(20, 30), (13, 47)], true);
+    let (fwd, _bwd, _) = forward_and_expected(&case, &mut rng);
+    let launcher = Launcher::new(&case);
+    let allocator = fmha_pinned_allocator {
+        struct_size: std::mem::size_of::<fmha_pinned_allocator>(),
+        user_data: null_mut(),
+        allocate: Some(counting_allocate),
+        free: Some(counting_free),
+    };
+    let (q, k) = fwd.fwd_args_for_prepare();
+    for _ in 0..20 {
+        ok(fmha_bwd_launcher_prepare_workspace_async(
+            launcher.raw,
+            launcher.workspace,
+            launcher.size,
+            q,
+            k,
+            null_mut(),
+            &allocator,
+            FMHA_PREPARE_HOST,
+        ));
+    }
+    ok(fmha_stream_synchronize(null_mut()));
+    // The releaser frees asynchronously: wait until it caught up.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while FREED.lock().unwrap().len() < 20 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let allocated: HashSet<usize> = ALLOCATED.lock().unwrap().iter().copied().collect();
+    let freed = FREED.lock().unwrap().clone();
+    assert_eq!(freed.len(), 20);
+    assert_eq!(freed.iter().map(|(p, _)| *p).collect::<HashSet<_>>().len(), 20, "a buffer was freed twice");
+    assert!(freed.iter().all(|(p, _)| allocated.contains(p)));
+    assert!(freed.iter().all(|(_, thread)| thread == "fmha-pinned-releaser"), "{freed:?}");
+}
+
+#[test]
+fn releaser_c_api() {
+    // 100k releases from 16 threads and from stream host functions, freed exactly once.
+    static RELEASED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+    unsafe extern "C" fn record_free(_user: *mut c_void, ptr: *mut c_void) {
+        RELEASED.lock().unwrap().push(ptr as usize);
+    }
+    unsafe extern "C" fn never_allocate(_user: *mut c_void, _bytes: usize, _ptr: *mut *mut c_void) -> fmha_status {
+        FMHA_ERR_OUT_OF_MEMORY
+    }
+    let allocator = fmha_pinned_allocator {
+        struct_size: std::mem::size_of::<fmha_pinned_allocator>(),
+        user_data: null_mut(),
+        allocate: Some(never_allocate),
+        free: Some(record_free),
+    };
+    let mut releaser = null_mut();
+    expect_error(fmha_pinned_releaser_create(&allocator, null_mut()), FMHA_ERR_NULL_POINTER, &["releaser"]);
+    let bad = fmha_pinned_allocator { free: None, ..allocator };
+    expect_error(fmha_pinned_releaser_create(&bad, &mut releaser), FMHA_ERR_NULL_POINTER, &["allocator.free"]);
+    ok(fmha_pinned_releaser_create(&allocator, &mut releaser));
+    let handle = releaser as usize;
+    std::thread::scope(|scope| {
+        for t in 0..16usize {
+            scope.spawn(move || {
+                for i in 0..5000usize {
+                    ok(fmha_pinned_releaser_release(handle as *const _, (1 + t * 5000 + i) as *mut c_void));
+                }
+            });
+        }
+    });
+    let mut stream = null_mut();
+    ok(fmha_stream_create(&mut stream));
+    let rt = fmha::runtime::current().unwrap();
+    for i in 0..20_000usize {
+        rt.launch_host_func(
+            Stream(stream as usize),
+            Box::new(move || {
+                fmha_pinned_releaser_release(handle as *const _, (1_000_000 + i) as *mut c_void);
+            }),
+        )
+        .unwrap();
+    }
+    ok(fmha_stream_synchronize(stream));
+    ok(fmha_stream_destroy(stream));
+    ok(fmha_pinned_releaser_destroy(releaser)); // drains
+    let released = RELEASED.lock().unwrap().clone();
+    assert_eq!(released.len(), 100_000);
+    assert_eq!(released.iter().collect::<HashSet<_>>().len(), 100_000);
+    ok(fmha_pinned_releaser_destroy(null_mut()));
+    ok(fmha_pinned_releaser_release(null(), null_mut())); // default releaser, null pointer: no-op
+                                                          // The default releaser frees memory from fmha_host_malloc_pinned.
+    let mut p = null_mut();
+    ok(fmha_host_malloc_pinned(&mut p, 64));
+    ok(fmha_pinned_releaser_release(null(), p));
+}
+
+/// With a long kernel occupying the stream, `prepare_workspace_async` (and `run`, where the backend
+/// has backward kernels) return in a small fraction of the kernel's time, and the prepared bytes equal
+/// the synchronous path's. Runs on every backend; on a GPU it is part of scripts/gpu-check.sh.
+#[test]
+fn prepare_async_returns_long_before_a_busy_stream_gets_to_it() {
+    if common::no_device() {
+        return;
+    }
+    let _serial = common::CU_COUNT_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let gpu = fmha::ffi::version::fmha_backend() != fmha::ffi::version::FMHA_BACKEND_HOST;
+    // Group-mode deterministic backward of a realistic varlen batch (no data needed to prepare).
+    let lengths = [1024usize, 3000, 17, 0, 2048, 511];
+    let mut case = varlen_case(lengths.iter().map(|&l| (l, l)).collect(), true);
+    case.nhead_q = 16;
+    case.nhead_k = 4;
+    case.hdim_q = 128;
+    case.hdim_v = 128;
+    let (q, k) = (case.starts(false), case.starts(true));
+    let (dq, dk) = (DeviceArray::new(&q), DeviceArray::new(&k));
+    let sync = Launcher::new(&case);
+    ok(fmha_bwd_launcher_prepare_workspace(sync.raw, sync.workspace, sync.size, q.as_ptr(), k.as_ptr()));
+    let meta = metadata_bytes(&case);
+    // The busy stream: fills of a large buffer (GPU: ~100 ms of HBM traffic; host: a few ms).
+    let (words, repeats) = if gpu { (1usize << 30, 24) } else { (1usize << 22, 4) };
+    let mut busy = null_mut();
+    ok(fmha_device_malloc(&mut busy, words * 4));
+    let mut stream = null_mut();
+    ok(fmha_stream_create(&mut stream));
+    for method in [FMHA_PREPARE_HOST, FMHA_PREPARE_DEVICE] {
+        let launcher = Launcher::new(&case);
+        let started = Instant::now();
+        for _ in 0..repeats {
+            fmha::runtime::launch::fill_u32(busy as usize, 7, words, Stream(stream as usize)).unwrap();
+        }
+        let queued = Instant::now();
+        ok(fmha_bwd_launcher_prepare_workspace_async(
+            launcher.raw,
+            launcher.workspace,
+            launcher.size,
+            dq.as_ptr(),
+            dk.as_ptr(),
+            stream,
+            null(),
+            method,
+        ));
+        let host_time = queued.elapsed();
+        ok(fmha_stream_synchronize(stream));
+        let stream_time = started.elapsed();
+        eprintln!(
+            "method {}: prepare_workspace_async host time {:.3} ms; stream busy for {:.3} ms",
+            if method == FMHA_PREPARE_HOST { "host" } else { "device" },
+            host_time.as_secs_f64() * 1e3,
+            stream_time.as_secs_f64() * 1e3
+        );
+        if gpu {
+            assert!(host_time * 20 < stream_time, "prepare_async blocked: {host_time:?} of {stream_time:?}");
+        }
+        assert_eq!(launcher.metadata(meta), sync.metadata(meta), "async metadata differs from the sync path");
+    }
+    ok(fmha_stream_destroy(stream));
+    ok(fmha_device_free(busy));
+}
