@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "bwd/prepare_params.h"
+#include "fwd/fwd_params.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -21,6 +22,9 @@ int32_t fmha_hip_fill_u32(void* dst, uint32_t value, uint64_t count, void* strea
 // seqstarts leave an all-zero region ("not prepared").
 int32_t fmha_hip_prepare_workspace(void* workspace, const int32_t* seqstart_q, const int32_t* seqstart_k,
                                    const fmha_prepare_params* params_host, void* stream);
+
+// Runs the attention forward described by `*params` (an instance the registry listed).
+int32_t fmha_hip_fwd(const fmha_fwd_params* params, void* stream);
 
 #ifdef __cplusplus
 }

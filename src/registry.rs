@@ -40,9 +40,42 @@ pub struct Instance {
     pub m0: i64,
     pub n0: i64,
     pub pipeline: &'static str,
+    /// Head dims must be multiples of this (the GPU kernels move 16-byte vectors).
+    pub hdim_multiple: i64,
+    /// Tensor addresses must be aligned to, and strides multiples of, this many bytes (0: any).
+    pub vector_bytes: usize,
 }
 
 impl Instance {
+    /// Refuses tensors the instance cannot address with its vector loads, naming the field.
+    pub fn check_tensor(&self, field: &str, tensor: &crate::problem::Tensor, element_bytes: usize) -> Result<()> {
+        if self.vector_bytes == 0 || tensor.ptr == 0 {
+            return Ok(());
+        }
+        let elements = (self.vector_bytes / element_bytes) as i64;
+        if tensor.ptr % self.vector_bytes != 0 {
+            return Err(Error::unsupported(format!(
+                "{field}.data: {:#x} is not {}-byte aligned, which the {} kernels need",
+                tensor.ptr,
+                self.vector_bytes,
+                self.arch.name()
+            )));
+        }
+        for (name, stride) in [
+            ("batch_stride", tensor.batch_stride),
+            ("head_stride", tensor.head_stride),
+            ("row_stride", tensor.row_stride),
+        ] {
+            if stride % elements != 0 {
+                return Err(Error::unsupported(format!(
+                    "{field}.{name}: {stride} is not a multiple of {elements} elements, which the {} kernels need",
+                    self.arch.name()
+                )));
+            }
+        }
+        Ok(())
+    }
+
     pub fn name(&self) -> String {
         format!(
             "fmha_{}_d{}x{}_{}_{}_{}_b{}x{}_{}_{}",
@@ -76,11 +109,43 @@ const BACKWARD_TILES: [(i64, i64, i64); 4] = [(32, 32, 128), (64, 32, 128), (128
 /// Forward tiles per head-dim bucket (q rows × k rows).
 const FORWARD_TILES: [(i64, i64, i64); 4] = [(32, 64, 64), (64, 64, 64), (128, 64, 64), (256, 64, 32)];
 
+/// Forward tiles of the sm_90a kernels (`hip/fwd/forward.hip`): head-dim bucket, q rows, k rows.
+const SM90_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 64, 128), (128, 64, 64)];
+
+/// The sm_90a instances compiled into a cuda build.
+fn sm90_instances() -> Vec<Instance> {
+    let mut list = Vec::new();
+    for dtype in [Dtype::F16, Dtype::Bf16] {
+        for masked in [false, true] {
+            for &(hdim, m0, n0) in &SM90_FORWARD_TILES {
+                list.push(Instance {
+                    operation: Operation::Forward,
+                    arch: Arch::Sm90,
+                    dtype,
+                    hdim_q: hdim,
+                    hdim_v: hdim,
+                    masked,
+                    deterministic: false,
+                    m0,
+                    n0,
+                    pipeline: "mma_sync_cp_async",
+                    hdim_multiple: 8,
+                    vector_bytes: 16,
+                });
+            }
+        }
+    }
+    list
+}
+
 /// Every instance this build has for `arch`.
 pub fn instances(arch: Arch) -> Vec<Instance> {
     let mut list = Vec::new();
+    if arch == Arch::Sm90 && cfg!(feature = "cuda") {
+        return sm90_instances();
+    }
     if arch != Arch::Host {
-        return list; // the GPU kernels register here as they land
+        return list; // the AMD kernels register here as they land
     }
     for dtype in [Dtype::F16, Dtype::Bf16] {
         for masked in [false, true] {
@@ -96,6 +161,8 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
                     m0,
                     n0,
                     pipeline: "host_tile_loop",
+                    hdim_multiple: 1,
+                    vector_bytes: 0,
                 });
             }
             for deterministic in [false, true] {
@@ -111,6 +178,8 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
                         m0,
                         n0,
                         pipeline: if deterministic { "host_persistent" } else { "host_atomic" },
+                        hdim_multiple: 1,
+                        vector_bytes: 0,
                     });
                 }
             }
@@ -129,6 +198,8 @@ pub fn select(arch: Arch, request: &Request) -> Result<Instance> {
             && i.deterministic == (request.deterministic && request.operation == Operation::Backward)
             && request.hdim_q <= i.hdim_q
             && request.hdim_v <= i.hdim_v
+            && request.hdim_q % i.hdim_multiple == 0
+            && request.hdim_v % i.hdim_multiple == 0
     };
     if let Some(best) = all.iter().filter(|i| fits(i)).min_by_key(|i| (i.hdim_q, i.hdim_v)) {
         return Ok(*best);
@@ -166,7 +237,8 @@ pub fn to_json(instances: &[Instance]) -> String {
         .map(|i| {
             format!(
                 "{{\"name\":\"{}\",\"operation\":\"{}\",\"arch\":\"{}\",\"dtype\":\"{}\",\"hdim_q\":{},\"hdim_v\":{},\
-                 \"masked\":{},\"deterministic\":{},\"m0\":{},\"n0\":{},\"pipeline\":\"{}\"}}",
+                 \"masked\":{},\"deterministic\":{},\"m0\":{},\"n0\":{},\"pipeline\":\"{}\",\
+                 \"hdim_multiple\":{},\"vector_bytes\":{}}}",
                 i.name(),
                 i.operation.name(),
                 i.arch.name(),
@@ -177,7 +249,9 @@ pub fn to_json(instances: &[Instance]) -> String {
                 i.deterministic,
                 i.m0,
                 i.n0,
-                i.pipeline
+                i.pipeline,
+                i.hdim_multiple,
+                i.vector_bytes
             )
         })
         .collect();

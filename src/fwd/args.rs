@@ -102,6 +102,9 @@ impl FwdArgs {
                 deterministic: false,
             },
         )?;
+        for (field, tensor) in [("q", &self.q), ("k", &self.k), ("v", &self.v), ("o", &self.o)] {
+            instance.check_tensor(field, tensor, 2)?;
+        }
         Ok(FwdKargs {
             shape,
             instance,

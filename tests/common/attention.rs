@@ -324,8 +324,13 @@ fn max_abs(a: &Dense) -> f64 {
     a.iter().flatten().filter(|x| x.is_finite()).map(|x| x.abs()).fold(0.0, f64::max)
 }
 
-/// The field's rule: kernel error ≤ factor × (same-precision error) + floor, where the floor is a
-/// quarter of the input type's epsilon times the largest reference magnitude.
+/// A quarter of `eps` (the output type's epsilon) times the largest reference magnitude: the
+/// rounding noise of one output element, the small absolute floor of the field's rule.
+pub fn rounding_floor(exact: &Dense, eps: f64) -> f64 {
+    0.25 * eps * max_abs(exact).max(1e-3)
+}
+
+/// The field's rule: kernel error ≤ factor × (same-precision error) + floor.
 pub fn check_rule(
     case: &Case,
     what: &str,
@@ -333,11 +338,10 @@ pub fn check_rule(
     exact: &Dense,
     same_precision: &Dense,
     factor: f64,
-    eps: f64,
+    floor: f64,
 ) {
     let err = max_error(kernel, exact);
     let base = max_error(same_precision, exact);
-    let floor = 0.25 * eps * max_abs(exact).max(1e-3);
     assert!(
         err <= factor * base + floor,
         "{what}: max error {err:.3e} > {factor} × {base:.3e} (same-precision error) + {floor:.3e}; case {}",
@@ -511,6 +515,25 @@ impl Buffers {
     }
 }
 
+/// Whether this build has a kernel for the forward of `case` on the current device (GPU builds
+/// compile a subset of head dims; what the registry lists must pass).
+pub fn forward_supported(case: &Case) -> bool {
+    let Ok(rt) = fmha::runtime::current() else { return false };
+    let request = fmha::registry::Request {
+        operation: fmha::registry::Operation::Forward,
+        dtype: case.dtype,
+        hdim_q: case.hdim_q as i64,
+        hdim_v: case.hdim_v as i64,
+        masked: case.mask.kind != fmha::mask::MaskType::None,
+        deterministic: false,
+    };
+    let supported = fmha::registry::select(rt.arch().unwrap(), &request).is_ok();
+    if !supported {
+        eprintln!("skipped (no kernel in this build): {}", case.name());
+    }
+    supported
+}
+
 /// Runs the forward of `case` and checks O and LSE against the reference with the field's rule.
 /// Returns the buffers (with O and LSE written) for a following backward.
 pub fn check_forward(case: &Case, rng: &mut Rng) -> (Buffers, Inputs) {
@@ -535,8 +558,13 @@ pub fn check_forward(case: &Case, rng: &mut Rng) -> (Buffers, Inputs) {
         o_lp.push(low.o);
         lse_lp.push(low.lse);
     }
-    check_rule(case, "O", &o, &o64, &o_lp, 2.0, epsilon(case.dtype));
-    check_rule(case, "LSE", &lse, &lse64, &lse_lp, 2.0, 2f64.powi(-20));
+    check_rule(case, "O", &o, &o64, &o_lp, 2.0, rounding_floor(&o64, epsilon(case.dtype)));
+    // LSE is fp32. GPU kernels evaluate exp2 with the special-function unit (as FlashAttention does
+    // with fast math), whose absolute error of about 2^-22 per probability adds up over the keys like
+    // a random walk: 4 · 2^-22 · sqrt(max sk) on top of the fp32 rounding floor.
+    let max_keys = case.seqlens.iter().map(|s| s.1).max().unwrap_or(0) as f64;
+    let lse_floor = rounding_floor(&lse64, 2f64.powi(-20)) + 4.0 * 2f64.powi(-22) * max_keys.sqrt();
+    check_rule(case, "LSE", &lse, &lse64, &lse_lp, 2.0, lse_floor);
     (buffers, inputs)
 }
 
@@ -720,7 +748,15 @@ pub fn check_gradients(case: &Case, bwd: &BackwardBuffers, expected: &ExpectedGr
     let dv = download_16(case, &bwd.dv, case.nhead_k, case.hdim_v, true);
     let eps = epsilon(case.dtype);
     for (i, (name, kernel)) in [("dQ", &dq), ("dK", &dk), ("dV", &dv)].into_iter().enumerate() {
-        check_rule(case, name, kernel, &expected.exact[i], &expected.low[i], 3.0, eps);
+        check_rule(
+            case,
+            name,
+            kernel,
+            &expected.exact[i],
+            &expected.low[i],
+            3.0,
+            rounding_floor(&expected.exact[i], eps),
+        );
     }
 }
 

@@ -1,0 +1,105 @@
+// NVIDIA (sm_80+, run on sm_90a) primitives of the attention mainloops: asynchronous global→shared
+// copies, ldmatrix fragment loads and the m16n8k16 tensor-core MMA with fp32 accumulation.
+//
+// Fragment layouts (PTX ISA, "mma.m16n8k16"), with g = lane / 4 and t = lane % 4:
+//   A 16x16 (row-major)  : 4 x b32 = {(g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)}
+//   B 16x8  (column)     : 2 x b32 = {(2t..2t+1, g), (2t+8.., g)}
+//   C 16x8  (fp32)       : 4 floats = {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)}
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "arch/platform.h"
+
+namespace fmha {
+namespace arch {
+
+constexpr int kWarpSize = 32;
+
+__device__ inline uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global → shared (a 32-bit shared-window address), bypassing L1; `valid == false` writes
+// zeros (rows past the sequence).
+__device__ inline void copy_async_16(uint32_t shared, const void* global, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared), "l"(global), "r"(valid ? 16 : 0));
+}
+
+__device__ inline void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Waits until at most `kPending` committed groups are still in flight.
+template <int kPending>
+__device__ inline void copy_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// Four 8x8 b16 matrices; lane l supplies the row address (32-bit shared window) of matrix l / 8.
+__device__ inline void load_matrix_x4(uint32_t (&r)[4], uint32_t shared) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared));
+}
+
+// The same, each matrix transposed (B operands from row-major [k][n] storage).
+__device__ inline void load_matrix_x4_transposed(uint32_t (&r)[4], uint32_t shared) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared));
+}
+
+// The 16-bit input types: storage, the MMA instruction, and packing two floats.
+template <typename T>
+struct Element;
+
+template <>
+struct Element<__half> {
+  __device__ static void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ static uint32_t pack(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+};
+
+template <>
+struct Element<__nv_bfloat16> {
+  __device__ static void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ static uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+};
+
+// Reductions over the four lanes that share a fragment row (same g).
+__device__ inline float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ inline float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// 2^x with the special-function unit (ex2.approx: 2 ulp, -inf -> +0), as the softmax needs it.
+__device__ inline float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+}  // namespace arch
+}  // namespace fmha
