@@ -12,6 +12,7 @@ __device__ inline uint32_t thread_index() { return threadIdx.x; }
 __device__ inline uint32_t block_index_x() { return blockIdx.x; }
 __device__ inline uint32_t block_index_y() { return blockIdx.y; }
 __device__ inline uint32_t block_index_z() { return blockIdx.z; }
+__device__ inline uint32_t grid_blocks_x() { return gridDim.x; }
 __device__ inline void block_barrier() { __syncthreads(); }
 #else
 constexpr int kWaveSize = 64;
@@ -19,6 +20,7 @@ __device__ inline uint32_t thread_index() { return __builtin_amdgcn_workitem_id_
 __device__ inline uint32_t block_index_x() { return __builtin_amdgcn_workgroup_id_x(); }
 __device__ inline uint32_t block_index_y() { return __builtin_amdgcn_workgroup_id_y(); }
 __device__ inline uint32_t block_index_z() { return __builtin_amdgcn_workgroup_id_z(); }
+__device__ inline uint32_t grid_blocks_x() { return __builtin_amdgcn_grid_size_x() / __builtin_amdgcn_workgroup_size_x(); }
 // A workgroup barrier that also orders LDS and global memory between the waves of the workgroup.
 __device__ inline void block_barrier() {
   __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");

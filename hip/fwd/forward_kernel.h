@@ -207,7 +207,10 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(fmha_fwd_params
   const uint32_t sK = sQ + Tile::kQElems * 2;  // two stages
   const uint32_t sV = sK + 2 * kKVBytes;       // two stages
 
-  const int tile = arch::block_index_x(), h = arch::block_index_y(), b = arch::block_index_z();
+  // Masked grids run their last (for causal masks: heaviest) q tiles first, so the long tail of a
+  // launch is made of short tiles.
+  const int tile = Tile::kMasked ? static_cast<int>(arch::grid_blocks_x() - 1 - arch::block_index_x()) : arch::block_index_x();
+  const int h = arch::block_index_y(), b = arch::block_index_z();
   const BatchRows rows = batch_rows(b, p.group_mode != 0, p.seqlen_q, p.seqlen_k,
                                     reinterpret_cast<const int32_t*>(p.seqstart_q),
                                     reinterpret_cast<const int32_t*>(p.seqstart_k),
