@@ -1,0 +1,79 @@
+"""fmha for Python: a ctypes binding of libfmha's C ABI (``include/fmha.h``) and PyTorch autograd functions
+with flash-attn's names and semantics.
+
+    import fmha
+    out = fmha.flash_attn_func(q, k, v, causal=True)                     # q [b, s, h, d], k/v [b, s_k, h_k, d]
+    out = fmha.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k)  # [total, h, d], int32 cu_seqlens
+
+The library is ``$FMHA_LIBRARY``, else ``libfmha.so.0``/``libfmha.so`` next to this package, else the
+system loader's. On a GPU build the tensors are CUDA tensors and the work runs on PyTorch's current
+stream; on the host backend (``fmha.backend() == fmha.BACKEND_HOST``) CPU tensors are used and each call
+returns when its work is done. Every failed C call raises :class:`FmhaError` with fmha's status and message.
+
+Environment: ``FMHA_LIBRARY`` (the library to load), ``FMHA_LAUNCHER_CACHE_SIZE`` (backward launchers kept,
+least recently used dropped; default 32), ``FMHA_PREPARE_METHOD`` (``auto``/``host``/``device``/``sync``: how
+the backward prepares its workspace; default ``auto``, i.e. on the stream with no host synchronization,
+and ``sync`` for batch mode on the host backend).
+"""
+
+from ._lib import (  # noqa: F401
+    BACKEND_CUDA,
+    BACKEND_HOST,
+    BACKEND_ROCM,
+    DTYPE_BF16,
+    DTYPE_FP16,
+    ERR_ASYNC_FAILURE,
+    ERR_DEVICE_RUNTIME,
+    ERR_INTERNAL,
+    ERR_INVALID_ARGUMENT,
+    ERR_NO_DEVICE,
+    ERR_NULL_POINTER,
+    ERR_OUT_OF_MEMORY,
+    ERR_UNSUPPORTED,
+    ERR_WORKSPACE_NOT_PREPARED,
+    ERR_WORKSPACE_TOO_SMALL,
+    MASK_BOTTOM_RIGHT,
+    MASK_NONE,
+    MASK_TOP_LEFT,
+    OK,
+    PREPARE_AUTO,
+    PREPARE_DEVICE,
+    PREPARE_HOST,
+    FmhaError,
+    backend,
+    backend_name,
+    cu_count,
+    last_error_message,
+    library,
+    library_path,
+    registry,
+    status_string,
+    version,
+    version_number,
+)
+from .ops import (  # noqa: F401
+    FmhaAttnFunc,
+    attention,
+    clear_launcher_cache,
+    flash_attn_func,
+    flash_attn_varlen_func,
+    launcher_cache_info,
+    registry_supports,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FmhaError",
+    "attention",
+    "backend",
+    "backend_name",
+    "clear_launcher_cache",
+    "cu_count",
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "launcher_cache_info",
+    "registry",
+    "registry_supports",
+    "version",
+]

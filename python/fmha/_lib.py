@@ -1,0 +1,404 @@
+"""ctypes view of ``libfmha`` (``include/fmha.h``): library loading, the C structs, the function
+prototypes and the status check.
+
+Nothing here knows about PyTorch; :mod:`fmha.ops` builds on it.
+
+Library lookup, first match wins:
+
+1. ``$FMHA_LIBRARY`` (a path to ``libfmha.so``/``libfmha.so.0``; an error if it does not load);
+2. ``libfmha.so.0`` or ``libfmha.so`` inside this package's folder, then in the folder above it;
+3. the system loader (``LD_LIBRARY_PATH``, ``ldconfig``): ``libfmha.so.0``, then ``libfmha.so``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import threading
+from ctypes import (
+    POINTER,
+    Structure,
+    c_char_p,
+    c_float,
+    c_int32,
+    c_size_t,
+    c_uint32,
+    c_void_p,
+)
+
+# --- constants (fmha.h) --------------------------------------------------------------------------------
+
+DTYPE_FP16 = 0
+DTYPE_BF16 = 1
+
+MASK_NONE = 0
+MASK_TOP_LEFT = 1
+MASK_BOTTOM_RIGHT = 2
+
+BIAS_NONE = 0
+
+PREPARE_AUTO = 0
+PREPARE_HOST = 1
+PREPARE_DEVICE = 2
+
+MEMCPY_HOST_TO_DEVICE = 1
+MEMCPY_DEVICE_TO_HOST = 2
+MEMCPY_DEVICE_TO_DEVICE = 3
+
+BACKEND_HOST = 0
+BACKEND_CUDA = 1
+BACKEND_ROCM = 2
+BACKEND_NAMES = {BACKEND_HOST: "host", BACKEND_CUDA: "cuda", BACKEND_ROCM: "rocm"}
+
+OK = 0
+ERR_INVALID_ARGUMENT = 1
+ERR_UNSUPPORTED = 2
+ERR_DEVICE_RUNTIME = 3
+ERR_OUT_OF_MEMORY = 4
+ERR_WORKSPACE_TOO_SMALL = 5
+ERR_WORKSPACE_NOT_PREPARED = 6
+ERR_NO_DEVICE = 7
+ERR_NULL_POINTER = 8
+ERR_INTERNAL = 9
+ERR_ASYNC_FAILURE = 10
+
+STATUS_NAMES = {
+    OK: "FMHA_OK",
+    ERR_INVALID_ARGUMENT: "FMHA_ERR_INVALID_ARGUMENT",
+    ERR_UNSUPPORTED: "FMHA_ERR_UNSUPPORTED",
+    ERR_DEVICE_RUNTIME: "FMHA_ERR_DEVICE_RUNTIME",
+    ERR_OUT_OF_MEMORY: "FMHA_ERR_OUT_OF_MEMORY",
+    ERR_WORKSPACE_TOO_SMALL: "FMHA_ERR_WORKSPACE_TOO_SMALL",
+    ERR_WORKSPACE_NOT_PREPARED: "FMHA_ERR_WORKSPACE_NOT_PREPARED",
+    ERR_NO_DEVICE: "FMHA_ERR_NO_DEVICE",
+    ERR_NULL_POINTER: "FMHA_ERR_NULL_POINTER",
+    ERR_INTERNAL: "FMHA_ERR_INTERNAL",
+    ERR_ASYNC_FAILURE: "FMHA_ERR_ASYNC_FAILURE",
+}
+
+
+class FmhaError(RuntimeError):
+    """A call into libfmha returned a status other than ``FMHA_OK``.
+
+    ``status`` is the ``fmha_status`` value (compare with ``fmha.ERR_*``), ``message`` the library's
+    message for the failed call (``fmha_last_error_message``, read on the calling thread), ``function``
+    the C function that failed.
+    """
+
+    def __init__(self, status: int, message: str, function: str = ""):
+        self.status = int(status)
+        self.message = message
+        self.function = function
+        self.status_name = STATUS_NAMES.get(self.status, f"status {self.status}")
+        where = f"{function}: " if function else ""
+        super().__init__(f"{where}{self.status_name} ({self.status}): {message}")
+
+    def __reduce__(self):  # picklable (pytest-xdist, multiprocessing)
+        return (FmhaError, (self.status, self.message, self.function))
+
+
+# --- structs -----------------------------------------------------------------------------------------
+
+
+class fmha_tensor(Structure):
+    """``[batch][head][row][column]`` strided view, columns contiguous, strides in elements (frozen)."""
+
+    _fields_ = [
+        ("data", c_void_p),
+        ("batch_stride", ctypes.c_int64),
+        ("head_stride", ctypes.c_int64),
+        ("row_stride", ctypes.c_int64),
+    ]
+
+
+class _Extensible(Structure):
+    """A struct whose first field is ``size_t struct_size``: set to ``sizeof`` on construction."""
+
+    def __init__(self, **fields):
+        super().__init__(**fields)
+        self.struct_size = ctypes.sizeof(type(self))
+
+
+class fmha_fwd_traits(_Extensible):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("dtype", c_int32),
+        ("hdim_q", c_int32),
+        ("hdim_v", c_int32),
+        ("is_group_mode", c_int32),
+        ("mask_type", c_int32),
+        ("bias_type", c_int32),
+        ("has_dropout", c_int32),
+    ]
+
+
+class fmha_fwd_args(_Extensible):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("q", fmha_tensor),
+        ("k", fmha_tensor),
+        ("v", fmha_tensor),
+        ("o", fmha_tensor),
+        ("lse", fmha_tensor),
+        ("seqstart_q", c_void_p),
+        ("seqstart_k", c_void_p),
+        ("seqlen_q_ptr", c_void_p),
+        ("seqlen_k_ptr", c_void_p),
+        ("batch", c_int32),
+        ("seqlen_q", c_int32),
+        ("seqlen_k", c_int32),
+        ("max_seqlen_q", c_int32),
+        ("max_seqlen_k", c_int32),
+        ("nhead_q", c_int32),
+        ("nhead_k", c_int32),
+        ("scale", c_float),
+        ("window_size_left", c_int32),
+        ("window_size_right", c_int32),
+    ]
+
+
+class fmha_bwd_traits(_Extensible):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("seqlen_q", c_int32),
+        ("seqlen_k", c_int32),
+        ("batch", c_int32),
+        ("max_seqlen_q", c_int32),
+        ("max_seqlen_k", c_int32),
+        ("hdim_q", c_int32),
+        ("hdim_v", c_int32),
+        ("nhead_q", c_int32),
+        ("nhead_k", c_int32),
+        ("dtype", c_int32),
+        ("is_group_mode", c_int32),
+        ("mask_type", c_int32),
+        ("bias_type", c_int32),
+        ("has_dbias", c_int32),
+        ("has_dropout", c_int32),
+        ("is_store_randval", c_int32),
+        ("is_deterministic", c_int32),
+    ]
+
+
+class fmha_bwd_args(_Extensible):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("q", fmha_tensor),
+        ("k", fmha_tensor),
+        ("v", fmha_tensor),
+        ("o", fmha_tensor),
+        ("lse", fmha_tensor),
+        ("d_o", fmha_tensor),
+        ("d", fmha_tensor),
+        ("dq", fmha_tensor),
+        ("dk", fmha_tensor),
+        ("dv", fmha_tensor),
+        ("workspace", c_void_p),
+        ("seqstart_q", c_void_p),
+        ("seqstart_k", c_void_p),
+        ("seqlen_q_ptr", c_void_p),
+        ("seqlen_k_ptr", c_void_p),
+        ("batch", c_int32),
+        ("seqlen_q", c_int32),
+        ("seqlen_k", c_int32),
+        ("max_seqlen_q", c_int32),
+        ("max_seqlen_k", c_int32),
+        ("nhead_q", c_int32),
+        ("nhead_k", c_int32),
+        ("hdim_q", c_int32),
+        ("hdim_v", c_int32),
+        ("scale", c_float),
+        ("window_size_left", c_int32),
+        ("window_size_right", c_int32),
+    ]
+
+
+fmha_pinned_allocate_fn = ctypes.CFUNCTYPE(c_int32, c_void_p, c_size_t, POINTER(c_void_p))
+fmha_pinned_free_fn = ctypes.CFUNCTYPE(None, c_void_p, c_void_p)
+
+
+class fmha_pinned_allocator(_Extensible):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("user_data", c_void_p),
+        ("allocate", fmha_pinned_allocate_fn),
+        ("free", fmha_pinned_free_fn),
+    ]
+
+
+# sizeof() of the C structs on LP64 Linux (x86-64, aarch64), as a C compiler reports them for fmha.h;
+# checked at load time so that a drift between this file and the header fails at import instead of
+# passing corrupted arguments.
+_EXPECTED_SIZES = {
+    fmha_tensor: 32,
+    fmha_fwd_traits: 40,
+    fmha_fwd_args: 240,
+    fmha_bwd_traits: 80,
+    fmha_bwd_args: 416,
+    fmha_pinned_allocator: 32,
+}
+
+# --- prototypes --------------------------------------------------------------------------------------
+
+_launcher_p = c_void_p  # fmha_bwd_launcher* (opaque)
+_stream_t = c_void_p
+
+_PROTOTYPES = {
+    "fmha_fwd": (c_int32, [POINTER(fmha_fwd_traits), POINTER(fmha_fwd_args), _stream_t]),
+    "fmha_registry_json": (c_int32, [c_char_p, c_size_t, POINTER(c_size_t)]),
+    "fmha_bwd_launcher_create": (c_int32, [POINTER(fmha_bwd_traits), POINTER(_launcher_p)]),
+    "fmha_bwd_launcher_destroy": (c_int32, [_launcher_p]),
+    "fmha_bwd_launcher_workspace_size": (c_int32, [_launcher_p, POINTER(c_size_t)]),
+    "fmha_bwd_launcher_prepare_workspace": (c_int32, [_launcher_p, c_void_p, c_size_t, c_void_p, c_void_p]),
+    "fmha_bwd_launcher_run": (c_int32, [_launcher_p, POINTER(fmha_bwd_args), _stream_t]),
+    "fmha_bwd_workspace_size_upper_bound": (c_int32, [POINTER(fmha_bwd_traits), POINTER(c_size_t)]),
+    "fmha_bwd_launcher_prepare_workspace_async": (
+        c_int32,
+        [_launcher_p, c_void_p, c_size_t, c_void_p, c_void_p, _stream_t, POINTER(fmha_pinned_allocator), c_int32],
+    ),
+    "fmha_device_malloc": (c_int32, [POINTER(c_void_p), c_size_t]),
+    "fmha_device_free": (c_int32, [c_void_p]),
+    "fmha_memcpy": (c_int32, [c_void_p, c_void_p, c_size_t, c_int32]),
+    "fmha_memcpy_async": (c_int32, [c_void_p, c_void_p, c_size_t, c_int32, _stream_t]),
+    "fmha_memset": (c_int32, [c_void_p, c_int32, c_size_t]),
+    "fmha_memset_async": (c_int32, [c_void_p, c_int32, c_size_t, _stream_t]),
+    "fmha_stream_create": (c_int32, [POINTER(_stream_t)]),
+    "fmha_stream_destroy": (c_int32, [_stream_t]),
+    "fmha_stream_synchronize": (c_int32, [_stream_t]),
+    "fmha_device_synchronize": (c_int32, []),
+    "fmha_device_cu_count": (c_int32, [POINTER(c_int32)]),
+    "fmha_host_set_cu_count": (c_int32, [c_int32]),
+    "fmha_status_string": (c_char_p, [c_int32]),
+    "fmha_last_error_message": (c_size_t, [c_char_p, c_size_t]),
+    "fmha_version": (c_char_p, []),
+    "fmha_version_number": (c_uint32, []),
+    "fmha_backend": (c_int32, []),
+}
+
+# --- loading -----------------------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_lib = None
+_lib_path = None
+
+
+def _candidates():
+    env = os.environ.get("FMHA_LIBRARY")
+    if env:
+        return [env], True
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = []
+    for folder in (here, os.path.dirname(here)):
+        for name in ("libfmha.so.0", "libfmha.so"):
+            path = os.path.join(folder, name)
+            if os.path.exists(path):
+                paths.append(path)
+    return paths + ["libfmha.so.0", "libfmha.so"], False
+
+
+def library() -> ctypes.CDLL:
+    """The loaded libfmha (loaded on first use), with prototypes set."""
+    global _lib, _lib_path
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        candidates, from_env = _candidates()
+        errors = []
+        lib = None
+        for path in candidates:
+            try:
+                lib = ctypes.CDLL(path)
+                _lib_path = path
+                break
+            except OSError as e:
+                errors.append(f"{path}: {e}")
+                if from_env:
+                    break
+        if lib is None:
+            hint = (
+                "FMHA_LIBRARY is set but does not load"
+                if from_env
+                else "set FMHA_LIBRARY to the path of libfmha.so (e.g. target/release/libfmha.so), put "
+                "libfmha.so.0 next to the fmha package, or add its folder to LD_LIBRARY_PATH"
+            )
+            raise OSError(f"fmha: cannot load libfmha ({hint}); tried: " + "; ".join(errors))
+        for name, (restype, argtypes) in _PROTOTYPES.items():
+            fn = getattr(lib, name)
+            fn.restype = restype
+            fn.argtypes = argtypes
+        for struct, size in _EXPECTED_SIZES.items():
+            if ctypes.sizeof(struct) != size:  # pragma: no cover - a platform we do not target
+                raise ImportError(f"fmha: {struct.__name__} is {ctypes.sizeof(struct)} bytes, expected {size}")
+        _lib = lib
+        return lib
+
+
+def library_path() -> str | None:
+    """The path (or name) libfmha was loaded from, or None before the first call."""
+    return _lib_path
+
+
+def last_error_message() -> str:
+    """``fmha_last_error_message`` of the calling thread (empty after a successful call)."""
+    lib = library()
+    n = lib.fmha_last_error_message(None, 0)
+    if n == 0:
+        return ""
+    buf = ctypes.create_string_buffer(n + 1)
+    lib.fmha_last_error_message(buf, n + 1)
+    return buf.value.decode("utf-8", errors="replace")
+
+
+def call(name: str, *args) -> None:
+    """Calls ``name`` and raises :class:`FmhaError` on a status other than ``FMHA_OK``.
+
+    ctypes makes the call and this function reads the message on the same OS thread, so the
+    thread-local message belongs to this call.
+    """
+    status = getattr(library(), name)(*args)
+    if status != OK:
+        raise FmhaError(status, last_error_message(), name)
+
+
+def status_string(status: int) -> str:
+    return library().fmha_status_string(int(status)).decode()
+
+
+def version() -> str:
+    """The library's version string, e.g. ``"0.1.0"``."""
+    return library().fmha_version().decode()
+
+
+def version_number() -> int:
+    return int(library().fmha_version_number())
+
+
+def backend() -> int:
+    """``BACKEND_HOST`` (0), ``BACKEND_CUDA`` (1) or ``BACKEND_ROCM`` (2)."""
+    return int(library().fmha_backend())
+
+
+def backend_name() -> str:
+    return BACKEND_NAMES.get(backend(), f"unknown ({backend()})")
+
+
+def registry() -> list:
+    """The kernel instances of this build for the current device (``fmha_registry_json``, parsed)."""
+    required = c_size_t(0)
+    call("fmha_registry_json", None, 0, ctypes.byref(required))
+    buf = ctypes.create_string_buffer(required.value + 1)
+    call("fmha_registry_json", buf, required.value + 1, ctypes.byref(required))
+    return json.loads(buf.value.decode())
+
+
+def cu_count() -> int:
+    count = c_int32(0)
+    call("fmha_device_cu_count", ctypes.byref(count))
+    return count.value
+
+
+def stream_synchronize(stream=None) -> None:
+    call("fmha_stream_synchronize", stream)

@@ -1,0 +1,791 @@
+"""fmha on PyTorch tensors: the forward and backward calls, the launcher cache and the autograd functions.
+
+Where the memory lives and which stream runs the work depends on the library's backend:
+
+* GPU builds (``fmha.backend()`` is ``BACKEND_CUDA`` or ``BACKEND_ROCM``): tensors are CUDA (HIP) tensors,
+  the work is queued on ``torch.cuda.current_stream()`` of the tensors' device and the calls return once
+  it is queued, as every PyTorch operation does.
+* the host backend (``BACKEND_HOST``): tensors are CPU tensors (the host backend's "device memory" is host
+  memory), the work runs on fmha's default stream and the call waits for it, so the results are ready
+  when the function returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections import OrderedDict
+from ctypes import byref, c_size_t, c_void_p
+
+import torch
+
+from . import _lib as L
+
+_DTYPES = {torch.float16: L.DTYPE_FP16, torch.bfloat16: L.DTYPE_BF16}
+_MASKS = {
+    "none": L.MASK_NONE,
+    "top_left": L.MASK_TOP_LEFT,
+    "bottom_right": L.MASK_BOTTOM_RIGHT,
+}
+
+
+# --- device, stream, layout helpers --------------------------------------------------------------------
+
+
+def _on_host_backend() -> bool:
+    return L.backend() == L.BACKEND_HOST
+
+
+def _check_tensors(named):
+    """Same device, the device type this build runs on; `named` is [(name, tensor or None)]."""
+    host = _on_host_backend()
+    device = None
+    for name, t in named:
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"fmha: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if host and t.device.type != "cpu":
+            raise ValueError(
+                f"fmha: {name} is on {t.device}, but this libfmha is the host backend (fmha.backend() == 0, "
+                f"{L.library_path()}): pass CPU tensors, or load a GPU build with FMHA_LIBRARY"
+            )
+        if not host and t.device.type != "cuda":
+            raise ValueError(
+                f"fmha: {name} is on {t.device}, but this libfmha is the {L.backend_name()} backend: pass "
+                "tensors on the GPU"
+            )
+        if device is None:
+            device = t.device
+        elif t.device != device:
+            raise ValueError(f"fmha: {name} is on {t.device}, the other tensors on {device}")
+    return device
+
+
+def _device_guard(device):
+    if device is None or device.type != "cuda":
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
+
+
+def _stream_handle(device):
+    """fmha_stream_t for the current PyTorch stream (None = the default stream / the host backend)."""
+    if device is None or device.type != "cuda":
+        return None
+    return torch.cuda.current_stream(device).cuda_stream or None
+
+
+def _finish(device):
+    """The host backend runs on worker threads: wait, so the CPU tensors are ready on return."""
+    if device is None or device.type != "cuda":
+        L.stream_synchronize(None)
+
+
+def _last_dim_contiguous(t):
+    if t is None or t.dim() == 0 or t.stride(-1) == 1 or t.size(-1) <= 1:
+        return t
+    return t.contiguous()
+
+
+_vector_bytes_cache = None
+
+
+def _vector_bytes() -> int:
+    """The largest tensor alignment (bytes) any kernel instance of this build asks for (registry field
+    ``vector_bytes``; 0 = any). GPU kernels that move 16-byte vectors refuse misaligned tensors."""
+    global _vector_bytes_cache
+    if _vector_bytes_cache is None:
+        try:
+            instances = L.registry()
+        except L.FmhaError:  # e.g. a GPU build without a device: the call itself will say so
+            return 0
+        _vector_bytes_cache = max([int(i.get("vector_bytes", 0) or 0) for i in instances] + [0])
+    return _vector_bytes_cache
+
+
+def _prepare_input(t):
+    """A tensor fmha can read: last dimension contiguous, and -- where the build's kernels need it --
+    address and strides aligned to their vector width (copied with ``.contiguous()`` otherwise, as
+    flash-attn copies what its kernels cannot read)."""
+    t = _last_dim_contiguous(t)
+    if t is None or t.numel() == 0:
+        return t
+    align = _vector_bytes()
+    if align:
+        size = t.element_size()
+        misaligned = t.data_ptr() % align or any((stride * size) % align for stride in t.stride()[:-1])
+        # A packed copy helps only when a row is a whole number of vectors; otherwise fmha names the problem.
+        if misaligned and (t.size(-1) * size) % align == 0:
+            return t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
+def _bshd(t):
+    """[batch, seq, head, dim] → fmha_tensor (batch mode)."""
+    return L.fmha_tensor(t.data_ptr() or None, t.stride(0), t.stride(2), t.stride(1))
+
+
+def _thd(t):
+    """[total, head, dim] → fmha_tensor (group mode: batch b starts at row seqstart[b])."""
+    return L.fmha_tensor(t.data_ptr() or None, 0, t.stride(1), t.stride(0))
+
+
+def _lse_tensor(t, group):
+    """LSE / D layout: [batch, head, seq] fp32 (batch mode), [head, total] fp32 (group mode)."""
+    if group:
+        return L.fmha_tensor(t.data_ptr() or None, 0, t.stride(0), t.stride(1))
+    return L.fmha_tensor(t.data_ptr() or None, t.stride(0), t.stride(1), t.stride(2))
+
+
+def _ptr(t):
+    return None if t is None else (t.data_ptr() or None)
+
+
+def _mask_type(mask) -> int:
+    if isinstance(mask, str):
+        try:
+            return _MASKS[mask]
+        except KeyError:
+            raise ValueError(f"fmha: mask {mask!r} is not one of {sorted(_MASKS)}") from None
+    return int(mask)
+
+
+def _scale(softmax_scale, hdim_q) -> float:
+    if softmax_scale is None:
+        return float(hdim_q) ** -0.5
+    scale = float(softmax_scale)
+    # fmha's ABI reads scale 0 as "1/sqrt(hdim_q)" and refuses negative scales: say so here rather than
+    # silently computing something else than asked.
+    if not scale > 0.0:
+        raise ValueError(f"fmha: softmax_scale must be positive (got {softmax_scale}); None selects 1/sqrt(head_dim)")
+    return scale
+
+
+class _Problem:
+    """Shapes of one call, checked, from q/k/v (batch mode [b, s, h, d], group mode [total, h, d])."""
+
+    def __init__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+        self.group = cu_seqlens_q is not None or cu_seqlens_k is not None
+        if q.dtype not in _DTYPES:
+            raise TypeError(f"fmha: q has dtype {q.dtype}; fmha supports torch.float16 and torch.bfloat16")
+        for name, t in (("k", k), ("v", v)):
+            if t.dtype != q.dtype:
+                raise TypeError(f"fmha: {name} has dtype {t.dtype}, q has {q.dtype} (they must agree)")
+        self.dtype = _DTYPES[q.dtype]
+        want = 3 if self.group else 4
+        layout = "[total, heads, head_dim]" if self.group else "[batch, seqlen, heads, head_dim]"
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if t.dim() != want:
+                raise ValueError(f"fmha: {name} must be {layout}, got shape {tuple(t.shape)}")
+        if k.shape[:-1] != v.shape[:-1]:
+            raise ValueError(f"fmha: k {tuple(k.shape)} and v {tuple(v.shape)} differ in all but the last dim")
+        if q.shape[-1] != k.shape[-1]:
+            raise ValueError(f"fmha: q {tuple(q.shape)} and k {tuple(k.shape)} differ in head_dim")
+        self.hdim_q, self.hdim_v = int(q.shape[-1]), int(v.shape[-1])
+        self.nhead_q, self.nhead_k = int(q.shape[-2]), int(k.shape[-2])
+        if self.group:
+            if cu_seqlens_q is None or cu_seqlens_k is None:
+                raise ValueError("fmha: varlen needs both cu_seqlens_q and cu_seqlens_k")
+            for name, c in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+                if c.dtype != torch.int32 or c.dim() != 1 or c.numel() < 2:
+                    raise ValueError(
+                        f"fmha: {name} must be a 1-D torch.int32 tensor of batch + 1 >= 2 offsets, got "
+                        f"{c.dtype} of shape {tuple(c.shape)}"
+                    )
+                if c.stride(0) != 1:
+                    raise ValueError(f"fmha: {name} must be contiguous")
+            if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+                raise ValueError(
+                    f"fmha: cu_seqlens_q has {cu_seqlens_q.numel()} entries, cu_seqlens_k {cu_seqlens_k.numel()}"
+                )
+            self.batch = cu_seqlens_q.numel() - 1
+            self.seqlen_q, self.seqlen_k = int(q.shape[0]), int(k.shape[0])
+            if max_seqlen_q is None or max_seqlen_k is None:
+                raise ValueError("fmha: varlen needs max_seqlen_q and max_seqlen_k (upper bounds, host ints)")
+            # A batch is never longer than all rows together: clamping keeps fmha's bound check happy when
+            # a caller passes a generous bound (flash-attn accepts any upper bound).
+            self.max_seqlen_q = max(0, min(int(max_seqlen_q), self.seqlen_q))
+            self.max_seqlen_k = max(0, min(int(max_seqlen_k), self.seqlen_k))
+        else:
+            if q.shape[0] != k.shape[0]:
+                raise ValueError(f"fmha: q has batch {q.shape[0]}, k has {k.shape[0]}")
+            self.batch = int(q.shape[0])
+            self.seqlen_q, self.seqlen_k = int(q.shape[1]), int(k.shape[1])
+            self.max_seqlen_q, self.max_seqlen_k = self.seqlen_q, self.seqlen_k
+
+    def out_shape(self, q):
+        return tuple(q.shape[:-1]) + (self.hdim_v,)
+
+    def lse_shape(self):
+        if self.group:
+            return (self.nhead_q, self.seqlen_q)
+        return (self.batch, self.nhead_q, self.seqlen_q)
+
+    def tensor(self, t):
+        return _thd(t) if self.group else _bshd(t)
+
+
+def _check_out(name, t, shape, dtype, device):
+    if tuple(t.shape) != tuple(shape) or t.dtype != dtype or t.device != device:
+        raise ValueError(
+            f"fmha: {name} must be {dtype} of shape {tuple(shape)} on {device}, got {t.dtype} "
+            f"{tuple(t.shape)} on {t.device}"
+        )
+    if t.size(-1) > 1 and t.stride(-1) != 1:
+        raise ValueError(f"fmha: {name} must have a contiguous last dimension (stride {t.stride(-1)})")
+
+
+# --- forward -----------------------------------------------------------------------------------------
+
+
+def _fwd(
+    q,
+    k,
+    v,
+    *,
+    softmax_scale=None,
+    mask_type=L.MASK_NONE,
+    window=(-1, -1),
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+    out=None,
+    lse=None,
+):
+    """One ``fmha_fwd`` call with fmha's own mask semantics; returns ``(out, lse)``.
+
+    ``out`` / ``lse`` may be given (preallocated, e.g. poisoned by a test); otherwise ``out`` is allocated
+    like q (``torch.empty_like`` when ``hdim_v == hdim_q``) and ``lse`` as fp32 ``[b, h, s]``
+    (``[h, total]`` in varlen mode).
+    """
+    device = _check_tensors(
+        [("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("out", out)]
+    )
+    q, k, v = (_prepare_input(t) for t in (q, k, v))
+    p = _Problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if out is None:
+        out = torch.empty_like(q) if p.hdim_v == p.hdim_q else q.new_empty(p.out_shape(q))
+    else:
+        _check_out("out", out, p.out_shape(q), q.dtype, q.device)
+    if lse is None:
+        lse = torch.empty(p.lse_shape(), dtype=torch.float32, device=q.device)
+    else:
+        _check_out("lse", lse, p.lse_shape(), torch.float32, q.device)
+    left, right = window
+    traits = L.fmha_fwd_traits(
+        dtype=p.dtype,
+        hdim_q=p.hdim_q,
+        hdim_v=p.hdim_v,
+        is_group_mode=int(p.group),
+        mask_type=_mask_type(mask_type),
+        bias_type=L.BIAS_NONE,
+        has_dropout=0,
+    )
+    args = L.fmha_fwd_args(
+        q=p.tensor(q),
+        k=p.tensor(k),
+        v=p.tensor(v),
+        o=p.tensor(out),
+        lse=_lse_tensor(lse, p.group),
+        seqstart_q=_ptr(cu_seqlens_q),
+        seqstart_k=_ptr(cu_seqlens_k),
+        seqlen_q_ptr=None,
+        seqlen_k_ptr=None,
+        batch=p.batch,
+        seqlen_q=p.seqlen_q,
+        seqlen_k=p.seqlen_k,
+        max_seqlen_q=p.max_seqlen_q,
+        max_seqlen_k=p.max_seqlen_k,
+        nhead_q=p.nhead_q,
+        nhead_k=p.nhead_k,
+        scale=_scale(softmax_scale, p.hdim_q),
+        window_size_left=int(left),
+        window_size_right=int(right),
+    )
+    with _device_guard(device):
+        L.call("fmha_fwd", byref(traits), byref(args), _stream_handle(device))
+        _finish(device)
+    return out, lse
+
+
+# --- backward launchers ---------------------------------------------------------------------------------
+
+
+class _Launcher:
+    """A cached ``fmha_bwd_launcher``. Its lock covers prepare → run (the launcher remembers the workspace
+    it prepared last, so two threads must not interleave) and destroy."""
+
+    __slots__ = ("handle", "lock", "workspace_size")
+
+    def __init__(self, handle, workspace_size):
+        self.handle = handle
+        self.workspace_size = workspace_size
+        self.lock = threading.Lock()
+
+    def destroy(self):
+        with self.lock:
+            if self.handle is not None:
+                # Safe while its work is queued (fmha_bwd_launcher_destroy's contract).
+                L.library().fmha_bwd_launcher_destroy(self.handle)
+                self.handle = None
+
+
+_cache_lock = threading.Lock()
+_cache: "OrderedDict[tuple, _Launcher]" = OrderedDict()
+
+
+def _cache_capacity() -> int:
+    try:
+        return max(1, int(os.environ.get("FMHA_LAUNCHER_CACHE_SIZE", "32")))
+    except ValueError:
+        return 32
+
+
+def launcher_cache_info() -> dict:
+    """How many backward launchers are cached (and the bound, ``$FMHA_LAUNCHER_CACHE_SIZE``, default 32)."""
+    with _cache_lock:
+        return {"size": len(_cache), "capacity": _cache_capacity(), "keys": list(_cache)}
+
+
+def clear_launcher_cache() -> None:
+    """Destroys every cached backward launcher."""
+    with _cache_lock:
+        entries = list(_cache.values())
+        _cache.clear()
+    for e in entries:
+        e.destroy()
+
+
+def _traits_key(traits, device):
+    return (str(device),) + tuple(getattr(traits, name) for name, _ in traits._fields_[1:])
+
+
+def _launcher(traits, device):
+    """(key, cached launcher for these traits on `device`), created on a miss; evicts the least recently used."""
+    key = _traits_key(traits, device)
+    with _cache_lock:
+        entry = _cache.get(key)
+        if entry is not None:
+            _cache.move_to_end(key)
+            return key, entry
+    handle = c_void_p()
+    L.call("fmha_bwd_launcher_create", byref(traits), byref(handle))
+    size = c_size_t(0)
+    try:
+        L.call("fmha_bwd_launcher_workspace_size", handle, byref(size))
+    except BaseException:
+        L.library().fmha_bwd_launcher_destroy(handle)
+        raise
+    entry = _Launcher(handle, size.value)
+    evicted = []
+    with _cache_lock:
+        existing = _cache.get(key)
+        if existing is not None:  # another thread created one meanwhile: keep that one
+            evicted.append(entry)
+            entry = existing
+            _cache.move_to_end(key)
+        else:
+            _cache[key] = entry
+        capacity = _cache_capacity()
+        while len(_cache) > capacity:
+            evicted.append(_cache.popitem(last=False)[1])
+    for e in evicted:
+        e.destroy()
+    return key, entry
+
+
+def _evict(key, entry):
+    with _cache_lock:
+        if _cache.get(key) is entry:
+            del _cache[key]
+    entry.destroy()
+
+
+_PREPARE_METHODS = {"auto": L.PREPARE_AUTO, "host": L.PREPARE_HOST, "device": L.PREPARE_DEVICE}
+
+
+def _bwd(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    *,
+    softmax_scale=None,
+    mask_type=L.MASK_NONE,
+    window=(-1, -1),
+    deterministic=False,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+    dq=None,
+    dk=None,
+    dv=None,
+    prepare=None,
+):
+    """The backward through a cached launcher; returns ``(dq, dk, dv)`` (dk/dv with k's heads).
+
+    ``prepare`` picks how the workspace is prepared:
+
+    * ``None`` (default): ``$FMHA_PREPARE_METHOD`` when set, else ``"auto"`` -- asynchronously on the current
+      stream (varlen: from the device ``cu_seqlens``; batch mode: no seqstarts) with ``FMHA_PREPARE_AUTO``,
+      so nothing blocks the host -- except batch mode on the host backend, which uses ``"sync"``. (On a GPU
+      the synchronous prepare is a ``cudaMemcpy`` from pageable memory: it would wait for all the work
+      queued before it, stalling the host at every backward.)
+    * ``"sync"``: ``fmha_bwd_launcher_prepare_workspace`` (varlen: from host copies of the cu_seqlens, which
+      synchronizes);
+    * ``"auto"``, ``"host"``, ``"device"``: ``fmha_bwd_launcher_prepare_workspace_async`` with that method.
+    """
+    device = _check_tensors(
+        [
+            ("dout", dout),
+            ("q", q),
+            ("k", k),
+            ("v", v),
+            ("out", out),
+            ("lse", lse),
+            ("cu_seqlens_q", cu_seqlens_q),
+            ("cu_seqlens_k", cu_seqlens_k),
+            ("dq", dq),
+            ("dk", dk),
+            ("dv", dv),
+        ]
+    )
+    q, k, v, out, dout = (_prepare_input(t) for t in (q, k, v, out, dout))
+    lse = _last_dim_contiguous(lse)
+    p = _Problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if dout.dtype != q.dtype:
+        dout = dout.to(q.dtype)
+    _check_out("out", out, p.out_shape(q), q.dtype, q.device)
+    _check_out("dout", dout, p.out_shape(q), q.dtype, q.device)
+    _check_out("lse", lse, p.lse_shape(), torch.float32, q.device)
+    if dq is None:
+        dq = torch.empty_like(q)
+    if dk is None:
+        dk = torch.empty_like(k)
+    if dv is None:
+        dv = torch.empty_like(v)
+    for name, g, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+        _check_out(name, g, like.shape, like.dtype, like.device)
+    d = torch.empty_like(lse)  # the dot(dO, O) scratch, fp32 in the LSE layout
+    left, right = window
+    mask_type = _mask_type(mask_type)
+    traits = L.fmha_bwd_traits(
+        seqlen_q=p.seqlen_q,
+        seqlen_k=p.seqlen_k,
+        batch=p.batch,
+        max_seqlen_q=p.max_seqlen_q,
+        max_seqlen_k=p.max_seqlen_k,
+        hdim_q=p.hdim_q,
+        hdim_v=p.hdim_v,
+        nhead_q=p.nhead_q,
+        nhead_k=p.nhead_k,
+        dtype=p.dtype,
+        is_group_mode=int(p.group),
+        mask_type=mask_type,
+        bias_type=L.BIAS_NONE,
+        has_dbias=0,
+        has_dropout=0,
+        is_store_randval=0,
+        is_deterministic=int(bool(deterministic)),
+    )
+    args = L.fmha_bwd_args(
+        q=p.tensor(q),
+        k=p.tensor(k),
+        v=p.tensor(v),
+        o=p.tensor(out),
+        lse=_lse_tensor(lse, p.group),
+        d_o=p.tensor(dout),
+        d=_lse_tensor(d, p.group),
+        dq=p.tensor(dq),
+        dk=p.tensor(dk),
+        dv=p.tensor(dv),
+        workspace=None,
+        seqstart_q=_ptr(cu_seqlens_q),
+        seqstart_k=_ptr(cu_seqlens_k),
+        seqlen_q_ptr=None,
+        seqlen_k_ptr=None,
+        batch=p.batch,
+        seqlen_q=p.seqlen_q,
+        seqlen_k=p.seqlen_k,
+        max_seqlen_q=p.max_seqlen_q,
+        max_seqlen_k=p.max_seqlen_k,
+        nhead_q=p.nhead_q,
+        nhead_k=p.nhead_k,
+        hdim_q=p.hdim_q,
+        hdim_v=p.hdim_v,
+        scale=_scale(softmax_scale, p.hdim_q),
+        window_size_left=int(left),
+        window_size_right=int(right),
+    )
+    host = device is None or device.type != "cuda"
+    with _device_guard(device):
+        stream = _stream_handle(device)
+        if prepare is None:
+            prepare = os.environ.get("FMHA_PREPARE_METHOD") or ("sync" if host and not p.group else "auto")
+        host_starts = None
+        if prepare == "sync" and p.group:
+            host_starts = (cu_seqlens_q.cpu(), cu_seqlens_k.cpu())  # host copies (synchronizes)
+        elif prepare != "sync" and prepare not in _PREPARE_METHODS:
+            raise ValueError(f"fmha: prepare must be None, 'sync', 'auto', 'host' or 'device', got {prepare!r}")
+        while True:
+            key, entry = _launcher(traits, device)
+            workspace = torch.empty(max(entry.workspace_size, 1), dtype=torch.uint8, device=q.device)
+            try:
+                with entry.lock:
+                    if entry.handle is None:  # evicted and destroyed by another thread in between: retry
+                        continue
+                    if prepare == "sync":
+                        L.call(
+                            "fmha_bwd_launcher_prepare_workspace",
+                            entry.handle,
+                            workspace.data_ptr(),
+                            workspace.numel(),
+                            _ptr(host_starts[0]) if host_starts else None,
+                            _ptr(host_starts[1]) if host_starts else None,
+                        )
+                    else:
+                        L.call(
+                            "fmha_bwd_launcher_prepare_workspace_async",
+                            entry.handle,
+                            workspace.data_ptr(),
+                            workspace.numel(),
+                            _ptr(cu_seqlens_q),
+                            _ptr(cu_seqlens_k),
+                            stream,
+                            None,
+                            _PREPARE_METHODS[prepare],
+                        )
+                        if host:
+                            # The host backend's stream is cheap to wait for: a failure of the prepare
+                            # (e.g. invalid cu_seqlens) then surfaces from `run` with its own message.
+                            L.stream_synchronize(None)
+                    args.workspace = workspace.data_ptr()
+                    L.call("fmha_bwd_launcher_run", entry.handle, byref(args), stream)
+                _finish(device)
+            except L.FmhaError:
+                # A launcher whose queued work failed keeps reporting it (FMHA_ERR_ASYNC_FAILURE) to its next
+                # call: drop it from the cache, so the error is reported once, here.
+                _evict(key, entry)
+                raise
+            break
+    return dq, dk, dv
+
+
+# --- autograd ----------------------------------------------------------------------------------------
+
+
+class FmhaAttnFunc(torch.autograd.Function):
+    """Forward saves q, k, v, out, lse (and the cu_seqlens); backward runs fmha's backward launcher."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mask_type,
+                left, right, deterministic):
+        q, k, v = (_prepare_input(t) for t in (q, k, v))
+        out, lse = _fwd(
+            q,
+            k,
+            v,
+            softmax_scale=softmax_scale,
+            mask_type=mask_type,
+            window=(left, right),
+            cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k,
+        )
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.params = (max_seqlen_q, max_seqlen_k, softmax_scale, mask_type, left, right, deterministic)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        max_seqlen_q, max_seqlen_k, softmax_scale, mask_type, left, right, deterministic = ctx.params
+        dq, dk, dv = _bwd(
+            dout,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            softmax_scale=softmax_scale,
+            mask_type=mask_type,
+            window=(left, right),
+            deterministic=deterministic,
+            cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k,
+        )
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None
+
+
+def attention(
+    q,
+    k,
+    v,
+    *,
+    softmax_scale=None,
+    mask="none",
+    window_size=(-1, -1),
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+    deterministic=False,
+):
+    """Attention with fmha's own mask semantics; returns ``(out, lse)`` and is differentiable in q, k, v.
+
+    ``mask``: ``"none"``, ``"top_left"`` or ``"bottom_right"`` (or an ``FMHA_MASK_*`` value), with
+    ``window_size = (left, right)`` counted from that corner's diagonal, ``-1`` = unbounded; causal is
+    ``(-1, 0)``. Layouts as :func:`fmha.flash_attn_func` (batch mode) or :func:`fmha.flash_attn_varlen_func`
+    (when ``cu_seqlens_q/k`` are given). A fully masked query row gets ``out = 0`` and ``lse = -inf``.
+    """
+    left, right = (int(w) for w in window_size)
+    return FmhaAttnFunc.apply(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, _mask_type(mask), left,
+        right, bool(deterministic)
+    )
+
+
+# --- flash-attn compatible entry points ----------------------------------------------------------------
+
+
+def _flash_mask(causal, window_size, seqlen_k_bound):
+    """flash-attn's (causal, window_size) → fmha (mask_type, left, right).
+
+    As flash-attn: a side < 0 or >= seqlen_k (varlen: max_seqlen_k) is unbounded; causal sets right = 0;
+    the window is aligned to the bottom-right corner; no mask when both sides are unbounded.
+    """
+    left, right = (int(w) for w in window_size)
+    left = -1 if left < 0 or left >= seqlen_k_bound else left
+    right = -1 if right < 0 or right >= seqlen_k_bound else right
+    if causal:
+        right = 0
+    if left == -1 and right == -1:
+        return L.MASK_NONE, -1, -1
+    return L.MASK_BOTTOM_RIGHT, left, right
+
+
+def _refuse_unsupported(dropout_p, softcap, alibi_slopes):
+    if dropout_p is not None and float(dropout_p) > 0.0:
+        raise NotImplementedError(
+            f"fmha: dropout is not supported yet (dropout_p={dropout_p}); pass dropout_p=0.0"
+        )
+    if softcap is not None and float(softcap) != 0.0:
+        raise NotImplementedError(f"fmha: softcap is not supported (softcap={softcap})")
+    if alibi_slopes is not None:
+        raise NotImplementedError("fmha: alibi_slopes are not supported yet")
+
+
+def flash_attn_func(
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    softcap=0.0,
+    alibi_slopes=None,
+):
+    """flash-attn's ``flash_attn_func``: q ``[b, s_q, h, d]``, k/v ``[b, s_k, h_k, d]`` (``h % h_k == 0``).
+
+    ``causal`` is aligned to the bottom-right corner (flash-attn's convention); ``window_size = (left,
+    right)`` with -1 = unbounded, combined with causal as flash-attn does. Returns ``out`` ``[b, s_q, h,
+    d_v]``, or ``(out, lse, None)`` with ``return_attn_probs=True`` (``lse`` ``[b, h, s_q]`` fp32 natural log;
+    a fully masked row has ``lse = -inf`` where flash-attn reports ``+inf``). ``deterministic`` selects the
+    bitwise reproducible backward. dK/dV come back with ``h_k`` heads.
+    """
+    _refuse_unsupported(dropout_p, softcap, alibi_slopes)
+    if not isinstance(q, torch.Tensor) or q.dim() != 4 or not isinstance(k, torch.Tensor) or k.dim() != 4:
+        raise ValueError("fmha: flash_attn_func takes q [batch, seqlen_q, heads, head_dim] and k/v [batch, "
+                         "seqlen_k, heads_k, head_dim]")
+    mask_type, left, right = _flash_mask(causal, window_size, k.shape[1])
+    out, lse = FmhaAttnFunc.apply(
+        q, k, v, None, None, None, None, softmax_scale, mask_type, left, right, bool(deterministic)
+    )
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    softcap=0.0,
+    alibi_slopes=None,
+):
+    """flash-attn's ``flash_attn_varlen_func``: q ``[total_q, h, d]``, k/v ``[total_k, h_k, d]``, int32
+    ``cu_seqlens_q/k`` ``[batch + 1]`` on the tensors' device (``cu_seqlens[-1]`` must equal the total rows),
+    ``max_seqlen_q/k`` host ints (upper bounds of the per-sequence lengths). Zero-length sequences are
+    allowed. Returns ``out`` ``[total_q, h, d_v]`` or ``(out, lse, None)`` with ``lse`` ``[h, total_q]`` fp32.
+    Masks per sequence as :func:`flash_attn_func`. The backward prepares its workspace on the current
+    stream from the device cu_seqlens: no host synchronization.
+    """
+    _refuse_unsupported(dropout_p, softcap, alibi_slopes)
+    mask_type, left, right = _flash_mask(causal, window_size, int(max_seqlen_k))
+    out, lse = FmhaAttnFunc.apply(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), softmax_scale, mask_type, left,
+        right, bool(deterministic)
+    )
+    return (out, lse, None) if return_attn_probs else out
+
+
+# --- registry queries ---------------------------------------------------------------------------------
+
+
+def registry_supports(operation, dtype, hdim_q, hdim_v, masked, deterministic=False, instances=None) -> bool:
+    """Whether this build's registry lists an instance serving the request, by fmha's selection rule (same
+    operation, dtype, masked-ness and, for the backward, determinism; head dims at most the instance's and
+    multiples of its ``hdim_multiple``).
+
+    ``operation``: ``"fwd"`` or ``"bwd"``; ``dtype``: ``torch.float16``/``torch.bfloat16`` or ``"fp16"``/
+    ``"bf16"``.
+    """
+    if isinstance(dtype, torch.dtype):
+        dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype, str(dtype))
+    instances = L.registry() if instances is None else instances
+    for i in instances:
+        if (
+            i.get("operation") == operation
+            and i.get("dtype") == dtype
+            and bool(i.get("masked")) == bool(masked)
+            and bool(i.get("deterministic")) == (bool(deterministic) and operation == "bwd")
+            and hdim_q <= int(i.get("hdim_q", 0))
+            and hdim_v <= int(i.get("hdim_v", 0))
+            and hdim_q % max(1, int(i.get("hdim_multiple", 1) or 1)) == 0
+            and hdim_v % max(1, int(i.get("hdim_multiple", 1) or 1)) == 0
+        ):
+            return True
+    return False
+
+
+__all__ = [
+    "attention",
+    "clear_launcher_cache",
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "launcher_cache_info",
+    "registry_supports",
+]

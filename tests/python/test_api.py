@@ -1,0 +1,239 @@
+"""The binding itself: library queries, errors (status + fmha's message, per thread), flash-attn argument
+handling, refused features, launcher caching and concurrent use."""
+
+import ctypes
+import threading
+
+import pytest
+import torch
+
+import fmha
+from fmha import _lib, ops
+
+from attn_ref import DEVICE, GPU, HOST, call_or_skip, cu_seqlens, randn
+
+
+def test_version_backend_registry():
+    assert fmha.version() == "0.1.0" or fmha.version().count(".") == 2
+    major, minor, patch = (int(x) for x in fmha.version().split(".")[:3])
+    assert fmha.version_number() == major * 10000 + minor * 100 + patch
+    assert fmha.backend() in (fmha.BACKEND_HOST, fmha.BACKEND_CUDA, fmha.BACKEND_ROCM)
+    assert fmha.backend_name() in ("host", "cuda", "rocm")
+    reg = fmha.registry()
+    assert isinstance(reg, list)
+    for inst in reg:
+        for key in ("name", "operation", "arch", "dtype", "hdim_q", "hdim_v", "masked", "deterministic"):
+            assert key in inst, f"registry entry without {key}: {inst}"
+    if HOST:
+        ops_ = {i["operation"] for i in reg}
+        assert ops_ == {"fwd", "bwd"}
+        assert fmha.registry_supports("bwd", torch.bfloat16, 64, 64, True, True)
+        assert not fmha.registry_supports("fwd", torch.bfloat16, 300, 64, True)
+    assert fmha.cu_count() >= 1
+
+
+def test_struct_sizes_match_header():
+    """struct_size is what the library checks first; a mismatch would be refused."""
+    for struct in (_lib.fmha_fwd_traits, _lib.fmha_fwd_args, _lib.fmha_bwd_traits, _lib.fmha_bwd_args):
+        assert struct().struct_size == ctypes.sizeof(struct)
+
+
+def test_error_carries_status_and_message():
+    q = randn(1, 8, 3, 64, dtype=torch.float16)
+    k = randn(1, 8, 2, 64, dtype=torch.float16)
+    with pytest.raises(fmha.FmhaError) as info:
+        fmha.flash_attn_func(q, k, k)
+    e = info.value
+    assert e.status == fmha.ERR_INVALID_ARGUMENT
+    assert "nhead_q" in e.message and "multiple" in e.message
+    assert e.function == "fmha_fwd"
+    assert "FMHA_ERR_INVALID_ARGUMENT" in str(e)
+    assert fmha.status_string(e.status) == "invalid argument"
+
+
+def test_unsupported_message_is_fmhas():
+    """An UNSUPPORTED answer reaches Python with fmha's own message (here: mask_type 3)."""
+    q = randn(1, 8, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(fmha.FmhaError) as info:
+        ops._fwd(q, q, q, mask_type=3, window=(-1, 0))
+    assert info.value.status == fmha.ERR_UNSUPPORTED
+    assert "window_generic" in info.value.message
+
+
+def test_error_message_is_per_thread():
+    """Each thread reads the message of its own failed call (fmha_last_error_message is thread-local)."""
+    results = {}
+    barrier = threading.Barrier(4)
+
+    def worker(i):
+        barrier.wait()
+        for _ in range(50):
+            try:
+                _lib.call("fmha_memcpy", None, None, 8, 40 + i)
+            except fmha.FmhaError as e:
+                if f"{40 + i}" not in e.message:
+                    results[i] = e.message
+                    return
+        results[i] = "ok"
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(v == "ok" for v in results.values()), results
+    assert len(results) == 4
+
+
+def test_dropout_softcap_alibi_refused():
+    q = randn(1, 8, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="dropout"):
+        fmha.flash_attn_func(q, q, q, dropout_p=0.1)
+    cu = cu_seqlens([8])
+    with pytest.raises(NotImplementedError, match="dropout"):
+        fmha.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 8, 8, dropout_p=0.5)
+    with pytest.raises(NotImplementedError, match="softcap"):
+        fmha.flash_attn_func(q, q, q, softcap=30.0)
+    with pytest.raises(NotImplementedError, match="alibi"):
+        fmha.flash_attn_func(q, q, q, alibi_slopes=torch.ones(2))
+    out = call_or_skip(lambda: fmha.flash_attn_func(q, q, q, dropout_p=0.0), op="fwd", dtype=q.dtype, hdim_q=64,
+                       hdim_v=64, masked=False)
+    assert out.shape == q.shape
+
+
+def test_return_attn_probs_shapes():
+    q = randn(2, 9, 4, 64, dtype=torch.bfloat16)
+    k = randn(2, 11, 2, 64, dtype=torch.bfloat16)
+    res = call_or_skip(lambda: fmha.flash_attn_func(q, k, k, causal=True, return_attn_probs=True), op="fwd",
+                       dtype=q.dtype, hdim_q=64, hdim_v=64, masked=True)
+    out, lse, p = res
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert lse.shape == (2, 4, 9) and lse.dtype == torch.float32 and p is None
+    cu_q, cu_k = cu_seqlens([4, 5]), cu_seqlens([6, 5])
+    out, lse, p = fmha.flash_attn_varlen_func(q[0], k[0], k[0], cu_q, cu_k, 5, 6, return_attn_probs=True)
+    assert out.shape == q[0].shape and lse.shape == (4, 9) and p is None
+
+
+def test_argument_checks():
+    q = randn(1, 8, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="float16"):
+        fmha.flash_attn_func(q.float(), q.float(), q.float())
+    with pytest.raises(TypeError, match="dtype"):
+        fmha.flash_attn_func(q, q.half(), q)
+    with pytest.raises(ValueError, match="softmax_scale"):
+        fmha.flash_attn_func(q, q, q, softmax_scale=0.0)
+    cu64 = torch.tensor([0, 8], dtype=torch.int64, device=DEVICE)
+    with pytest.raises(ValueError, match="int32"):
+        fmha.flash_attn_varlen_func(q[0], q[0], q[0], cu64, cu64, 8, 8)
+    with pytest.raises(ValueError, match="batch"):
+        fmha.flash_attn_func(q, randn(2, 8, 2, 64, dtype=torch.bfloat16), randn(2, 8, 2, 64, dtype=torch.bfloat16))
+    other = torch.empty(1, 8, 2, 64, dtype=torch.bfloat16, device="meta" if HOST else "cpu")
+    with pytest.raises(ValueError, match="backend"):
+        fmha.flash_attn_func(other, other, other)
+
+
+def test_varlen_generous_max_seqlen_is_clamped():
+    """flash-attn accepts any upper bound for max_seqlen: a bound above the total rows still works."""
+    q = randn(10, 2, 64, dtype=torch.bfloat16)
+    cu = cu_seqlens([3, 7])
+    a = fmha.flash_attn_varlen_func(q, q, q, cu, cu, 4096, 4096, causal=True)
+    b = fmha.flash_attn_varlen_func(q, q, q, cu, cu, 7, 7, causal=True)
+    assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(GPU, reason="host backend only: on a GPU the failed prepare surfaces in the kernels, whose "
+                    "reaction (e.g. a device-side trap) would end the CUDA context of the whole test run")
+def test_bad_cu_seqlens_raise():
+    """cu_seqlens that disagree with the tensors (last entry != total rows) fail the backward with fmha's
+    message, and the next, valid backward works."""
+    q = randn(10, 2, 64, dtype=torch.bfloat16, requires_grad=True)
+    k = randn(12, 2, 64, dtype=torch.bfloat16, requires_grad=True)
+    good_q, cu_k = cu_seqlens([7, 3]), cu_seqlens([6, 6])
+    bad_q = torch.tensor([0, 7, 9], dtype=torch.int32, device=DEVICE)
+    out = call_or_skip(lambda: fmha.flash_attn_varlen_func(q, k, k, bad_q, cu_k, 7, 6), op="fwd",
+                       dtype=q.dtype, hdim_q=64, hdim_v=64, masked=False)
+    with pytest.raises(fmha.FmhaError) as info:
+        out.sum().backward()
+    assert info.value.status == fmha.ERR_ASYNC_FAILURE, info.value
+    assert "seqstart_q" in info.value.message and "seqlen_q" in info.value.message, info.value
+    q.grad = k.grad = None
+    out = fmha.flash_attn_varlen_func(q, k, k, good_q, cu_k, 7, 6)
+    out.sum().backward()  # a fresh launcher: the earlier failure is not reported again
+    assert torch.isfinite(q.grad).all()
+
+
+def test_launcher_cache_is_bounded(monkeypatch):
+    monkeypatch.setenv("FMHA_LAUNCHER_CACHE_SIZE", "2")
+    fmha.clear_launcher_cache()
+    dtype = torch.bfloat16
+    try:
+        for s in (9, 10, 11, 12):
+            q = randn(1, s, 2, 64, dtype=dtype, requires_grad=True)
+            out = call_or_skip(lambda q=q: fmha.flash_attn_func(q, q, q), op="fwd", dtype=dtype, hdim_q=64,
+                               hdim_v=64, masked=False)
+            call_or_skip(lambda out=out: out.sum().backward(), op="bwd", dtype=dtype, hdim_q=64, hdim_v=64,
+                         masked=False)
+            assert fmha.launcher_cache_info()["size"] <= 2
+        keys = fmha.launcher_cache_info()["keys"]
+        q = randn(1, 12, 2, 64, dtype=dtype, requires_grad=True)
+        fmha.flash_attn_func(q, q, q).sum().backward()
+        assert fmha.launcher_cache_info()["keys"] == keys  # a hit: nothing created, nothing evicted
+    finally:
+        fmha.clear_launcher_cache()
+    assert fmha.launcher_cache_info()["size"] == 0
+
+
+def test_concurrent_backward_threads():
+    """Threads sharing one cached launcher get the same (deterministic) gradients as a single thread."""
+    dtype = torch.float16
+    lens = [30, 0, 50]
+    cu = cu_seqlens(lens)
+    q = randn(80, 4, 64, dtype=dtype, requires_grad=True)
+    k = randn(80, 2, 64, dtype=dtype, requires_grad=True)
+    v = randn(80, 2, 64, dtype=dtype, requires_grad=True)
+    out = call_or_skip(lambda: fmha.flash_attn_varlen_func(q, k, v, cu, cu, 50, 50, causal=True,
+                                                           deterministic=True),
+                       op="fwd", dtype=dtype, hdim_q=64, hdim_v=64, masked=True)
+    dout = torch.randn_like(out)
+    expect = call_or_skip(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), op="bwd",
+                          dtype=dtype, hdim_q=64, hdim_v=64, masked=True, deterministic=True)
+    if GPU:
+        torch.cuda.synchronize()
+    errors = []
+
+    def worker():
+        try:
+            for _ in range(5):
+                o = fmha.flash_attn_varlen_func(q, k, v, cu, cu, 50, 50, causal=True, deterministic=True)
+                got = torch.autograd.grad(o, (q, k, v), dout)
+                if GPU:
+                    torch.cuda.synchronize()
+                for a, b in zip(got, expect):
+                    if not torch.equal(a, b):
+                        errors.append("gradients differ from the single-thread run")
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+
+
+def test_misaligned_inputs_are_copied_when_kernels_need_alignment(monkeypatch):
+    """Where the build's kernels need aligned tensors (registry `vector_bytes`), a misaligned view is copied
+    before the call instead of being refused; the results are the same."""
+    monkeypatch.setattr(ops, "_vector_bytes_cache", 16)
+    dtype = torch.bfloat16
+    buf = randn(1 * 20 * 2 * 64 + 1, dtype=dtype)
+    q = buf[1:].view(1, 20, 2, 64)  # 2-byte offset: not 16-byte aligned
+    assert q.data_ptr() % 16 != 0
+    fixed = ops._prepare_input(q)
+    assert fixed.data_ptr() % 16 == 0 and torch.equal(fixed, q)
+    aligned = ops._prepare_input(q.contiguous())
+    assert ops._prepare_input(aligned) is aligned  # nothing to do: no copy
+    out = call_or_skip(lambda: fmha.flash_attn_func(q, q, q, causal=True), op="fwd", dtype=dtype, hdim_q=64,
+                       hdim_v=64, masked=True)
+    assert torch.equal(out, fmha.flash_attn_func(q.contiguous(), q.contiguous(), q.contiguous(), causal=True))
