@@ -235,26 +235,7 @@ mod tests {
     use crate::error::Status;
 
     /// splitmix64: a tiny deterministic generator, seeded per test from the clock.
-    struct Rng(u64);
-    impl Rng {
-        fn from_clock() -> Rng {
-            let seed = std::env::var("FMHA_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
-            });
-            Rng(seed)
-        }
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
-        /// Uniform in `lo..=hi`.
-        fn range(&mut self, lo: i64, hi: i64) -> i64 {
-            lo + (self.next() % (hi - lo + 1) as u64) as i64
-        }
-    }
+    use crate::test_rng::Rng;
 
     fn random_mask(rng: &mut Rng) -> Mask {
         let kind = [MaskType::None, MaskType::TopLeft, MaskType::BottomRight][rng.range(0, 2) as usize];

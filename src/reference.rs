@@ -237,36 +237,16 @@ mod tests {
     use crate::mask::MaskType;
 
     /// splitmix64, seeded from the clock (or `FMHA_TEST_SEED`); the seed is in every failure message.
-    struct Rng(u64);
-    impl Rng {
-        fn from_clock() -> Rng {
-            let seed = std::env::var("FMHA_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
-            });
-            Rng(seed)
-        }
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
-        fn range(&mut self, lo: usize, hi: usize) -> usize {
-            lo + (self.next() % (hi - lo + 1) as u64) as usize
-        }
-        /// Uniform in [-1, 1).
-        fn unit(&mut self) -> f64 {
-            (self.next() >> 11) as f64 / (1u64 << 52) as f64 - 1.0
-        }
-        fn vec(&mut self, n: usize, t: Option<Dtype>) -> Vec<f64> {
-            (0..n)
-                .map(|_| {
-                    let u = self.unit();
-                    t.map_or(u, |t| t.round_f64(u))
-                })
-                .collect()
-        }
+    use crate::test_rng::Rng;
+
+    /// `n` values uniform in [-1, 1), rounded to `t` when given.
+    fn random_vec(rng: &mut Rng, n: usize, t: Option<Dtype>) -> Vec<f64> {
+        (0..n)
+            .map(|_| {
+                let u = rng.unit();
+                t.map_or(u, |t| t.round_f64(u))
+            })
+            .collect()
     }
 
     struct Inputs {
@@ -279,22 +259,22 @@ mod tests {
     fn inputs(p: &RefProblem, b: usize, rng: &mut Rng, t: Option<Dtype>) -> Inputs {
         let (sq, sk) = p.seqlens[b];
         Inputs {
-            q: rng.vec(p.nhead_q * sq * p.hdim_q, t),
-            k: rng.vec(p.nhead_k * sk * p.hdim_q, t),
-            v: rng.vec(p.nhead_k * sk * p.hdim_v, t),
-            d_o: rng.vec(p.nhead_q * sq * p.hdim_v, t),
+            q: random_vec(rng, p.nhead_q * sq * p.hdim_q, t),
+            k: random_vec(rng, p.nhead_k * sk * p.hdim_q, t),
+            v: random_vec(rng, p.nhead_k * sk * p.hdim_v, t),
+            d_o: random_vec(rng, p.nhead_q * sq * p.hdim_v, t),
         }
     }
 
     fn random_mask(rng: &mut Rng) -> Mask {
-        match rng.range(0, 4) {
+        match rng.size(0, 4) {
             0 => Mask::NONE,
             1 => Mask::causal(MaskType::TopLeft),
             2 => Mask::causal(MaskType::BottomRight),
             n => Mask {
                 kind: if n == 3 { MaskType::TopLeft } else { MaskType::BottomRight },
-                left: rng.range(0, 3) as i32 - 1,
-                right: rng.range(0, 3) as i32 - 1,
+                left: rng.size(0, 3) as i32 - 1,
+                right: rng.size(0, 3) as i32 - 1,
             },
         }
     }
@@ -325,15 +305,15 @@ mod tests {
         let mut rng = Rng::from_clock();
         let seed = rng.0;
         for case in 0..300 {
-            let nhead_k = rng.range(1, 2);
+            let nhead_k = rng.size(1, 2);
             let p = RefProblem {
-                nhead_q: nhead_k * rng.range(1, 3),
+                nhead_q: nhead_k * rng.size(1, 3),
                 nhead_k,
-                hdim_q: rng.range(1, 4),
-                hdim_v: rng.range(1, 4),
+                hdim_q: rng.size(1, 4),
+                hdim_v: rng.size(1, 4),
                 scale: 0.3 + rng.unit().abs(),
                 mask: random_mask(&mut rng),
-                seqlens: vec![(rng.range(0, 6), rng.range(0, 6))],
+                seqlens: vec![(rng.size(0, 6), rng.size(0, 6))],
             };
             let mut x = inputs(&p, 0, &mut rng, None);
             let g = p.backward(0, &x.q, &x.k, &x.v, &x.d_o, Precision::F64).unwrap();
@@ -366,11 +346,11 @@ mod tests {
             let p = RefProblem {
                 nhead_q: 2,
                 nhead_k: 1,
-                hdim_q: rng.range(1, 8),
-                hdim_v: rng.range(1, 8),
+                hdim_q: rng.size(1, 8),
+                hdim_v: rng.size(1, 8),
                 scale: 0.5,
                 mask: random_mask(&mut rng),
-                seqlens: vec![(rng.range(0, 9), rng.range(0, 9))],
+                seqlens: vec![(rng.size(0, 9), rng.size(0, 9))],
             };
             let x = inputs(&p, 0, &mut rng, None);
             let f = p.forward(0, &x.q, &x.k, &x.v, Precision::F64).unwrap();

@@ -435,28 +435,7 @@ mod tests {
     use super::*;
 
     /// splitmix64, seeded from the clock (or `FMHA_TEST_SEED`); the seed is in every failure message.
-    struct Rng(u64);
-    impl Rng {
-        fn from_clock() -> Rng {
-            let seed = std::env::var("FMHA_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
-            });
-            Rng(seed)
-        }
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
-        fn range(&mut self, lo: i64, hi: i64) -> i64 {
-            lo + (self.next() % (hi - lo + 1) as u64) as i64
-        }
-        fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-            items[self.range(0, items.len() as i64 - 1) as usize]
-        }
-    }
+    use crate::test_rng::Rng;
 
     #[test]
     fn interleave_order() {

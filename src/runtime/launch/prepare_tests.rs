@@ -10,33 +10,13 @@ use crate::workspace::{prepare_metadata, PrepareParams, WorkspaceLayout, Workspa
 use crate::Status;
 
 /// splitmix64, seeded from the clock (or `FMHA_TEST_SEED`); the seed is in every failure message.
-struct Rng(u64);
-impl Rng {
-    fn from_clock() -> Rng {
-        let seed = std::env::var("FMHA_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
-        });
-        Rng(seed)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn range(&mut self, lo: i64, hi: i64) -> i64 {
-        lo + (self.next() % (hi - lo + 1) as u64) as i64
-    }
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[self.range(0, items.len() as i64 - 1) as usize]
-    }
-    /// One of `special` values, or (as often as any one of them) any value in `lo..=hi`.
-    fn pick_or_range(&mut self, special: &[i64], lo: i64, hi: i64) -> i64 {
-        let any = self.range(lo, hi);
-        let i = self.range(0, special.len() as i64) as usize;
-        special.get(i).copied().unwrap_or(any)
-    }
+use crate::test_rng::Rng;
+
+/// One of `special` values, or (as often as any one of them) any value in `lo..=hi`.
+fn pick_or_range(rng: &mut Rng, special: &[i64], lo: i64, hi: i64) -> i64 {
+    let any = rng.range(lo, hi);
+    let i = rng.range(0, special.len() as i64) as usize;
+    special.get(i).copied().unwrap_or(any)
 }
 
 /// One prepare input: params and, in group mode, the seqstarts.
@@ -79,7 +59,7 @@ fn starts(lengths: &[i32]) -> Vec<i32> {
 /// A valid random case of the given mode (every parameter range of the task: batch 1–64, lengths
 /// 0–20000 with zeros and key-less batches, heads 1–64, hdim 8–256, tiles 16–128, 1–320 CUs, both remaps).
 fn random_case(rng: &mut Rng, group_mode: bool, deterministic: bool) -> Case {
-    let batch = rng.pick_or_range(&[1, 2, 3, 8, 64], 1, 64);
+    let batch = pick_or_range(rng, &[1, 2, 3, 8, 64], 1, 64);
     let zeros = rng.range(0, 4);
     let q_lengths = random_lengths(rng, batch as usize, zeros);
     let zeros = rng.range(0, 4);
@@ -98,14 +78,14 @@ fn random_case(rng: &mut Rng, group_mode: bool, deterministic: bool) -> Case {
         group_mode,
         deterministic,
         batch,
-        nhead_q: rng.pick_or_range(&[1, 2, 3, 8, 16, 64], 1, 64),
-        hdim_q: rng.pick_or_range(&[8, 64, 128, 256], 8, 256),
+        nhead_q: pick_or_range(rng, &[1, 2, 3, 8, 16, 64], 1, 64),
+        hdim_q: pick_or_range(rng, &[8, 64, 128, 256], 8, 256),
         seqlen_q,
         seqlen_k,
         max_seqlen_k,
         m0: rng.pick(&[16, 32, 64, 128]),
         n0: rng.pick(&[16, 32, 64, 128]),
-        num_cus: rng.pick_or_range(&[1, 2, 7, 8, 9, 80, 104, 132, 256, 304, 320], 1, 320),
+        num_cus: pick_or_range(rng, &[1, 2, 7, 8, 9, 80, 104, 132, 256, 304, 320], 1, 320),
         remap: rng.pick(&[XcdRemap::None, XcdRemap::Xcd8]),
     };
     Case { params, seqstart_q, seqstart_k }
