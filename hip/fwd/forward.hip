@@ -15,7 +15,7 @@ constexpr int kForwardWarps = 4;
 
 template <typename T, int kHeadDim, int kBlockN, bool kMasked>
 int32_t launch_forward(const fmha_fwd_params& p, hipStream_t stream) {
-  using Tile = ForwardTile<T, kHeadDim, kBlockN, kMasked, kForwardWarps>;
+  using Tile = ForwardTile<T, kHeadDim, kBlockN, kMasked, kForwardWarps, kHeadDim == 64>;
   auto kernel = forward_kernel<Tile, T>;
   // Over 48 KiB of dynamic shared memory must be opted into, once per kernel.
   static const cudaError_t configured =
