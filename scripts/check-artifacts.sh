@@ -5,7 +5,8 @@
 #   cuda          an sm_XX cubin for every arch of FMHA_CUDA_ARCHS (default 90a) (cuobjdump --list-elf)
 #   rocm          a gfxNNN code object for every arch of FMHA_HIP_ARCHS (default gfx942,gfx950) in the
 #                 .hip_fatbin section, and no scratch: every kernel has .private_segment_fixed_size 0
-#                 and no SGPR/VGPR spills (llvm-readelf --notes on each extracted code object)
+#                 and no SGPR/VGPR spills (llvm-readelf --notes on each extracted code object), and
+#                 MFMA instructions in the ISA (llvm-objdump -d)
 #
 # Usage: scripts/check-artifacts.sh host|cuda|rocm path/to/libfmha.so
 #
@@ -151,7 +152,26 @@ check_hip_code_objects() {
     for co in "$dir"/*.co; do
         [[ -e "$co" ]] && check_no_scratch "$co"
     done
+    check_mfma "$dir"
     rm -rf "$dir"
+}
+
+# check_mfma DIR: the attention forward kernels of every arch use the matrix cores (v_mfma in the ISA).
+check_mfma() {
+    local dir=$1 arch objdump count co
+    objdump=$(find_tool llvm-objdump "${ROCM_PATH:+$ROCM_PATH/llvm/bin/llvm-objdump}" llvm-objdump-22 llvm-objdump)
+    for arch in $(echo "${FMHA_HIP_ARCHS:-gfx942,gfx950}" | tr ',' ' '); do
+        count=0
+        for co in "$dir"/*-"$arch".co; do
+            [[ -e "$co" ]] || continue
+            count=$((count + $("$objdump" -d --mcpu="$arch" "$co" | grep -c 'v_mfma' || true)))
+        done
+        if [[ $count -gt 0 ]]; then
+            ok "$arch: $count v_mfma instructions (forward kernels on the matrix cores)"
+        else
+            fail "$arch: no v_mfma instruction in any code object"
+        fi
+    done
 }
 
 main() {

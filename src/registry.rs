@@ -109,18 +109,25 @@ const BACKWARD_TILES: [(i64, i64, i64); 4] = [(32, 32, 128), (64, 32, 128), (128
 /// Forward tiles per head-dim bucket (q rows × k rows).
 const FORWARD_TILES: [(i64, i64, i64); 4] = [(32, 64, 64), (64, 64, 64), (128, 64, 64), (256, 64, 32)];
 
-/// Forward tiles of the sm_90a kernels (`hip/fwd/forward.hip`): head-dim bucket, q rows, k rows.
+/// Forward tiles of the GPU kernels (`hip/fwd/forward.hip`): head-dim bucket, q rows, k rows.
+/// sm_90a: 4 warps of 16 q rows.
 const SM90_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 64, 128), (128, 64, 64)];
+/// gfx942: 4 waves of 32 q rows; k rows such that the double-buffered K and Vᵀ tiles take at most
+/// half of the 64 KiB of LDS (two workgroups per CU).
+const GFX942_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 128, 64), (128, 128, 32)];
+/// gfx950: the same rule with 160 KiB of LDS.
+const GFX950_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 128, 64), (128, 128, 64)];
 
-/// The sm_90a instances compiled into a cuda build.
-fn sm90_instances() -> Vec<Instance> {
+/// The forward instances of a GPU build for `arch`: both dtypes, masked or not, one per tile. The GPU
+/// kernels move 16-byte vectors (head dims in multiples of 8 elements).
+fn gpu_forward_instances(arch: Arch, tiles: &[(i64, i64, i64)], pipeline: &'static str) -> Vec<Instance> {
     let mut list = Vec::new();
     for dtype in [Dtype::F16, Dtype::Bf16] {
         for masked in [false, true] {
-            for &(hdim, m0, n0) in &SM90_FORWARD_TILES {
+            for &(hdim, m0, n0) in tiles {
                 list.push(Instance {
                     operation: Operation::Forward,
-                    arch: Arch::Sm90,
+                    arch,
                     dtype,
                     hdim_q: hdim,
                     hdim_v: hdim,
@@ -128,7 +135,7 @@ fn sm90_instances() -> Vec<Instance> {
                     deterministic: false,
                     m0,
                     n0,
-                    pipeline: "mma_sync_cp_async",
+                    pipeline,
                     hdim_multiple: 8,
                     vector_bytes: 16,
                 });
@@ -140,13 +147,19 @@ fn sm90_instances() -> Vec<Instance> {
 
 /// Every instance this build has for `arch`.
 pub fn instances(arch: Arch) -> Vec<Instance> {
+    match arch {
+        Arch::Host => host_instances(),
+        Arch::Sm90 if cfg!(feature = "cuda") => gpu_forward_instances(arch, &SM90_FORWARD_TILES, "mma_sync_cp_async"),
+        Arch::Gfx942 if cfg!(feature = "rocm") => gpu_forward_instances(arch, &GFX942_FORWARD_TILES, "mfma_lds"),
+        Arch::Gfx950 if cfg!(feature = "rocm") => gpu_forward_instances(arch, &GFX950_FORWARD_TILES, "mfma_lds"),
+        _ => Vec::new(),
+    }
+}
+
+/// The host backend's instances: every forward and backward tile.
+fn host_instances() -> Vec<Instance> {
+    let arch = Arch::Host;
     let mut list = Vec::new();
-    if arch == Arch::Sm90 && cfg!(feature = "cuda") {
-        return sm90_instances();
-    }
-    if arch != Arch::Host {
-        return list; // the AMD kernels register here as they land
-    }
     for dtype in [Dtype::F16, Dtype::Bf16] {
         for masked in [false, true] {
             for &(hdim, m0, n0) in &FORWARD_TILES {
@@ -287,8 +300,17 @@ mod tests {
             "{}",
             e.message
         );
-        let e = select(Arch::Gfx942, &request(Operation::Forward, 64, 64)).unwrap_err();
+        let e = select(Arch::Other, &request(Operation::Forward, 64, 64)).unwrap_err();
         assert!(e.message.contains("no attention kernels"), "{}", e.message);
+    }
+
+    #[test]
+    fn gpu_forward_instances_cover_dtypes_and_masks() {
+        let list = gpu_forward_instances(Arch::Gfx942, &GFX942_FORWARD_TILES, "mfma_lds");
+        assert_eq!(list.len(), 2 * 2 * GFX942_FORWARD_TILES.len());
+        let i = list.iter().find(|i| i.dtype == Dtype::Bf16 && i.masked && i.hdim_q == 128).unwrap();
+        assert_eq!((i.m0, i.n0, i.pipeline, i.vector_bytes), (128, 32, "mfma_lds", 16));
+        assert_eq!(i.name(), "fmha_fwd_d128x128_bf16_mask_ndeterministic_b128x32_gfx942_mfma_lds");
     }
 
     #[test]

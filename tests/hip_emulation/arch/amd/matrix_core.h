@@ -1,0 +1,155 @@
+// CPU emulation of hip/arch/amd/matrix_core.h: the same interface; MFMA and the lane exchange follow
+// the documented register layouts (l = lane, h = l / 32):
+//   32x32x8 : A[i][k] = lane i + 32 (k / 4), element k % 4; B[k][j] = lane j + 32 (k / 4), element k % 4
+//   32x32x16: A[i][k] = lane i + 32 (k / 8), element k % 8; B likewise (EMU_GFX950)
+//   C[i][j]  = lane j + 32 ((i / 4) % 2), register 4 (i / 8) + i % 4
+#pragma once
+#include <math.h>
+#include <string.h>
+#include "arch/platform.h"
+#include "arch/thread.h"
+#include "emu_runtime.h"
+
+namespace fmha {
+namespace arch {
+
+#if defined(EMU_GFX950)
+constexpr int kLdsBytes = 160 * 1024;
+#else
+constexpr int kLdsBytes = 64 * 1024;
+#endif
+
+#define FMHA_AMD_MIN_WAVES_PER_SIMD(waves)
+typedef uint32_t u32x2 __attribute__((ext_vector_type(2)));
+typedef uint32_t u32x4 __attribute__((ext_vector_type(4)));
+typedef float f32x16 __attribute__((ext_vector_type(16)));
+typedef uint8_t lds_byte;
+
+inline size_t g_lds_size = 0;
+inline void check_lds(uint32_t offset, uint32_t bytes) {
+  if (offset % bytes != 0 || offset + bytes > g_lds_size) __builtin_trap();
+}
+inline uint8_t* g_lds = nullptr;
+// Poisons the LDS the first time an instance uses it (fiber 0 gets here before any store).
+inline lds_byte* lds_pointer(void* shared) {
+  if (g_lds != shared) {
+    g_lds = (uint8_t*)shared;
+    memset(g_lds, 0xff, g_lds_size);
+  }
+  return g_lds;
+}
+inline u32x2 lds_load_8(const lds_byte* base, uint32_t offset) {
+  check_lds(offset, 8);
+  u32x2 v;
+  memcpy(&v, base + offset, 8);
+  return v;
+}
+inline void lds_store_8(lds_byte* base, uint32_t offset, u32x2 v) {
+  check_lds(offset, 8);
+  memcpy(base + offset, &v, 8);
+}
+template <typename T>
+inline T* global_pointer(uint64_t address) { return (T*)address; }
+
+// Global accesses are checked against the registered buffers.
+struct Buffer { const uint8_t* lo; size_t bytes; };
+inline std::vector<Buffer> g_buffers;
+inline void check_global(const void* p, size_t n) {
+  const uint8_t* b = (const uint8_t*)p;
+  if ((uintptr_t)b % n != 0) __builtin_trap();
+  for (auto& buf : g_buffers) if (b >= buf.lo && b + n <= buf.lo + buf.bytes) return;
+  __builtin_trap();
+}
+inline u32x4 global_load_16(const void* p) { check_global(p, 16); u32x4 v; memcpy(&v, p, 16); return v; }
+inline u32x2 global_load_8(const void* p) { check_global(p, 8); u32x2 v; memcpy(&v, p, 8); return v; }
+inline void global_store_8(void* p, u32x2 v) { check_global(p, 8); memcpy(p, &v, 8); }
+
+inline f32x16 zero_accumulator() { return f32x16(0.f); }
+
+inline int lane() { return thread_index() % 64; }
+inline emu::Wave& wave() { return emu::g_waves[thread_index() / 64]; }
+
+inline float other_half(float x) {
+  emu::Wave& w = wave();
+  memcpy(&w.slot[lane()][0], &x, 4);
+  w.bar.wait();
+  float y;
+  memcpy(&y, &w.slot[lane() ^ 32][0], 4);
+  w.bar.wait();
+  return y;
+}
+inline float halves_max(float x) { return fmaxf(x, other_half(x)); }
+inline float halves_sum(float x) { return x + other_half(x); }
+inline float fast_exp2(float x) { return exp2f(x); }
+inline float exact_exp2(float x) { return exp2f(x); }
+inline float exact_log2(float x) { return log2f(x); }
+
+struct Half {};
+struct BFloat16 {};
+
+inline float half_to_float(uint16_t b) { _Float16 h; memcpy(&h, &b, 2); return (float)h; }
+inline float bf16_to_float(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
+
+// One MFMA over the wave: each lane's K elements of A and B (16-bit), k-per-lane kK (4 or 8).
+template <int kK>
+inline void emulate_mfma(f32x16& c, const uint16_t* a, const uint16_t* b, float (*to_float)(uint16_t)) {
+  emu::Wave& w = wave();
+  const int l = lane();
+  memcpy(&w.slot[l][0], a, 2 * kK);
+  memcpy(&w.slot[l][8], b, 2 * kK);
+  w.bar.wait();
+  f32x16 d = c;
+  const int j = l % 32;
+  for (int r = 0; r < 16; ++r) {
+    const int i = 8 * (r / 4) + 4 * (l / 32) + r % 4;
+    float acc = 0.f;
+    for (int k = 0; k < 2 * kK; ++k) {
+      uint16_t ai, bj;
+      memcpy(&ai, (const uint8_t*)&w.slot[i + 32 * (k / kK)][0] + 2 * (k % kK), 2);
+      memcpy(&bj, (const uint8_t*)&w.slot[j + 32 * (k / kK)][8] + 2 * (k % kK), 2);
+      acc += to_float(ai) * to_float(bj);
+    }
+    d[r] += acc;
+  }
+  w.bar.wait();
+  c = d;
+}
+
+template <typename Derived>
+struct MmaOps {
+  static void mma(f32x16& c, u32x2 a, u32x2 b) {
+    emulate_mfma<4>(c, (const uint16_t*)&a, (const uint16_t*)&b, &Derived::to_float);
+  }
+  static void mma2(f32x16& c, u32x2 a0, u32x2 a1, u32x2 b0, u32x2 b1) {
+#if defined(EMU_GFX950)
+    const u32x4 a = {a0.x, a0.y, a1.x, a1.y}, b = {b0.x, b0.y, b1.x, b1.y};
+    emulate_mfma<8>(c, (const uint16_t*)&a, (const uint16_t*)&b, &Derived::to_float);
+#else
+    mma(c, a0, b0);
+    mma(c, a1, b1);
+#endif
+  }
+};
+
+template <typename T> struct Element;
+template <> struct Element<Half> : MmaOps<Element<Half>> {
+  static uint32_t bits(float x) { _Float16 h = (_Float16)x; uint16_t b; memcpy(&b, &h, 2); return b; }
+  static float to_float(uint16_t b) { return half_to_float(b); }
+};
+template <> struct Element<BFloat16> : MmaOps<Element<BFloat16>> {
+  static uint32_t bits(float x) {
+    uint32_t u; memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  }
+  static float to_float(uint16_t b) { return bf16_to_float(b); }
+};
+
+template <typename T>
+inline u32x2 pack4(float x0, float x1, float x2, float x3) {
+  using E = Element<T>;
+  return u32x2{E::bits(x0) | (E::bits(x1) << 16), E::bits(x2) | (E::bits(x3) << 16)};
+}
+
+}  // namespace arch
+}  // namespace fmha
