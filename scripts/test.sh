@@ -214,6 +214,7 @@ valgrind --error-exitcode=99 --leak-check=no -q "$(cargo test --release --lib --
 begin "AMD forward kernel (CPU emulation)"
 # hip/fwd/forward_kernel_amd.h, unmodified, with every work-item a fiber and MFMA / lane exchange
 # emulated from the documented register layouts, against a float64 reference (no AMD GPU here).
+mkdir -p "$build"
 for mode in gfx942 gfx950; do
     define=$([[ $mode == gfx950 ]] && echo -DEMU_GFX950 || true)
     clang++-22 -std=c++20 -O2 -Wno-psabi $define -Itests/hip_emulation -Ihip tests/hip_emulation/test.cpp \
