@@ -134,7 +134,9 @@ typedef void *fmha_stream_t;
 // `struct_size = sizeof(fmha_bwd_traits)`.
 typedef struct fmha_bwd_traits {
   size_t struct_size;
-  // Batch mode: per-batch lengths; group mode: total physical rows (`seqstart[batch]`).
+  // Batch mode: per-batch lengths. Group mode: upper bounds of the total physical rows
+  // (`seqstart[batch]`): the workspace is sized for them, and one launcher serves every varlen batch
+  // whose totals and per-batch lengths fit.
   int32_t seqlen_q;
   int32_t seqlen_k;
   int32_t batch;
@@ -185,7 +187,8 @@ typedef struct fmha_bwd_args {
   const int32_t *seqstart_k;
   const int32_t *seqlen_q_ptr;
   const int32_t *seqlen_k_ptr;
-  // Must equal the launcher's traits.
+  // Must equal the launcher's traits, except in group mode, where seqlen_q/k and max_seqlen_q/k
+  // may be smaller than the traits' bounds.
   int32_t batch;
   int32_t seqlen_q;
   int32_t seqlen_k;

@@ -189,14 +189,9 @@ impl Shape {
             ensure(max_seqlen_k == seqlen_k || max_seqlen_k == 0, "max_seqlen_k", || {
                 format!("{max_seqlen_k} differs from seqlen_k = {seqlen_k} in batch mode (pass 0 or seqlen_k)")
             })?;
-        } else {
-            ensure(max_seqlen_q <= seqlen_q, "max_seqlen_q", || {
-                format!("{max_seqlen_q} exceeds the total physical length seqlen_q = {seqlen_q}")
-            })?;
-            ensure(max_seqlen_k <= seqlen_k, "max_seqlen_k", || {
-                format!("{max_seqlen_k} exceeds the total physical length seqlen_k = {seqlen_k}")
-            })?;
         }
+        // Group mode: max_seqlen_* bound the per-batch physical lengths, which the kernels check as
+        // they read the seqstarts; a bound above the total (a configured maximum) is fine.
         ensure(scale.is_finite() && scale >= 0.0, "scale", || {
             format!("{scale} must be finite and non-negative (0 selects 1/sqrt(hdim_q))")
         })?;

@@ -66,7 +66,10 @@ struct Launcher {
 
 impl Launcher {
     fn new(case: &Case) -> Launcher {
-        let traits = bwd_traits(case);
+        Launcher::with_traits(&bwd_traits(case))
+    }
+    fn with_traits(traits: &fmha_bwd_traits) -> Launcher {
+        let traits = *traits;
         let mut raw = null_mut();
         ok(fmha_bwd_launcher_create(&traits, &mut raw));
         let mut size = 0;
@@ -572,4 +575,52 @@ fn prepare_async_returns_long_before_a_busy_stream_gets_to_it() {
     }
     ok(fmha_stream_destroy(stream));
     ok(fmha_device_free(busy));
+}
+
+/// In group mode the launcher's totals and maxima are bounds: one launcher (and one workspace) serves
+/// every varlen batch that fits, as a training loop with varying lengths needs.
+#[test]
+fn one_launcher_serves_varlen_batches_within_its_bounds() {
+    let mut rng = Rng::fresh();
+    eprintln!("seed {}", rng.0);
+    let template = varlen_case(vec![(1, 1); 3], true);
+    let mut traits = bwd_traits(&template);
+    (traits.seqlen_q, traits.seqlen_k, traits.max_seqlen_q, traits.max_seqlen_k) = (300, 360, 200, 240);
+    let launcher = Launcher::with_traits(&traits);
+    let mut stream = null_mut();
+    ok(fmha_stream_create(&mut stream));
+    for call in 0..12 {
+        let mut case = template.clone();
+        case.seqlens = (0..3).map(|_| (rng.range(0, 100), rng.range(0, 120))).collect();
+        case.max_seqlen = Some((200, 240));
+        let (fwd, bwd, expected) = forward_and_expected(&case, &mut rng);
+        bwd.poison(&case);
+        if call % 3 == 0 {
+            let (q, k) = (case.starts(false), case.starts(true));
+            ok(fmha_bwd_launcher_prepare_workspace(
+                launcher.raw,
+                launcher.workspace,
+                launcher.size,
+                q.as_ptr(),
+                k.as_ptr(),
+            ));
+        } else {
+            let method = if call % 3 == 1 { FMHA_PREPARE_HOST } else { FMHA_PREPARE_DEVICE };
+            ok(launcher.prepare_async(&fwd, stream, method));
+        }
+        ok(fmha_bwd_launcher_run(launcher.raw, &bwd.args(&case, &fwd, launcher.workspace), stream));
+        ok(fmha_stream_synchronize(stream));
+        check_gradients(&case, &bwd, &expected);
+    }
+    // Over the bound is refused, naming the field.
+    let mut case = template.clone();
+    case.seqlens = vec![(150, 10), (150, 10), (1, 10)];
+    case.max_seqlen = Some((200, 240));
+    let (fwd, bwd, _) = forward_and_expected(&case, &mut rng);
+    expect_error(
+        fmha_bwd_launcher_run(launcher.raw, &bwd.args(&case, &fwd, launcher.workspace), stream),
+        FMHA_ERR_INVALID_ARGUMENT,
+        &["seqlen_q", "exceeds", "bound"],
+    );
+    ok(fmha_stream_destroy(stream));
 }

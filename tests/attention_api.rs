@@ -163,11 +163,9 @@ fn backward_launcher_rejects_bad_inputs() {
     expect_error(create(fmha_bwd_traits { nhead_q: 3, ..traits }), FMHA_ERR_INVALID_ARGUMENT, &["nhead_q"]);
     expect_error(create(fmha_bwd_traits { hdim_q: 257, ..traits }), FMHA_ERR_INVALID_ARGUMENT, &["hdim_q"]);
     expect_error(create(fmha_bwd_traits { seqlen_k: -3, ..traits }), FMHA_ERR_INVALID_ARGUMENT, &["seqlen_k"]);
-    expect_error(
-        create(fmha_bwd_traits { max_seqlen_q: 1000, ..traits }),
-        FMHA_ERR_INVALID_ARGUMENT,
-        &["max_seqlen_q"],
-    );
+    expect_error(create(fmha_bwd_traits { max_seqlen_q: -1, ..traits }), FMHA_ERR_INVALID_ARGUMENT, &["max_seqlen_q"]);
+    // Group mode: maxima are bounds of the per-batch lengths; one above the total is accepted.
+    ok(create(fmha_bwd_traits { max_seqlen_q: 1000, ..traits }));
     expect_error(
         create(fmha_bwd_traits { is_deterministic: 2, ..traits }),
         FMHA_ERR_INVALID_ARGUMENT,

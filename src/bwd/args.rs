@@ -40,14 +40,12 @@ pub struct BwdArgs {
 }
 
 impl BwdArgs {
-    /// The call's shape, checked field by field against the traits the launcher was created with.
+    /// The call's shape, checked field by field against the traits the launcher was created with. In
+    /// group mode the traits' total and maximum lengths are bounds (the workspace is sized for them),
+    /// so one launcher serves every varlen batch that fits; everything else must be equal.
     pub fn shape(&self, traits: &BwdTraits) -> Result<Shape> {
         for (name, arg, trait_value) in [
             ("batch", self.batch, traits.batch),
-            ("seqlen_q", self.seqlen_q, traits.seqlen_q),
-            ("seqlen_k", self.seqlen_k, traits.seqlen_k),
-            ("max_seqlen_q", self.max_seqlen_q, traits.max_seqlen_q),
-            ("max_seqlen_k", self.max_seqlen_k, traits.max_seqlen_k),
             ("nhead_q", self.nhead_q, traits.nhead_q),
             ("nhead_k", self.nhead_k, traits.nhead_k),
             ("hdim_q", self.hdim_q, traits.hdim_q),
@@ -57,8 +55,33 @@ impl BwdArgs {
                 format!("{arg} disagrees with the launcher's traits ({trait_value}); create a launcher for this shape")
             })?;
         }
+        let group = traits.mode == crate::problem::Mode::Group;
+        for (name, arg, trait_value) in [
+            ("seqlen_q", self.seqlen_q, traits.seqlen_q),
+            ("seqlen_k", self.seqlen_k, traits.seqlen_k),
+            ("max_seqlen_q", self.max_seqlen_q, traits.max_seqlen_q),
+            ("max_seqlen_k", self.max_seqlen_k, traits.max_seqlen_k),
+        ] {
+            let fits = if group { arg <= trait_value } else { arg == trait_value };
+            ensure(fits, name, || {
+                if group {
+                    format!("{arg} exceeds the launcher's bound ({trait_value}); create a launcher with larger traits")
+                } else {
+                    format!(
+                        "{arg} disagrees with the launcher's traits ({trait_value}); create a launcher for this shape"
+                    )
+                }
+            })?;
+        }
         let mask = Mask { kind: traits.mask_type, left: self.window_size_left, right: self.window_size_right };
-        let mut shape = traits.shape(mask)?;
+        let call = BwdTraits {
+            seqlen_q: self.seqlen_q,
+            seqlen_k: self.seqlen_k,
+            max_seqlen_q: self.max_seqlen_q,
+            max_seqlen_k: self.max_seqlen_k,
+            ..*traits
+        };
+        let mut shape = call.shape(mask)?;
         ensure(self.scale.is_finite() && self.scale >= 0.0, "scale", || {
             format!("{} must be finite and non-negative (0 selects 1/sqrt(hdim_q))", self.scale)
         })?;

@@ -16,7 +16,9 @@ use std::ffi::c_void;
 #[derive(Debug, Clone, Copy)]
 pub struct fmha_bwd_traits {
     pub struct_size: usize,
-    /// Batch mode: per-batch lengths; group mode: total physical rows (`seqstart[batch]`).
+    /// Batch mode: per-batch lengths. Group mode: upper bounds of the total physical rows
+    /// (`seqstart[batch]`): the workspace is sized for them, and one launcher serves every varlen batch
+    /// whose totals and per-batch lengths fit.
     pub seqlen_q: i32,
     pub seqlen_k: i32,
     pub batch: i32,
@@ -69,7 +71,8 @@ pub struct fmha_bwd_args {
     pub seqstart_k: *const i32,
     pub seqlen_q_ptr: *const i32,
     pub seqlen_k_ptr: *const i32,
-    /// Must equal the launcher's traits.
+    /// Must equal the launcher's traits, except in group mode, where seqlen_q/k and max_seqlen_q/k
+    /// may be smaller than the traits' bounds.
     pub batch: i32,
     pub seqlen_q: i32,
     pub seqlen_k: i32,
