@@ -362,6 +362,11 @@ def _traits_key(traits, device):
     return (str(device),) + tuple(getattr(traits, name) for name, _ in traits._fields_[1:])
 
 
+def _length_bucket(n):
+    """The smallest power of two >= n (at least 64): a launcher bound that a range of lengths shares."""
+    return max(64, 1 << (max(int(n), 1) - 1).bit_length())
+
+
 def _launcher(traits, device):
     """(key, cached launcher for these traits on `device`), created on a miss; evicts the least recently used."""
     key = _traits_key(traits, device)
@@ -474,12 +479,15 @@ def _bwd(
     d = torch.empty_like(lse)  # the dot(dO, O) scratch, fp32 in the LSE layout
     left, right = window
     mask_type = _mask_type(mask_type)
+    # Varlen: the launcher's totals and maxima are bounds, so round them up to powers of two and
+    # consecutive training steps (whose token counts vary) share one cached launcher and workspace.
+    bound = _length_bucket if p.group else (lambda n: n)
     traits = L.fmha_bwd_traits(
-        seqlen_q=p.seqlen_q,
-        seqlen_k=p.seqlen_k,
+        seqlen_q=bound(p.seqlen_q),
+        seqlen_k=bound(p.seqlen_k),
         batch=p.batch,
-        max_seqlen_q=p.max_seqlen_q,
-        max_seqlen_k=p.max_seqlen_k,
+        max_seqlen_q=bound(p.max_seqlen_q),
+        max_seqlen_k=bound(p.max_seqlen_k),
         hdim_q=p.hdim_q,
         hdim_v=p.hdim_v,
         nhead_q=p.nhead_q,

@@ -185,6 +185,25 @@ def test_launcher_cache_is_bounded(monkeypatch):
     assert fmha.launcher_cache_info()["size"] == 0
 
 
+def test_varlen_steps_with_different_totals_share_one_launcher():
+    """Varlen launchers are keyed by power-of-two bounds: steps whose token counts differ reuse one."""
+    fmha.clear_launcher_cache()
+    dtype = torch.bfloat16
+    try:
+        for lengths in ([40, 30], [50, 45], [64, 60], [33, 33]):  # totals 65..128, maxima <= 64
+            total = sum(lengths)
+            q = randn(total, 2, 64, dtype=dtype, requires_grad=True)
+            cu = cu_seqlens(lengths)
+            out = call_or_skip(lambda: fmha.flash_attn_varlen_func(q, q, q, cu, cu, max(lengths), max(lengths),
+                                                                   causal=True),
+                               op="fwd", dtype=dtype, hdim_q=64, hdim_v=64, masked=True)
+            call_or_skip(lambda: out.sum().backward(), op="bwd", dtype=dtype, hdim_q=64, hdim_v=64, masked=True)
+            assert torch.isfinite(q.grad).all()
+        assert fmha.launcher_cache_info()["size"] == 1
+    finally:
+        fmha.clear_launcher_cache()
+
+
 def test_concurrent_backward_threads():
     """Threads sharing one cached launcher get the same (deterministic) gradients as a single thread."""
     dtype = torch.float16
