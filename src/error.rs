@@ -3,6 +3,7 @@
 //! The numeric values of [`Status`] are part of the ABI: they are never renumbered, new codes are only
 //! appended.
 
+use std::ffi::CStr;
 use std::fmt;
 
 /// Result codes returned by every exported function (`fmha_status` in C).
@@ -54,21 +55,26 @@ impl Status {
         Status::ALL.iter().copied().find(|s| *s as i32 == code)
     }
 
-    /// A short static description (what `fmha_status_string` returns).
-    pub fn description(self) -> &'static str {
+    /// A short static description, NUL-terminated for `fmha_status_string`.
+    pub fn c_description(self) -> &'static CStr {
         match self {
-            Status::Ok => "success",
-            Status::InvalidArgument => "invalid argument",
-            Status::Unsupported => "unsupported: no kernel instance or feature for this request",
-            Status::DeviceRuntime => "device runtime error",
-            Status::OutOfMemory => "out of memory",
-            Status::WorkspaceTooSmall => "workspace too small",
-            Status::WorkspaceNotPrepared => "workspace not prepared",
-            Status::NoDevice => "no device",
-            Status::NullPointer => "null pointer",
-            Status::Internal => "internal error",
-            Status::AsyncFailure => "an asynchronous operation failed",
+            Status::Ok => c"success",
+            Status::InvalidArgument => c"invalid argument",
+            Status::Unsupported => c"unsupported: no kernel instance or feature for this request",
+            Status::DeviceRuntime => c"device runtime error",
+            Status::OutOfMemory => c"out of memory",
+            Status::WorkspaceTooSmall => c"workspace too small",
+            Status::WorkspaceNotPrepared => c"workspace not prepared",
+            Status::NoDevice => c"no device",
+            Status::NullPointer => c"null pointer",
+            Status::Internal => c"internal error",
+            Status::AsyncFailure => c"an asynchronous operation failed",
         }
+    }
+
+    /// A short static description.
+    pub fn description(self) -> &'static str {
+        self.c_description().to_str().expect("status descriptions are ASCII")
     }
 }
 

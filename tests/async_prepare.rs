@@ -117,31 +117,8 @@ impl PrepareArgs for Buffers {
 }
 
 fn metadata_bytes(case: &Case) -> usize {
-    let traits = bwd_traits(case);
-    let launcher = fmha::bwd::BwdLauncher::new(fmha_bwd_traits_to_rust(&traits)).unwrap();
-    launcher.layout().metadata_bytes
-}
-
-fn fmha_bwd_traits_to_rust(t: &fmha_bwd_traits) -> fmha::bwd::BwdTraits {
-    fmha::bwd::BwdTraits {
-        dtype: if t.dtype == 0 { Dtype::F16 } else { Dtype::Bf16 },
-        mode: if t.is_group_mode == 1 { fmha::problem::Mode::Group } else { fmha::problem::Mode::Batch },
-        mask_type: fmha::mask::MaskType::from_i32(t.mask_type).unwrap(),
-        bias_type: fmha::fwd::BiasType::None,
-        has_dbias: false,
-        has_dropout: false,
-        is_store_randval: false,
-        deterministic: t.is_deterministic == 1,
-        batch: t.batch.into(),
-        seqlen_q: t.seqlen_q.into(),
-        seqlen_k: t.seqlen_k.into(),
-        max_seqlen_q: t.max_seqlen_q.into(),
-        max_seqlen_k: t.max_seqlen_k.into(),
-        nhead_q: t.nhead_q.into(),
-        nhead_k: t.nhead_k.into(),
-        hdim_q: t.hdim_q.into(),
-        hdim_v: t.hdim_v.into(),
-    }
+    let traits = bwd_traits(case).to_traits().unwrap();
+    fmha::bwd::BwdLauncher::new(traits).unwrap().layout().metadata_bytes
 }
 
 #[test]

@@ -94,7 +94,8 @@ pub struct fmha_bwd_launcher {
 }
 
 impl fmha_bwd_traits {
-    pub(crate) fn to_traits(self) -> Result<BwdTraits> {
+    /// The traits, validated field by field (struct size, enum values, flags).
+    pub fn to_traits(self) -> Result<BwdTraits> {
         check_struct_size(self.struct_size, std::mem::size_of::<Self>(), std::mem::size_of::<Self>(), "traits")?;
         let flag = |value: i32, field: &str| -> Result<bool> {
             match value {

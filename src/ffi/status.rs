@@ -21,20 +21,7 @@ pub const FMHA_ERR_ASYNC_FAILURE: fmha_status = 10;
 /// A static, NUL-terminated description of `status` ("unknown status" for values that are not codes).
 #[no_mangle]
 pub extern "C" fn fmha_status_string(status: fmha_status) -> *const c_char {
-    let text: &'static std::ffi::CStr = match Status::from_code(status) {
-        Some(Status::Ok) => c"success",
-        Some(Status::InvalidArgument) => c"invalid argument",
-        Some(Status::Unsupported) => c"unsupported: no kernel instance or feature for this request",
-        Some(Status::DeviceRuntime) => c"device runtime error",
-        Some(Status::OutOfMemory) => c"out of memory",
-        Some(Status::WorkspaceTooSmall) => c"workspace too small",
-        Some(Status::WorkspaceNotPrepared) => c"workspace not prepared",
-        Some(Status::NoDevice) => c"no device",
-        Some(Status::NullPointer) => c"null pointer",
-        Some(Status::Internal) => c"internal error",
-        Some(Status::AsyncFailure) => c"an asynchronous operation failed",
-        None => c"unknown status",
-    };
+    let text = Status::from_code(status).map_or(c"unknown status", Status::c_description);
     text.as_ptr()
 }
 
