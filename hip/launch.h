@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 
+#include "bwd/bwd_params.h"
 #include "bwd/prepare_params.h"
 #include "fwd/fwd_params.h"
 
@@ -25,6 +26,10 @@ int32_t fmha_hip_prepare_workspace(void* workspace, const int32_t* seqstart_q, c
 
 // Runs the attention forward described by `*params` (an instance the registry listed).
 int32_t fmha_hip_fwd(const fmha_fwd_params* params, void* stream);
+
+// Runs the backward described by `*params` (an instance the registry listed) on a workspace prepared
+// for it: dot_do_o, dq_acc zeroing, dq_dk_dv, convert_dq.
+int32_t fmha_hip_bwd(const fmha_bwd_params* params, void* stream);
 
 #ifdef __cplusplus
 }

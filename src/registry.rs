@@ -118,6 +118,10 @@ const GFX942_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 128, 64), (128, 128, 32
 /// gfx950: the same rule with 160 KiB of LDS.
 const GFX950_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 128, 64), (128, 128, 64)];
 
+/// Backward (dq_dk_dv) tiles of the GPU kernels (`hip/bwd/backward.hip`): head-dim bucket, q rows per
+/// step, keys per unit. sm_90a: 8 warps of 16 keys.
+const SM90_BACKWARD_TILES: [(i64, i64, i64); 2] = [(64, 64, 128), (128, 64, 128)];
+
 /// The forward instances of a GPU build for `arch`: both dtypes, masked or not, one per tile. The GPU
 /// kernels move 16-byte vectors (head dims in multiples of 8 elements).
 fn gpu_forward_instances(arch: Arch, tiles: &[(i64, i64, i64)], pipeline: &'static str) -> Vec<Instance> {
@@ -145,11 +149,44 @@ fn gpu_forward_instances(arch: Arch, tiles: &[(i64, i64, i64)], pipeline: &'stat
     list
 }
 
+/// The backward instances of a GPU build for `arch`: both dtypes, masked or not, atomic or
+/// deterministic dQ, one per tile.
+fn gpu_backward_instances(arch: Arch, tiles: &[(i64, i64, i64)], pipeline: &'static str) -> Vec<Instance> {
+    let mut list = Vec::new();
+    for dtype in [Dtype::F16, Dtype::Bf16] {
+        for masked in [false, true] {
+            for deterministic in [false, true] {
+                for &(hdim, m0, n0) in tiles {
+                    list.push(Instance {
+                        operation: Operation::Backward,
+                        arch,
+                        dtype,
+                        hdim_q: hdim,
+                        hdim_v: hdim,
+                        masked,
+                        deterministic,
+                        m0,
+                        n0,
+                        pipeline,
+                        hdim_multiple: 8,
+                        vector_bytes: 16,
+                    });
+                }
+            }
+        }
+    }
+    list
+}
+
 /// Every instance this build has for `arch`.
 pub fn instances(arch: Arch) -> Vec<Instance> {
     match arch {
         Arch::Host => host_instances(),
-        Arch::Sm90 if cfg!(feature = "cuda") => gpu_forward_instances(arch, &SM90_FORWARD_TILES, "mma_sync_cp_async"),
+        Arch::Sm90 if cfg!(feature = "cuda") => {
+            let mut list = gpu_forward_instances(arch, &SM90_FORWARD_TILES, "mma_sync_cp_async");
+            list.extend(gpu_backward_instances(arch, &SM90_BACKWARD_TILES, "mma_sync_cp_async"));
+            list
+        }
         Arch::Gfx942 if cfg!(feature = "rocm") => gpu_forward_instances(arch, &GFX942_FORWARD_TILES, "mfma_lds"),
         Arch::Gfx950 if cfg!(feature = "rocm") => gpu_forward_instances(arch, &GFX950_FORWARD_TILES, "mfma_lds"),
         _ => Vec::new(),

@@ -334,6 +334,19 @@ fn absorb(h: u64, word: u64) -> u64 {
 /// else its length followed by every entry sign-extended to 64 bits. Not a cryptographic hash: it
 /// catches accidental reuse, not forgery.
 pub fn fingerprint(params: &WorkspaceParams, seqstart_q: Option<&[i32]>, seqstart_k: Option<&[i32]>) -> u64 {
+    let mut h = fingerprint_of_params(params);
+    for seqstart in [seqstart_q, seqstart_k] {
+        h = match seqstart {
+            None => absorb(h, u64::MAX),
+            Some(s) => s.iter().fold(absorb(h, s.len() as u64), |h, &v| absorb(h, i64::from(v) as u64)),
+        };
+    }
+    h
+}
+
+/// The [`fingerprint`] state after the params words, before the seqstarts: the GPU kernels absorb the
+/// device seqstarts of a run into it and compare with the header.
+pub fn fingerprint_of_params(params: &WorkspaceParams) -> u64 {
     let p = params;
     let remap = match p.remap {
         XcdRemap::None => 0,
@@ -353,14 +366,7 @@ pub fn fingerprint(params: &WorkspaceParams, seqstart_q: Option<&[i32]>, seqstar
         p.num_cus,
         remap,
     ];
-    let mut h = words.iter().fold(u64::from(FORMAT_VERSION), |h, &w| absorb(h, w as u64));
-    for seqstart in [seqstart_q, seqstart_k] {
-        h = match seqstart {
-            None => absorb(h, u64::MAX),
-            Some(s) => s.iter().fold(absorb(h, s.len() as u64), |h, &v| absorb(h, i64::from(v) as u64)),
-        };
-    }
-    h
+    words.iter().fold(u64::from(FORMAT_VERSION), |h, &w| absorb(h, w as u64))
 }
 
 /// Checks group-mode seqstarts against the params: `[batch + 1]`, from 0, non-decreasing, ending at

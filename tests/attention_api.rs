@@ -131,13 +131,17 @@ fn forward_rejects_bad_inputs() {
     ok(fmha_stream_create(&mut stream));
     let bad_starts = common::attention::DeviceArray::new(&[0, 20, 15]);
     ok(fmha_fwd(&gt, &fmha_fwd_args { seqstart_q: bad_starts.as_ptr(), ..ga }, stream));
-    expect_error(fmha_stream_synchronize(stream), FMHA_ERR_INVALID_ARGUMENT, &["seqstart_q", "monotone"]);
+    common::expect_stream_error(
+        fmha_stream_synchronize(stream),
+        FMHA_ERR_INVALID_ARGUMENT,
+        &["seqstart_q", "monotone"],
+    );
     let short_max = fmha_fwd_args { max_seqlen_k: 40, ..ga };
     ok(fmha_fwd(&gt, &short_max, stream));
-    expect_error(fmha_stream_synchronize(stream), FMHA_ERR_INVALID_ARGUMENT, &["max_seqlen_k"]);
+    common::expect_stream_error(fmha_stream_synchronize(stream), FMHA_ERR_INVALID_ARGUMENT, &["max_seqlen_k"]);
     let long_logical = common::attention::DeviceArray::new(&[21, 13]);
     ok(fmha_fwd(&gt, &fmha_fwd_args { seqlen_q_ptr: long_logical.as_ptr(), ..ga }, stream));
-    expect_error(fmha_stream_synchronize(stream), FMHA_ERR_INVALID_ARGUMENT, &["seqlen_q_ptr"]);
+    common::expect_stream_error(fmha_stream_synchronize(stream), FMHA_ERR_INVALID_ARGUMENT, &["seqlen_q_ptr"]);
     ok(fmha_stream_destroy(stream));
     assert_eq!(g.forward(&group), FMHA_OK, "{}", last_error());
 }
@@ -245,7 +249,11 @@ fn backward_launcher_rejects_bad_inputs() {
     let mut stream = null_mut();
     ok(fmha_stream_create(&mut stream));
     ok(fmha_bwd_launcher_run(launcher, &args, stream));
-    expect_error(fmha_stream_synchronize(stream), FMHA_ERR_WORKSPACE_NOT_PREPARED, &["prepared for other"]);
+    common::expect_stream_error(
+        fmha_stream_synchronize(stream),
+        FMHA_ERR_WORKSPACE_NOT_PREPARED,
+        &["prepared for other"],
+    );
     ok(fmha_stream_destroy(stream));
     ok(fmha_bwd_launcher_prepare_workspace(launcher, workspace, size, sq.as_ptr(), sk.as_ptr()));
     let run = |a: fmha_bwd_args| fmha_bwd_launcher_run(launcher, &a, null_mut());

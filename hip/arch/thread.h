@@ -14,6 +14,8 @@ __device__ inline uint32_t block_index_y() { return blockIdx.y; }
 __device__ inline uint32_t block_index_z() { return blockIdx.z; }
 __device__ inline uint32_t grid_blocks_x() { return gridDim.x; }
 __device__ inline void block_barrier() { __syncthreads(); }
+// x of lane (this lane XOR mask); every lane of the warp must take part.
+__device__ inline float shuffle_xor(float x, int mask) { return __shfl_xor_sync(0xffffffffu, x, mask); }
 #else
 constexpr int kWaveSize = 64;
 __device__ inline uint32_t thread_index() { return __builtin_amdgcn_workitem_id_x(); }
@@ -26,6 +28,12 @@ __device__ inline void block_barrier() {
   __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
   __builtin_amdgcn_s_barrier();
   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+}
+// x of lane (this lane XOR mask); every lane of the wave must take part.
+__device__ inline float shuffle_xor(float x, int mask) {
+  const uint32_t lane = __builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u));
+  return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(static_cast<int>((lane ^ uint32_t(mask)) << 2),
+                                                                __builtin_bit_cast(int, x)));
 }
 #endif
 

@@ -14,6 +14,12 @@ struct BatchRows {
   int32_t sq, sk;            // logical lengths
 };
 
+// Group mode reads device arrays the host never sees, so they are clamped rather than trusted: a
+// batch's rows lie inside [0, total) and inside its physical range, and a logical length never exceeds
+// the physical one. Valid arrays pass unchanged (the host backend reports invalid ones as errors; a GPU
+// kernel has no error channel, and clamping keeps every access inside the tensors).
+__device__ inline int64_t clamp_rows(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
 __device__ inline BatchRows batch_rows(int32_t b, bool group, int32_t seqlen_q, int32_t seqlen_k,
                                        const int32_t* seqstart_q, const int32_t* seqstart_k,
                                        const int32_t* seqlen_q_ptr, const int32_t* seqlen_k_ptr) {
@@ -25,10 +31,13 @@ __device__ inline BatchRows batch_rows(int32_t b, bool group, int32_t seqlen_q, 
     r.sk = seqlen_k;
     return r;
   }
-  r.q_start = seqstart_q[b];
-  r.k_start = seqstart_k[b];
-  r.sq = seqlen_q_ptr ? seqlen_q_ptr[b] : seqstart_q[b + 1] - seqstart_q[b];
-  r.sk = seqlen_k_ptr ? seqlen_k_ptr[b] : seqstart_k[b + 1] - seqstart_k[b];
+  // In group mode seqlen_q/seqlen_k are the totals of physical rows.
+  r.q_start = clamp_rows(seqstart_q[b], 0, seqlen_q);
+  r.k_start = clamp_rows(seqstart_k[b], 0, seqlen_k);
+  const int64_t physical_q = clamp_rows(seqstart_q[b + 1], r.q_start, seqlen_q) - r.q_start;
+  const int64_t physical_k = clamp_rows(seqstart_k[b + 1], r.k_start, seqlen_k) - r.k_start;
+  r.sq = static_cast<int32_t>(seqlen_q_ptr ? clamp_rows(seqlen_q_ptr[b], 0, physical_q) : physical_q);
+  r.sk = static_cast<int32_t>(seqlen_k_ptr ? clamp_rows(seqlen_k_ptr[b], 0, physical_k) : physical_k);
   return r;
 }
 

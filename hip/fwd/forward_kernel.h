@@ -9,6 +9,7 @@
 // visited. Rows with no kept key get O = 0 and LSE = -inf.
 #pragma once
 
+#include "arch/nvidia/shared_tile.h"
 #include "arch/nvidia/tensor_core.h"
 #include "arch/thread.h"
 #include "common/sequence.h"
@@ -37,51 +38,6 @@ struct ForwardTile {
   static constexpr int kSharedBytes = (kQElems + 4 * kKVElems) * 2;
 };
 
-// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][kChunks] tile: chunk index
-// XOR (row mod 8) spreads the 8 rows an ldmatrix reads over all 32 banks.
-template <int kChunks>
-__device__ inline uint32_t swizzled_bytes(int row, int chunk) {
-  return static_cast<uint32_t>((row * kChunks + (chunk ^ (row & 7))) * 16);
-}
-
-// A thread's share of copying a [kRows][kChunks] tile global → swizzled shared: chunks tid,
-// tid + kThreads, ... which are the same (row, chunk) pairs for every tile, so their offsets are
-// computed once and a tile's copy is a few adds per chunk.
-template <typename Tile, int kRows>
-struct TileCopy {
-  static constexpr int kPerThread = (kRows * Tile::kChunks + Tile::kThreads - 1) / Tile::kThreads;
-  static constexpr int kRowStep = Tile::kThreads / Tile::kChunks;  // rows between a thread's chunks
-  static_assert(Tile::kThreads % Tile::kChunks == 0, "every thread copies one column of chunks");
-  int row;               // first row of this thread
-  int column_elements;   // chunk * 8
-  uint32_t shared_first; // byte offset of the first chunk in the tile
-
-  __device__ TileCopy() {
-    const int c = arch::thread_index();
-    row = c / Tile::kChunks;
-    column_elements = (c % Tile::kChunks) * 8;
-    shared_first = swizzled_bytes<Tile::kChunks>(row, c % Tile::kChunks);
-  }
-
-  // Queues the copy of rows [0, kRows) of `global` (row stride in elements) into `shared` (a 32-bit
-  // shared address); rows from `valid_rows` on and columns from `cols` on become zeros.
-  template <typename T>
-  __device__ void issue(uint32_t shared, const T* global, int64_t row_stride, int valid_rows, int cols) const {
-    const bool column_valid = column_elements < cols;
-    const T* src = global + row * row_stride + column_elements;
-#pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      const int r = row + i * kRowStep;
-      if (r < kRows) {
-        // Rows r and r + kRowStep * i share (r mod 8) since kRowStep is a multiple of 8: the swizzle is
-        // the same, only the row offset moves.
-        const bool valid = column_valid && r < valid_rows;
-        arch::copy_async_16(shared + shared_first + i * kRowStep * Tile::kChunks * 16, valid ? src : global, valid);
-      }
-      src += kRowStep * row_stride;
-    }
-  }
-};
 // The running state of one warp's 16 query rows: Q fragments, the O accumulator and the online
 // softmax statistics (in the exp2 domain of unscaled scores: max is of raw S).
 template <typename Tile>
@@ -91,27 +47,6 @@ struct RowState {
   float o[kDTiles][4];
   float row_max[2];
   float row_sum[2];
-};
-
-// Lane-dependent parts of the ldmatrix addresses, computed once: within a 16-row MMA step the row is
-// `step * 16 + row`, and since a step is a multiple of 8 rows the swizzle term (row mod 8) is fixed
-// per lane; the chunk for a 16-column step kk is (2 kk + half) XOR (row mod 8) = (2 kk XOR even) |
-// odd_bit, so each load is a base register plus a constant.
-template <int kChunks>
-struct LaneAddress {
-  uint32_t row_bytes;  // row * kChunks * 16
-  uint32_t even16;     // (row & 6) * 16
-  uint32_t odd16;      // ((half ^ row) & 1) * 16
-
-  __device__ LaneAddress(int row, int half)
-      : row_bytes(static_cast<uint32_t>(row * kChunks * 16)),
-        even16(static_cast<uint32_t>((row & 6) * 16)),
-        odd16(static_cast<uint32_t>(((half ^ row) & 1) * 16)) {}
-
-  // Byte offset of 16-column step `kk` (a compile-time constant after unrolling) in row step `step`.
-  __device__ uint32_t at(int step, int kk) const {
-    return row_bytes + step * 16 * kChunks * 16 + (((kk * 32) ^ even16) | odd16);
-  }
 };
 
 // One K/V tile for one warp: S = Q·Kᵀ, mask (edge tiles only: the masks are compiled out of the

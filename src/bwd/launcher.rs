@@ -180,6 +180,18 @@ impl BwdLauncher {
         self.take_async_error()?;
         let shape = args.shape(&self.traits)?;
         let extents = args.extents(&shape)?;
+        for (field, tensor) in [
+            ("q", &args.q),
+            ("k", &args.k),
+            ("v", &args.v),
+            ("o", &args.o),
+            ("do", &args.d_o),
+            ("dq", &args.dq),
+            ("dk", &args.dk),
+            ("dv", &args.dv),
+        ] {
+            self.instance.check_tensor(field, tensor, 2)?;
+        }
         let prepared = self.prepared.lock().unwrap_or_else(|p| p.into_inner()).ok_or_else(|| {
             Error::new(
                 Status::WorkspaceNotPrepared,

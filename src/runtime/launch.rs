@@ -22,6 +22,7 @@ mod stubs {
             stream: *mut c_void,
         ) -> i32;
         pub fn fmha_hip_fwd(params: *const crate::fwd::kargs::FwdParams, stream: *mut c_void) -> i32;
+        pub fn fmha_hip_bwd(params: *const crate::bwd::kargs::BwdParams, stream: *mut c_void) -> i32;
     }
 }
 
@@ -220,8 +221,13 @@ pub fn forward(kargs: FwdKargs, stream: Stream) -> Result<()> {
 pub fn backward(kargs: BwdKargs, stream: Stream) -> Result<()> {
     #[cfg(any(feature = "cuda", feature = "rocm"))]
     {
-        let _ = (kargs, stream);
-        Err(crate::error::Error::unsupported("the GPU backward kernels are not part of this build yet"))
+        let params = crate::bwd::kargs::BwdParams::new(&kargs)?;
+        // SAFETY: the parameter block describes tensors validated against their shapes and strides
+        // (BwdArgs::extents, Instance::check_tensor) and a workspace of at least the launcher's size,
+        // for an instance this build compiled; the stub copies the block into the launches before
+        // returning; `stream` is a native stream handle.
+        let code = unsafe { stubs::fmha_hip_bwd(&params, stream.0 as *mut _) };
+        launch_result("bwd", code)
     }
     #[cfg(not(any(feature = "cuda", feature = "rocm")))]
     {

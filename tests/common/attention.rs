@@ -518,18 +518,27 @@ impl Buffers {
 /// Whether this build has a kernel for the forward of `case` on the current device (GPU builds
 /// compile a subset of head dims; what the registry lists must pass).
 pub fn forward_supported(case: &Case) -> bool {
+    supported(case, fmha::registry::Operation::Forward)
+}
+
+/// Whether this build has the forward and the backward kernels of `case` (its `deterministic` flag).
+pub fn backward_supported(case: &Case) -> bool {
+    forward_supported(case) && supported(case, fmha::registry::Operation::Backward)
+}
+
+fn supported(case: &Case, operation: fmha::registry::Operation) -> bool {
     let Ok(rt) = fmha::runtime::current() else { return false };
     let request = fmha::registry::Request {
-        operation: fmha::registry::Operation::Forward,
+        operation,
         dtype: case.dtype,
         hdim_q: case.hdim_q as i64,
         hdim_v: case.hdim_v as i64,
         masked: case.mask.kind != fmha::mask::MaskType::None,
-        deterministic: false,
+        deterministic: case.deterministic,
     };
     let supported = fmha::registry::select(rt.arch().unwrap(), &request).is_ok();
     if !supported {
-        eprintln!("skipped (no kernel in this build): {}", case.name());
+        eprintln!("skipped (no {} kernel in this build): {}", operation.name(), case.name());
     }
     supported
 }
@@ -762,21 +771,30 @@ pub fn check_gradients(case: &Case, bwd: &BackwardBuffers, expected: &ExpectedGr
 
 /// Forward, then a backward through a fresh launcher for each of `deterministic` (the references are
 /// computed once); checks every output. Returns the buffers for further runs.
-pub fn check_backward_modes(case: &Case, modes: &[bool], rng: &mut Rng) -> (Buffers, BackwardBuffers) {
+pub fn check_backward_modes(case: &Case, modes: &[bool], rng: &mut Rng) -> Option<(Buffers, BackwardBuffers)> {
+    let modes: Vec<bool> = modes
+        .iter()
+        .copied()
+        .filter(|&deterministic| backward_supported(&Case { deterministic, ..case.clone() }))
+        .collect();
+    if modes.is_empty() {
+        return None;
+    }
     let (fwd, inputs) = check_forward(case, rng);
     let bwd = BackwardBuffers::new(case, rng);
     let expected = expected_gradients(case, &inputs, &bwd.d_o_dense);
-    for &deterministic in modes {
+    for deterministic in modes {
         let case = Case { deterministic, ..case.clone() };
         let launcher = PreparedLauncher::new(&case);
         launcher.run(&case, &fwd, &bwd);
         check_gradients(&case, &bwd, &expected);
     }
-    (fwd, bwd)
+    Some((fwd, bwd))
 }
 
-/// Forward and backward of `case` (its own `deterministic` flag), checked.
-pub fn check_backward(case: &Case, rng: &mut Rng) -> (Buffers, BackwardBuffers) {
+/// Forward and backward of `case` (its own `deterministic` flag), checked; `None` (skipped, with a
+/// message) where this build has no kernel for it.
+pub fn check_backward(case: &Case, rng: &mut Rng) -> Option<(Buffers, BackwardBuffers)> {
     check_backward_modes(case, &[case.deterministic], rng)
 }
 

@@ -66,6 +66,7 @@ struct Element<__half> {
     __half2 h = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&h);
   }
+  __device__ static float2 unpack(uint32_t bits) { return __half22float2(*reinterpret_cast<__half2*>(&bits)); }
 };
 
 template <>
@@ -80,6 +81,9 @@ struct Element<__nv_bfloat16> {
   __device__ static uint32_t pack(float lo, float hi) {
     __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&h);
+  }
+  __device__ static float2 unpack(uint32_t bits) {
+    return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&bits));
   }
 };
 

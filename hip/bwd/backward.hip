@@ -1,0 +1,102 @@
+// The backward's launch stub: dot_do_o (with the workspace check) → dq_acc zeroing → dq_dk_dv →
+// convert_dq, on one stream. Only what changes the dq_dk_dv inner loop is compiled per instance: the
+// element type, the head-dim bucket, masked or not, and atomic or deterministic dQ.
+#include "arch/platform.h"
+#include "bwd/bwd_params.h"
+#include "bwd/convert_dq.h"
+#include "bwd/dot_do_o.h"
+#include "launch.h"
+
+#if defined(FMHA_PLATFORM_NVIDIA)
+#include "bwd/dq_dk_dv_kernel.h"
+#endif
+
+namespace fmha {
+
+constexpr int32_t kInvalidValue = 1;  // hipErrorInvalidValue / cudaErrorInvalidValue
+
+inline dim3 row_tiles_grid(const fmha_bwd_params& p, int rows_per_block) {
+  const int tiles = (p.max_seqlen_q + rows_per_block - 1) / rows_per_block;
+  return dim3(tiles > 0 ? tiles : 1, p.nhead_q, p.batch);
+}
+
+#if defined(FMHA_PLATFORM_NVIDIA)
+// 8 warps: 128 keys per unit (half the dQ atomics of 64), q steps of 64 rows.
+constexpr int kBackwardWarps = 8;
+constexpr int kBackwardBlockM = 64;
+
+template <typename T, int kHeadDim, bool kMasked, bool kDeterministic>
+int32_t launch_dq_dk_dv(const fmha_bwd_params& p, hipStream_t stream) {
+  using Tile = BackwardTile<kHeadDim, kBackwardWarps, kBackwardBlockM, kMasked, kDeterministic>;
+  // The workspace (dq_acc split slots, schedule) was laid out for the registry's tile: it must be this one.
+  if (p.m0 != Tile::kBlockM || p.n0 != Tile::kBlockN) return kInvalidValue;
+  auto kernel = dq_dk_dv_kernel<Tile, T>;
+  static const cudaError_t configured =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes);
+  if (configured != cudaSuccess) return static_cast<int32_t>(configured);
+  dim3 grid;
+  if (kDeterministic) {
+    grid = dim3(p.num_cus);
+  } else {
+    if (p.max_seqlen_k <= 0) return 0;
+    grid = dim3((p.max_seqlen_k + Tile::kBlockN - 1) / Tile::kBlockN, p.nhead_k, p.batch);
+  }
+  kernel<<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(p);
+  return static_cast<int32_t>(cudaGetLastError());
+}
+
+template <typename T, int kHeadDim>
+int32_t dispatch_masks(const fmha_bwd_params& p, hipStream_t stream) {
+  if (p.deterministic) {
+    return p.masked ? launch_dq_dk_dv<T, kHeadDim, true, true>(p, stream)
+                    : launch_dq_dk_dv<T, kHeadDim, false, true>(p, stream);
+  }
+  return p.masked ? launch_dq_dk_dv<T, kHeadDim, true, false>(p, stream)
+                  : launch_dq_dk_dv<T, kHeadDim, false, false>(p, stream);
+}
+
+template <typename T>
+int32_t dispatch_dq_dk_dv(const fmha_bwd_params& p, hipStream_t stream) {
+  switch (p.hdim_bucket) {
+    case 64:
+      return dispatch_masks<T, 64>(p, stream);
+    case 128:
+      return dispatch_masks<T, 128>(p, stream);
+    default:
+      return kInvalidValue;
+  }
+}
+
+inline int32_t dq_dk_dv(const fmha_bwd_params& p, hipStream_t stream) {
+  return p.dtype == 0 ? dispatch_dq_dk_dv<__half>(p, stream) : dispatch_dq_dk_dv<__nv_bfloat16>(p, stream);
+}
+#else
+// No AMD dq_dk_dv instance yet: the registry lists none, so no launcher reaches this.
+inline int32_t dq_dk_dv(const fmha_bwd_params&, hipStream_t) { return kInvalidValue; }
+#endif
+
+template <bool kBf16>
+int32_t backward(const fmha_bwd_params& p, hipStream_t stream) {
+  dot_do_o_kernel<kBf16><<<row_tiles_grid(p, kDotRows), kDotThreads, 0, stream>>>(p);
+  int32_t code = static_cast<int32_t>(hipGetLastError());
+  if (code != 0) return code;
+  constexpr int64_t kMaxZeroBlocks = 4096;
+  int64_t zero_blocks = (p.dq_acc_elements / 4 + kZeroThreads - 1) / kZeroThreads;
+  zero_blocks = zero_blocks < 1 ? 1 : (zero_blocks > kMaxZeroBlocks ? kMaxZeroBlocks : zero_blocks);
+  zero_dq_acc_kernel<<<dim3(static_cast<uint32_t>(zero_blocks)), kZeroThreads, 0, stream>>>(p);
+  code = static_cast<int32_t>(hipGetLastError());
+  if (code != 0) return code;
+  code = dq_dk_dv(p, stream);
+  if (code != 0 || p.max_seqlen_q <= 0) return code;
+  convert_dq_kernel<kBf16><<<row_tiles_grid(p, kConvertRows), kConvertThreads, 0, stream>>>(p);
+  return static_cast<int32_t>(hipGetLastError());
+}
+
+}  // namespace fmha
+
+extern "C" int32_t fmha_hip_bwd(const fmha_bwd_params* params, void* stream) {
+  if (params == nullptr || params->workspace == 0) return fmha::kInvalidValue;
+  if (params->batch <= 0) return 0;  // nothing to compute
+  const hipStream_t s = static_cast<hipStream_t>(stream);
+  return params->dtype == 0 ? fmha::backward<false>(*params, s) : fmha::backward<true>(*params, s);
+}

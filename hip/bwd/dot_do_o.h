@@ -1,0 +1,76 @@
+// Stage 1 of the backward: D[i] = Σ_d dO[i, d] · O[i, d] per query row, fp32, in the LSE layout
+// (host twin: src/host_kernels/backward/dot_do_o.rs). Block 0's first thread also checks the
+// workspace's fingerprint against the run's seqstarts (workspace_view.h) before the later stages read
+// the metadata. Head dims are multiples of 8 and rows 16-byte aligned (the registry's rule), so a
+// lane reads 16-byte vectors; kLanesPerRow lanes share a row.
+#pragma once
+
+#include "arch/convert.h"
+#include "arch/thread.h"
+#include "bwd/bwd_params.h"
+#include "bwd/workspace_view.h"
+#include "common/sequence.h"
+
+namespace fmha {
+
+constexpr int kDotThreads = 256;
+constexpr int kDotLanesPerRow = 8;
+constexpr int kDotRows = 64;  // rows per block
+
+struct Vector16 {
+  uint32_t w[4];
+};
+
+template <bool kBf16>
+__device__ inline float dot8(const Vector16& a, const Vector16& b) {
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    // (contracted to fused multiply-adds by both GPU compilers)
+    sum += arch::to_float<kBf16>(uint16_t(a.w[i])) * arch::to_float<kBf16>(uint16_t(b.w[i]));
+    sum += arch::to_float<kBf16>(uint16_t(a.w[i] >> 16)) * arch::to_float<kBf16>(uint16_t(b.w[i] >> 16));
+  }
+  return sum;
+}
+
+template <bool kBf16>
+__global__ void __launch_bounds__(kDotThreads) dot_do_o_kernel(fmha_bwd_params p) {
+  if (arch::block_index_x() == 0 && arch::block_index_y() == 0 && arch::block_index_z() == 0 &&
+      arch::thread_index() == 0) {
+    check_workspace_fingerprint(p);
+  }
+  const int h = arch::block_index_y(), b = arch::block_index_z();
+  const BatchRows rows = batch_rows(b, p.group_mode != 0, p.seqlen_q, p.seqlen_k,
+                                    reinterpret_cast<const int32_t*>(p.seqstart_q),
+                                    reinterpret_cast<const int32_t*>(p.seqstart_k),
+                                    reinterpret_cast<const int32_t*>(p.seqlen_q_ptr),
+                                    reinterpret_cast<const int32_t*>(p.seqlen_k_ptr));
+  const int64_t batch = p.group_mode ? 0 : b;
+  const int lane = arch::thread_index() % kDotLanesPerRow;
+  const int chunks = p.hdim_v / 8;
+  for (int r = arch::thread_index() / kDotLanesPerRow; r < kDotRows; r += kDotThreads / kDotLanesPerRow) {
+    const int64_t i = int64_t(arch::block_index_x()) * kDotRows + r;
+    const bool valid = i < rows.sq;
+    const int64_t row = rows.q_start + i;
+    float sum = 0.f;
+    if (valid) {
+      const uint16_t* o = reinterpret_cast<const uint16_t*>(p.o) + batch * p.o_batch_stride +
+                          h * p.o_head_stride + row * p.o_row_stride;
+      const uint16_t* d_o = reinterpret_cast<const uint16_t*>(p.d_o) + batch * p.do_batch_stride +
+                            h * p.do_head_stride + row * p.do_row_stride;
+      for (int c = lane; c < chunks; c += kDotLanesPerRow) {
+        sum += dot8<kBf16>(*reinterpret_cast<const Vector16*>(o + c * 8),
+                           *reinterpret_cast<const Vector16*>(d_o + c * 8));
+      }
+    }
+    // The row's lanes are consecutive and aligned: a butterfly over the low lane bits. Every lane runs
+    // the same number of iterations, so the whole warp takes part.
+#pragma unroll
+    for (int m = 1; m < kDotLanesPerRow; m *= 2) sum += arch::shuffle_xor(sum, m);
+    if (valid && lane == 0) {
+      reinterpret_cast<float*>(p.d)[batch * p.d_batch_stride + h * p.d_head_stride + row] = sum;
+    }
+  }
+}
+
+}  // namespace fmha

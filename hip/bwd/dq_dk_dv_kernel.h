@@ -1,0 +1,431 @@
+// Stage 2 of the backward on NVIDIA tensor cores (mma.sync m16n8k16, ldmatrix, cp.async):
+// FlashAttention-2's dK/dV-resident algorithm (host twin: src/host_kernels/backward/dq_dk_dv.rs).
+//
+// A work unit is one (batch, kv head, K tile of kBlockN keys); one warp owns 16 keys. K and V stay in
+// shared memory while the q tiles (kBlockM rows) of every query head of the GQA group stream past,
+// double-buffered with their dO, LSE and D rows. Per q tile, each warp computes its keys' transposed
+// scores Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, so that the accumulators are directly the A operands of
+//   dV += Pᵀ·dO,   dK += dSᵀ·Q,     with P = 2^(scale_log2 · S - LSE · log2 e), dS = P ∘ (dP - D),
+// and stores dSᵀ to shared memory, from which all warps then compute dQ = dS·K for the tile and add
+// it to the unit's dq_acc split slot with vector atomics. Non-deterministic mode: one workgroup per
+// unit, slot 0, adds in any order. Deterministic mode: the persistent schedule gives every slot to one
+// workgroup, and every element of it to one thread, whose adds apply in program order.
+// dK (scaled) and dV are stored once per unit. Fully masked q tiles are never visited.
+#pragma once
+
+#include "arch/nvidia/shared_tile.h"
+#include "arch/nvidia/tensor_core.h"
+#include "arch/thread.h"
+#include "bwd/bwd_params.h"
+#include "bwd/schedule.h"
+#include "bwd/workspace_view.h"
+#include "common/sequence.h"
+
+namespace fmha {
+
+template <int kHeadDim, int kWarps_, int kBlockM_, bool kMasked_, bool kDeterministic_>
+struct BackwardTile {
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kThreads = kWarps * arch::kWarpSize;
+  static constexpr int kBlockN = 16 * kWarps;  // one warp per 16 keys
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr bool kMasked = kMasked_;
+  static constexpr bool kDeterministic = kDeterministic_;
+  static constexpr int kDim = kHeadDim;
+  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of a Q/K/V/dO row
+  static constexpr int kMChunks = kBlockM / 8;  // of a dSᵀ row
+  static_assert(kChunks % 8 == 0 && kMChunks % 8 == 0, "the swizzle needs rows of a multiple of 128 bytes");
+  // dQ = dS·K: warps tile the kBlockM × kDim output as kRowGroups × kColGroups blocks.
+  static constexpr int kRowGroups = kBlockM / 16;
+  static constexpr int kColGroups = kWarps / kRowGroups;
+  static constexpr int kDqCols = kDim / kColGroups;
+  static_assert(kWarps % kRowGroups == 0 && kDqCols % 16 == 0, "dQ warp tiling");
+  // Shared memory (bytes): K, V, two stages of Q and dO, dSᵀ, two stages of LSE and D.
+  static constexpr int kKVBytes = kBlockN * kDim * 2;
+  static constexpr int kQBytes = kBlockM * kDim * 2;
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;
+  static constexpr int kRowStatBytes = kBlockM * 4;
+  static constexpr int kSharedBytes = 2 * kKVBytes + 4 * kQBytes + kDsBytes + 4 * kRowStatBytes;
+};
+
+// Shared-memory addresses (32-bit shared window) of one workgroup's buffers. Stages are selected by
+// arithmetic, not by indexing an array: a runtime index into an array would put it in local memory.
+template <typename Tile>
+struct BackwardShared {
+  uint32_t k, v, ds, q0, d_o0, lse0, d0;
+  const unsigned char* base;  // generic pointer to the same bytes, for the fp32 row statistics
+  uint32_t base_address;
+
+  __device__ explicit BackwardShared(unsigned char* bytes) : base(bytes), base_address(arch::shared_address(bytes)) {
+    k = base_address;
+    v = k + Tile::kKVBytes;
+    ds = v + Tile::kKVBytes;
+    q0 = ds + Tile::kDsBytes;             // then the second stage of Q
+    d_o0 = q0 + 2 * Tile::kQBytes;        // two stages of dO
+    lse0 = d_o0 + 2 * Tile::kQBytes;      // two stages of LSE
+    d0 = lse0 + 2 * Tile::kRowStatBytes;  // two stages of D
+  }
+  __device__ uint32_t q(int stage) const { return q0 + stage * Tile::kQBytes; }
+  __device__ uint32_t d_o(int stage) const { return d_o0 + stage * Tile::kQBytes; }
+  __device__ uint32_t lse(int stage) const { return lse0 + stage * Tile::kRowStatBytes; }
+  __device__ uint32_t d(int stage) const { return d0 + stage * Tile::kRowStatBytes; }
+  __device__ const float* row_stats(uint32_t address) const {
+    return reinterpret_cast<const float*>(base + (address - base_address));
+  }
+};
+
+// 4 bytes global → shared; `valid == false` writes zero.
+__device__ inline void copy_async_4(uint32_t shared, const void* global, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared), "l"(global), "r"(valid ? 4 : 0));
+}
+
+// The rows of one q tile of one query head: where its Q, dO, LSE and D start.
+struct QTile {
+  int64_t i0;  // first row (logical, within the batch)
+  int h;       // query head
+};
+
+// Everything a work unit keeps across its q tiles.
+template <typename Tile>
+struct UnitState {
+  static constexpr int kDTiles = Tile::kDim / 8;
+  float dk[kDTiles][4];  // rows: the warp's keys g, g + 8; columns: head dim
+  float dv[kDTiles][4];
+};
+
+// Lane addresses of the loads, computed once per workgroup.
+template <typename Tile>
+struct BackwardLanes {
+  LaneAddress<Tile::kChunks> kv_rows;      // A operand: the warp's 16 key rows of K or V
+  LaneAddress<Tile::kChunks> q_rows;       // B operand from Q / dO rows (Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ)
+  LaneAddress<Tile::kChunks> q_columns;    // B operand from Q / dO, transposed (dK, dV products)
+  LaneAddress<Tile::kMChunks> ds_columns;  // A operand dS from dSᵀ, transposed
+  LaneAddress<Tile::kChunks> k_columns;    // B operand from K, transposed (dQ = dS·K)
+
+  __device__ BackwardLanes(int warp, int lane)
+      : kv_rows(warp * 16 + lane % 16, lane / 16),
+        q_rows(lane % 8 + 8 * (lane / 16), (lane / 8) % 2),
+        q_columns(lane % 8 + 8 * ((lane / 8) % 2), lane / 16),
+        ds_columns(lane % 8 + 8 * (lane / 16), (lane / 8) % 2),
+        k_columns(lane % 8 + 8 * ((lane / 8) % 2), lane / 16) {}
+};
+
+// One q tile against the unit's K/V: dV, dK accumulate; dSᵀ goes to shared memory.
+template <typename Tile, typename T, bool kEdge>
+__device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShared<Tile>& sh, int stage,
+                                        const BackwardLanes<Tile>& lanes, float scale_log2, const ResolvedMask& mask,
+                                        int64_t i0, int64_t key0, int64_t sk, int warp, int g, int t) {
+  using E = arch::Element<T>;
+  constexpr int M = Tile::kBlockM, D = Tile::kDim, kMTiles = M / 8, kDTiles = D / 8;
+
+  // Three passes keep at most one fp32 score tile live next to the dK/dV accumulators (registers are
+  // the limit at D = 128): Sᵀ → P (kept rounded, as the MMAs consume it) → dV += Pᵀ·dO; then dPᵀ → dS
+  // → dK += dSᵀ·Q and dSᵀ to shared memory.
+  float acc[kMTiles][4];
+  auto scores = [&](uint32_t rows_tile, uint32_t columns_tile) {
+#pragma unroll
+    for (int n = 0; n < kMTiles; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[4];
+      arch::load_matrix_x4(a, rows_tile + lanes.kv_rows.at(0, kk));
+#pragma unroll
+      for (int nn = 0; nn < M / 16; ++nn) {
+        uint32_t r[4];
+        arch::load_matrix_x4(r, columns_tile + lanes.q_rows.at(nn, kk));
+        E::mma(acc[2 * nn], a, r[0], r[1]);
+        E::mma(acc[2 * nn + 1], a, r[2], r[3]);
+      }
+    }
+  };
+  // A 16-column step of a score tile as an A fragment (the accumulator layout of two 8-column tiles).
+  auto a_fragment = [&](uint32_t (&a)[4], int kk) {
+    a[0] = E::pack(acc[2 * kk][0], acc[2 * kk][1]);
+    a[1] = E::pack(acc[2 * kk][2], acc[2 * kk][3]);
+    a[2] = E::pack(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
+    a[3] = E::pack(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+  };
+  // Element (key row g + 8r of the warp's 16, q column 8n + 2t + c) of a score tile is acc[n][2r + c].
+  const float* lse = sh.row_stats(sh.lse(stage));
+  const float* big_d = sh.row_stats(sh.d(stage));
+  constexpr float kLog2e = 1.4426950408889634f;
+
+  // Sᵀ = K·Qᵀ, then P = 2^(scale_log2 · S - LSE · log2 e), masked on edge tiles.
+  scores(sh.k, sh.q(stage));
+#pragma unroll
+  for (int n = 0; n < kMTiles; ++n) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int col = n * 8 + 2 * t + c;
+      const float l = lse[col];
+      // A fully masked row has LSE = -inf; 0 keeps P at 0 (its elements are masked) instead of NaN.
+      const float row_bias = l == -INFINITY ? 0.f : l * kLog2e;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float p = arch::fast_exp2(fmaf(acc[n][2 * r + c], scale_log2, -row_bias));
+        if (kEdge) {
+          const int64_t key = key0 + warp * 16 + g + 8 * r;
+          const bool keep = Tile::kMasked ? mask.kept(i0 + col, key, sk) : key < sk;
+          if (!keep) p = 0.f;
+        }
+        acc[n][2 * r + c] = p;
+      }
+    }
+  }
+  uint32_t p_frag[M / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < M / 16; ++kk) a_fragment(p_frag[kk], kk);
+
+  // dV += Pᵀ·dO.
+#pragma unroll
+  for (int kk = 0; kk < M / 16; ++kk) {
+#pragma unroll
+    for (int dd = 0; dd < D / 16; ++dd) {
+      uint32_t r[4];
+      arch::load_matrix_x4_transposed(r, sh.d_o(stage) + lanes.q_columns.at(kk, dd));
+      E::mma(st.dv[2 * dd], p_frag[kk], r[0], r[1]);
+      E::mma(st.dv[2 * dd + 1], p_frag[kk], r[2], r[3]);
+    }
+  }
+
+  // dPᵀ = V·dOᵀ, then dS = P ∘ (dP - D) with P as rounded for dV.
+  scores(sh.v, sh.d_o(stage));
+#pragma unroll
+  for (int n = 0; n < kMTiles; ++n) {
+    const float2 d_pair = *reinterpret_cast<const float2*>(big_d + n * 8 + 2 * t);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float2 p = E::unpack(p_frag[n / 2][2 * (n % 2) + r]);
+      acc[n][2 * r] = p.x * (acc[n][2 * r] - d_pair.x);
+      acc[n][2 * r + 1] = p.y * (acc[n][2 * r + 1] - d_pair.y);
+    }
+  }
+
+  // dK += dSᵀ·Q, and dSᵀ rows (keys) to shared memory, rounded as the MMAs consumed them.
+#pragma unroll
+  for (int kk = 0; kk < M / 16; ++kk) {
+    uint32_t a_ds[4];
+    a_fragment(a_ds, kk);
+#pragma unroll
+    for (int dd = 0; dd < D / 16; ++dd) {
+      uint32_t r[4];
+      arch::load_matrix_x4_transposed(r, sh.q(stage) + lanes.q_columns.at(kk, dd));
+      E::mma(st.dk[2 * dd], a_ds, r[0], r[1]);
+      E::mma(st.dk[2 * dd + 1], a_ds, r[2], r[3]);
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int key = warp * 16 + g + 8 * r;
+        const uint32_t at = sh.ds + swizzled_bytes<Tile::kMChunks>(key, 2 * kk + half) + 4 * t;
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(a_ds[2 * half + r]));
+      }
+    }
+  }
+}
+
+// dQ = scale · dS·K for the q tile (after a barrier: dSᵀ of every warp is in shared memory), added to
+// the unit's dq_acc slot.
+template <typename Tile, typename T>
+__device__ inline void accumulate_dq(const BackwardShared<Tile>& sh, const BackwardLanes<Tile>& lanes, float* slot,
+                                     int64_t row_elements, int64_t i0, int64_t sq, int hdim_q, float scale, int warp,
+                                     int g, int t) {
+  using E = arch::Element<T>;
+  constexpr int N = Tile::kBlockN, kColTiles = Tile::kDqCols / 8;
+  const int row_group = warp % Tile::kRowGroups, col_group = warp / Tile::kRowGroups;
+  float dq[kColTiles][4];
+#pragma unroll
+  for (int n = 0; n < kColTiles; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+#pragma unroll
+  for (int ks = 0; ks < N / 16; ++ks) {
+    uint32_t a[4];
+    arch::load_matrix_x4_transposed(a, sh.ds + lanes.ds_columns.at(ks, row_group));
+#pragma unroll
+    for (int dd = 0; dd < Tile::kDqCols / 16; ++dd) {
+      uint32_t r[4];
+      arch::load_matrix_x4_transposed(r, sh.k + lanes.k_columns.at(ks, col_group * (Tile::kDqCols / 16) + dd));
+      E::mma(dq[2 * dd], a, r[0], r[1]);
+      E::mma(dq[2 * dd + 1], a, r[2], r[3]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t i = i0 + row_group * 16 + g + 8 * r;
+    if (i >= sq) continue;
+    float* row = slot + i * row_elements;
+#pragma unroll
+    for (int n = 0; n < kColTiles; ++n) {
+      const int col = col_group * Tile::kDqCols + n * 8 + 2 * t;
+      if (col >= hdim_q) continue;
+      const float x = dq[n][2 * r] * scale, y = dq[n][2 * r + 1] * scale;
+      // One vector reduction for the pair (sm_90), fire and forget. In deterministic mode the
+      // workgroup owns the slot and this thread the element (same tile position in every unit), so the
+      // adds to it are one thread's, which apply in program order: the sum is reproducible without
+      // the load-add-store round trip.
+      atomicAdd(reinterpret_cast<float2*>(row + col), make_float2(x, y));
+    }
+  }
+}
+
+// The q-tile copies of one step: Q and dO rows (zero past the batch's rows) and their LSE and D.
+template <typename Tile, typename T>
+__device__ inline void issue_q_tile(const fmha_bwd_params& p, const BackwardShared<Tile>& sh, int stage,
+                                    const TileCopy<Tile, Tile::kBlockM>& copy, const BatchRows& rows, int64_t batch,
+                                    const QTile& tile) {
+  const int64_t row = rows.q_start + tile.i0;
+  const int valid_rows = static_cast<int>(rows.sq - tile.i0);
+  const T* q = reinterpret_cast<const T*>(p.q) + batch * p.q_batch_stride + tile.h * p.q_head_stride +
+               row * p.q_row_stride;
+  const T* d_o = reinterpret_cast<const T*>(p.d_o) + batch * p.do_batch_stride + tile.h * p.do_head_stride +
+                 row * p.do_row_stride;
+  copy.issue(sh.q(stage), q, p.q_row_stride, valid_rows, p.hdim_q);
+  copy.issue(sh.d_o(stage), d_o, p.do_row_stride, valid_rows, p.hdim_v);
+  const int x = arch::thread_index();
+  if (x < 2 * Tile::kBlockM) {
+    const bool is_lse = x < Tile::kBlockM;
+    const int r = is_lse ? x : x - Tile::kBlockM;
+    const float* src = is_lse ? reinterpret_cast<const float*>(p.lse) + batch * p.lse_batch_stride +
+                                    tile.h * p.lse_head_stride + row
+                              : reinterpret_cast<const float*>(p.d) + batch * p.d_batch_stride +
+                                    tile.h * p.d_head_stride + row;
+    const bool valid = r < valid_rows;
+    copy_async_4((is_lse ? sh.lse(stage) : sh.d(stage)) + 4 * r, valid ? src + r : src, valid);
+  }
+}
+
+template <typename Tile, typename T>
+__device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, unsigned char* shared_bytes) {
+  using E = arch::Element<T>;
+  constexpr int M = Tile::kBlockM, N = Tile::kBlockN, kDTiles = Tile::kDim / 8;
+  const int b = unit.batch, hk = unit.head;
+  const BatchRows rows = batch_rows(b, p.group_mode != 0, p.seqlen_q, p.seqlen_k,
+                                    reinterpret_cast<const int32_t*>(p.seqstart_q),
+                                    reinterpret_cast<const int32_t*>(p.seqstart_k),
+                                    reinterpret_cast<const int32_t*>(p.seqlen_q_ptr),
+                                    reinterpret_cast<const int32_t*>(p.seqlen_k_ptr));
+  const int64_t j0 = int64_t(unit.k_tile) * N;
+  if (rows.sk <= j0) return;  // a tile past this batch's keys (padding or a shorter batch)
+  const int64_t j1 = j0 + N < rows.sk ? j0 + N : rows.sk;
+  const int64_t batch = p.group_mode ? 0 : b;
+  const int group = p.nhead_q / p.nhead_k;
+  const BackwardShared<Tile> sh(shared_bytes);
+  const int lane = arch::thread_index() % arch::kWarpSize, warp = arch::thread_index() / arch::kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+
+  // Query rows any key of the tile keeps (mask.rs `query_range`), walked in m0-aligned tiles.
+  const ResolvedMask mask = resolve_mask(p.mask_type, p.window_left, p.window_right, rows.sq, rows.sk);
+  int64_t i_lo = 0, i_hi = rows.sq;
+  if (Tile::kMasked) {
+    const int64_t lo = j0 - mask.off - mask.right, hi = j1 - 1 - mask.off + mask.left + 1;
+    i_lo = lo > 0 ? lo : 0;
+    i_hi = hi < rows.sq ? hi : rows.sq;
+  }
+  const int64_t i_start = i_lo < i_hi ? i_lo / M * M : 0;
+  const int64_t tiles_per_head = i_lo < i_hi ? (i_hi - i_start + M - 1) / M : 0;
+  const int64_t steps = tiles_per_head * group;
+  auto tile_of = [&](int64_t step) {
+    QTile tile;
+    tile.h = hk * group + static_cast<int>(step / tiles_per_head);
+    tile.i0 = i_start + (step % tiles_per_head) * M;
+    return tile;
+  };
+
+  const TileCopy<Tile, M> q_copy;
+  const TileCopy<Tile, N> kv_copy;
+  const T* k = reinterpret_cast<const T*>(p.k) + batch * p.k_batch_stride + hk * p.k_head_stride +
+               (rows.k_start + j0) * p.k_row_stride;
+  const T* v = reinterpret_cast<const T*>(p.v) + batch * p.v_batch_stride + hk * p.v_head_stride +
+               (rows.k_start + j0) * p.v_row_stride;
+  kv_copy.issue(sh.k, k, p.k_row_stride, static_cast<int>(j1 - j0), p.hdim_q);
+  kv_copy.issue(sh.v, v, p.v_row_stride, static_cast<int>(j1 - j0), p.hdim_v);
+  if (steps > 0) issue_q_tile<Tile, T>(p, sh, 0, q_copy, rows, batch, tile_of(0));
+  arch::copy_async_commit();
+
+  UnitState<Tile> st;
+#pragma unroll
+  for (int n = 0; n < kDTiles; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) st.dk[n][e] = st.dv[n][e] = 0.f;
+  }
+  const BackwardLanes<Tile> lanes(warp, lane);
+  const DqAccBlock acc = dq_acc_block(p, b);
+  // q tiles whose every element the mask keeps need no per-element test: from the first row that keeps
+  // the unit's last key to the last row that keeps its first key.
+  const int64_t interior_lo = j0 + N - 1 - mask.off - mask.right;
+  const int64_t interior_hi = j0 - mask.off + mask.left;
+
+  for (int64_t step = 0; step < steps; ++step) {
+    const int stage = static_cast<int>(step & 1);
+    const QTile tile = tile_of(step);
+    if (step + 1 < steps) {
+      issue_q_tile<Tile, T>(p, sh, stage ^ 1, q_copy, rows, batch, tile_of(step + 1));
+      arch::copy_async_commit();
+      arch::copy_async_wait<1>();
+    } else {
+      arch::copy_async_wait<0>();
+    }
+    arch::block_barrier();
+
+    const bool edge = j0 + N > rows.sk ||
+                      (Tile::kMasked && (tile.i0 < interior_lo || tile.i0 + M - 1 > interior_hi));
+    if (edge) {
+      accumulate_dk_dv<Tile, T, true>(st, sh, stage, lanes, p.scale_log2, mask, tile.i0, j0, rows.sk, warp, g, t);
+    } else {
+      accumulate_dk_dv<Tile, T, false>(st, sh, stage, lanes, p.scale_log2, mask, tile.i0, j0, rows.sk, warp, g, t);
+    }
+    arch::block_barrier();  // dSᵀ complete; this stage's Q/dO are no longer read
+
+    const int gh = tile.h - hk * group;
+    float* slot = dq_acc_region(p) + acc.index(hk, unit.split, 0, int64_t(gh) * p.hdim_q);
+    accumulate_dq<Tile, T>(sh, lanes, slot, acc.row_elements, tile.i0, rows.sq, p.hdim_q, p.scale, warp, g, t);
+  }
+
+  // dK = scale · Σ dSᵀ·Q and dV, the warp's 16 keys (zero when no query row reached the tile).
+  T* dk = reinterpret_cast<T*>(p.dk) + batch * p.dk_batch_stride + hk * p.dk_head_stride;
+  T* dv = reinterpret_cast<T*>(p.dv) + batch * p.dv_batch_stride + hk * p.dv_head_stride;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t key = j0 + warp * 16 + g + 8 * r;
+    if (key >= rows.sk) continue;
+    T* dk_row = dk + (rows.k_start + key) * p.dk_row_stride;
+    T* dv_row = dv + (rows.k_start + key) * p.dv_row_stride;
+#pragma unroll
+    for (int n = 0; n < kDTiles; ++n) {
+      const int col = n * 8 + 2 * t;
+      if (col < p.hdim_q) {
+        *reinterpret_cast<uint32_t*>(dk_row + col) = E::pack(st.dk[n][2 * r] * p.scale, st.dk[n][2 * r + 1] * p.scale);
+      }
+      if (col < p.hdim_v) {
+        *reinterpret_cast<uint32_t*>(dv_row + col) = E::pack(st.dv[n][2 * r], st.dv[n][2 * r + 1]);
+      }
+    }
+  }
+  arch::block_barrier();  // the next unit overwrites K and V, which the last dQ step read
+}
+
+template <typename Tile, typename T>
+__global__ void __launch_bounds__(Tile::kThreads, 1) dq_dk_dv_kernel(fmha_bwd_params p) {
+  extern __shared__ __align__(128) unsigned char shared_bytes[];
+  if (!workspace_prepared(p)) return;
+  auto run = [&](const WorkUnit& unit) { run_unit<Tile, T>(p, unit, shared_bytes); };
+  if constexpr (Tile::kDeterministic) {
+    const int32_t worker = static_cast<int32_t>(arch::block_index_x());
+    if (p.group_mode) {
+      for_each_group_job(p, worker, Tile::kMasked, run);
+    } else {
+      for_each_batch_job(p, worker, Tile::kMasked, run);
+    }
+  } else {
+    // One workgroup per unit. Under a causal mask the first K tiles see the most query rows, so the
+    // natural order already starts the longest units first.
+    WorkUnit unit;
+    unit.k_tile = static_cast<int32_t>(arch::block_index_x());
+    unit.head = static_cast<int32_t>(arch::block_index_y());
+    unit.batch = static_cast<int32_t>(arch::block_index_z());
+    unit.split = 0;
+    run(unit);
+  }
+}
+
+}  // namespace fmha

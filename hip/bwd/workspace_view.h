@@ -1,0 +1,111 @@
+// The backward kernels' view of a prepared workspace (src/workspace.rs): the header check, the
+// per-batch dq_acc block, and the group-mode schedule records. Reads only; the layout offsets come
+// from the host in fmha_bwd_params, the values from the bytes the prepare wrote.
+#pragma once
+
+#include <stdint.h>
+
+#include "arch/platform.h"
+#include "bwd/bwd_params.h"
+#include "bwd/prepare_workspace.h"
+
+namespace fmha {
+
+// CuState and BatchState of schedule.rs (the 32- and 16-byte records of the metadata region).
+struct CuState {
+  int64_t w_lo, w_hi;
+  int32_t ibatch, isplit, head_start, c_start;
+};
+
+struct BatchState {
+  int32_t sq, nc, nsplits, pad;
+};
+
+__device__ inline const uint8_t* metadata(const fmha_bwd_params& p) {
+  return reinterpret_cast<const uint8_t*>(p.workspace);
+}
+
+__device__ inline float* dq_acc_region(const fmha_bwd_params& p) {
+  return reinterpret_cast<float*>(p.workspace + static_cast<uint64_t>(p.metadata_bytes));
+}
+
+// Whether the header says "prepared" (the first stage clears it when the fingerprint disagrees with
+// the run's seqstarts, so every later stage of the run, and later runs, see "not prepared").
+__device__ inline bool workspace_prepared(const fmha_bwd_params& p) {
+  return *reinterpret_cast<const volatile uint32_t*>(metadata(p)) == prepare::kMagic;
+}
+
+// One thread: the fingerprint of the run's seqstarts against the header; on disagreement the header
+// is cleared, so that nothing of this run is computed from metadata made for other sequences.
+__device__ inline void check_workspace_fingerprint(const fmha_bwd_params& p) {
+  uint8_t* region = reinterpret_cast<uint8_t*>(p.workspace);
+  const int32_t* q = reinterpret_cast<const int32_t*>(p.seqstart_q);
+  const int32_t* k = reinterpret_cast<const int32_t*>(p.seqstart_k);
+  uint64_t h = prepare::absorb_seqstart(p.fingerprint_params, q, p.batch);
+  h = prepare::absorb_seqstart(h, k, p.batch);
+  const uint32_t magic = *reinterpret_cast<const uint32_t*>(region);
+  const uint64_t stored = *reinterpret_cast<const uint64_t*>(region + 8);
+  if (magic != prepare::kMagic || stored != h) *reinterpret_cast<uint32_t*>(region) = 0;
+}
+
+__device__ inline int32_t nsplits_of(const fmha_bwd_params& p, int32_t b) {
+  return reinterpret_cast<const int32_t*>(metadata(p) + p.nsplits_offset)[b];
+}
+
+__device__ inline int64_t dq_acc_offset(const fmha_bwd_params& p, int32_t b) {
+  return reinterpret_cast<const int64_t*>(metadata(p) + p.dq_acc_offsets_offset)[b];
+}
+
+__device__ inline CuState cu_state(const fmha_bwd_params& p, int32_t cu) {
+  return reinterpret_cast<const CuState*>(metadata(p) + p.cu_state_offset)[cu];
+}
+
+__device__ inline BatchState batch_state(const fmha_bwd_params& p, int32_t b) {
+  return reinterpret_cast<const BatchState*>(metadata(p) + p.batch_state_offset)[b];
+}
+
+// Elements of dq_acc a run accumulates into (WorkspaceLayout::needs_zero_dq_acc and
+// zero_dq_acc_elements): the used prefix in deterministic group mode, the whole region otherwise.
+__device__ inline int64_t dq_acc_used_elements(const fmha_bwd_params& p) {
+  if (p.group_mode && p.deterministic) {
+    const int64_t used = dq_acc_offset(p, p.batch);
+    return used < p.dq_acc_elements ? used : p.dq_acc_elements;
+  }
+  return p.dq_acc_elements;
+}
+
+// `WorkspaceLayout::dq_acc_block`: batch b's block is [nhead_k][nsplits][rows][group * hdim_q] fp32 (the
+// work unit is one kv head; its query heads share a row of group * hdim_q).
+struct DqAccBlock {
+  int64_t base, rows, row_elements;
+  int32_t nsplits;
+
+  __device__ int64_t index(int32_t head, int32_t split, int64_t row, int64_t col) const {
+    return base + ((int64_t(head) * nsplits + split) * rows + row) * row_elements + col;
+  }
+};
+
+__device__ inline DqAccBlock dq_acc_block(const fmha_bwd_params& p, int32_t b) {
+  DqAccBlock a;
+  const int64_t heads = p.nhead_k;
+  a.row_elements = int64_t(p.nhead_q / p.nhead_k) * p.hdim_q;
+  if (!p.group_mode) {
+    a.nsplits = nsplits_of(p, 0);
+    a.rows = p.seqlen_q;
+    a.base = int64_t(b) * heads * a.nsplits * a.rows * a.row_elements;
+  } else if (!p.deterministic) {
+    const int32_t* s = reinterpret_cast<const int32_t*>(p.seqstart_q);
+    a.nsplits = 1;
+    a.rows = s[b + 1] - s[b];
+    a.base = int64_t(s[b]) * heads * a.row_elements;
+  } else {
+    const int64_t lo = dq_acc_offset(p, b), hi = dq_acc_offset(p, b + 1);
+    a.nsplits = nsplits_of(p, b);
+    a.base = lo;
+    const int64_t per_row = heads * a.nsplits * a.row_elements;
+    a.rows = per_row > 0 ? (hi - lo) / per_row : 0;
+  }
+  return a;
+}
+
+}  // namespace fmha
