@@ -122,43 +122,18 @@ const GFX950_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 128, 64), (128, 128, 64
 /// step, keys per unit. sm_90a: 8 warps of 16 keys.
 const SM90_BACKWARD_TILES: [(i64, i64, i64); 2] = [(64, 64, 128), (128, 64, 128)];
 
-/// The forward instances of a GPU build for `arch`: both dtypes, masked or not, one per tile. The GPU
-/// kernels move 16-byte vectors (head dims in multiples of 8 elements).
-fn gpu_forward_instances(arch: Arch, tiles: &[(i64, i64, i64)], pipeline: &'static str) -> Vec<Instance> {
+/// The instances of a GPU build for `arch` and `operation`: both dtypes, masked or not (the backward
+/// also atomic or deterministic dQ), one per tile. The GPU kernels move 16-byte vectors (head dims in
+/// multiples of 8 elements).
+fn gpu_instances(arch: Arch, operation: Operation, tiles: &[(i64, i64, i64)], pipeline: &'static str) -> Vec<Instance> {
+    let modes: &[bool] = if operation == Operation::Backward { &[false, true] } else { &[false] };
     let mut list = Vec::new();
     for dtype in [Dtype::F16, Dtype::Bf16] {
         for masked in [false, true] {
-            for &(hdim, m0, n0) in tiles {
-                list.push(Instance {
-                    operation: Operation::Forward,
-                    arch,
-                    dtype,
-                    hdim_q: hdim,
-                    hdim_v: hdim,
-                    masked,
-                    deterministic: false,
-                    m0,
-                    n0,
-                    pipeline,
-                    hdim_multiple: 8,
-                    vector_bytes: 16,
-                });
-            }
-        }
-    }
-    list
-}
-
-/// The backward instances of a GPU build for `arch`: both dtypes, masked or not, atomic or
-/// deterministic dQ, one per tile.
-fn gpu_backward_instances(arch: Arch, tiles: &[(i64, i64, i64)], pipeline: &'static str) -> Vec<Instance> {
-    let mut list = Vec::new();
-    for dtype in [Dtype::F16, Dtype::Bf16] {
-        for masked in [false, true] {
-            for deterministic in [false, true] {
+            for &deterministic in modes {
                 for &(hdim, m0, n0) in tiles {
                     list.push(Instance {
-                        operation: Operation::Backward,
+                        operation,
                         arch,
                         dtype,
                         hdim_q: hdim,
@@ -183,12 +158,16 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
     match arch {
         Arch::Host => host_instances(),
         Arch::Sm90 if cfg!(feature = "cuda") => {
-            let mut list = gpu_forward_instances(arch, &SM90_FORWARD_TILES, "mma_sync_cp_async");
-            list.extend(gpu_backward_instances(arch, &SM90_BACKWARD_TILES, "mma_sync_cp_async"));
+            let mut list = gpu_instances(arch, Operation::Forward, &SM90_FORWARD_TILES, "mma_sync_cp_async");
+            list.extend(gpu_instances(arch, Operation::Backward, &SM90_BACKWARD_TILES, "mma_sync_cp_async"));
             list
         }
-        Arch::Gfx942 if cfg!(feature = "rocm") => gpu_forward_instances(arch, &GFX942_FORWARD_TILES, "mfma_lds"),
-        Arch::Gfx950 if cfg!(feature = "rocm") => gpu_forward_instances(arch, &GFX950_FORWARD_TILES, "mfma_lds"),
+        Arch::Gfx942 if cfg!(feature = "rocm") => {
+            gpu_instances(arch, Operation::Forward, &GFX942_FORWARD_TILES, "mfma_lds")
+        }
+        Arch::Gfx950 if cfg!(feature = "rocm") => {
+            gpu_instances(arch, Operation::Forward, &GFX950_FORWARD_TILES, "mfma_lds")
+        }
         _ => Vec::new(),
     }
 }
@@ -343,11 +322,20 @@ mod tests {
 
     #[test]
     fn gpu_forward_instances_cover_dtypes_and_masks() {
-        let list = gpu_forward_instances(Arch::Gfx942, &GFX942_FORWARD_TILES, "mfma_lds");
+        let list = gpu_instances(Arch::Gfx942, Operation::Forward, &GFX942_FORWARD_TILES, "mfma_lds");
         assert_eq!(list.len(), 2 * 2 * GFX942_FORWARD_TILES.len());
         let i = list.iter().find(|i| i.dtype == Dtype::Bf16 && i.masked && i.hdim_q == 128).unwrap();
         assert_eq!((i.m0, i.n0, i.pipeline, i.vector_bytes), (128, 32, "mfma_lds", 16));
         assert_eq!(i.name(), "fmha_fwd_d128x128_bf16_mask_ndeterministic_b128x32_gfx942_mfma_lds");
+    }
+
+    #[test]
+    fn gpu_backward_instances_cover_both_dq_modes() {
+        let list = gpu_instances(Arch::Sm90, Operation::Backward, &SM90_BACKWARD_TILES, "mma_sync_cp_async");
+        assert_eq!(list.len(), 2 * 2 * 2 * SM90_BACKWARD_TILES.len());
+        assert_eq!(list.iter().filter(|i| i.deterministic).count(), list.len() / 2);
+        let i = list.iter().find(|i| i.dtype == Dtype::F16 && i.deterministic && i.hdim_q == 128).unwrap();
+        assert_eq!((i.m0, i.n0, i.vector_bytes), (64, 128, 16));
     }
 
     #[test]
