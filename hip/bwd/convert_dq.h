@@ -22,11 +22,7 @@ template <bool kBf16>
 __global__ void __launch_bounds__(kConvertThreads) convert_dq_kernel(fmha_bwd_params p) {
   if (!workspace_prepared(p)) return;
   const int h = arch::block_index_y(), b = arch::block_index_z();
-  const BatchRows rows = batch_rows(b, p.group_mode != 0, p.seqlen_q, p.seqlen_k,
-                                    reinterpret_cast<const int32_t*>(p.seqstart_q),
-                                    reinterpret_cast<const int32_t*>(p.seqstart_k),
-                                    reinterpret_cast<const int32_t*>(p.seqlen_q_ptr),
-                                    reinterpret_cast<const int32_t*>(p.seqlen_k_ptr));
+  const BatchRows rows = batch_rows(p, b);
   const int64_t first = int64_t(arch::block_index_x()) * kConvertRows;
   if (first >= rows.sq) return;
   const int group = p.nhead_q / p.nhead_k;

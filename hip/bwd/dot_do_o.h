@@ -40,11 +40,7 @@ __global__ void __launch_bounds__(kDotThreads) dot_do_o_kernel(fmha_bwd_params p
     check_workspace_fingerprint(p);
   }
   const int h = arch::block_index_y(), b = arch::block_index_z();
-  const BatchRows rows = batch_rows(b, p.group_mode != 0, p.seqlen_q, p.seqlen_k,
-                                    reinterpret_cast<const int32_t*>(p.seqstart_q),
-                                    reinterpret_cast<const int32_t*>(p.seqstart_k),
-                                    reinterpret_cast<const int32_t*>(p.seqlen_q_ptr),
-                                    reinterpret_cast<const int32_t*>(p.seqlen_k_ptr));
+  const BatchRows rows = batch_rows(p, b);
   const int64_t batch = p.group_mode ? 0 : b;
   const int lane = arch::thread_index() % kDotLanesPerRow;
   const int chunks = p.hdim_v / 8;

@@ -299,11 +299,7 @@ __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, 
   using E = arch::Element<T>;
   constexpr int M = Tile::kBlockM, N = Tile::kBlockN, kDTiles = Tile::kDim / 8;
   const int b = unit.batch, hk = unit.head;
-  const BatchRows rows = batch_rows(b, p.group_mode != 0, p.seqlen_q, p.seqlen_k,
-                                    reinterpret_cast<const int32_t*>(p.seqstart_q),
-                                    reinterpret_cast<const int32_t*>(p.seqstart_k),
-                                    reinterpret_cast<const int32_t*>(p.seqlen_q_ptr),
-                                    reinterpret_cast<const int32_t*>(p.seqlen_k_ptr));
+  const BatchRows rows = batch_rows(p, b);
   const int64_t j0 = int64_t(unit.k_tile) * N;
   if (rows.sk <= j0) return;  // a tile past this batch's keys (padding or a shorter batch)
   const int64_t j1 = j0 + N < rows.sk ? j0 + N : rows.sk;

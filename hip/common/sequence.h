@@ -41,6 +41,15 @@ __device__ inline BatchRows batch_rows(int32_t b, bool group, int32_t seqlen_q, 
   return r;
 }
 
+// The rows of batch `b` from a kernel parameter block (fmha_fwd_params and fmha_bwd_params name the
+// sequence fields alike).
+template <typename Params>
+__device__ inline BatchRows batch_rows(const Params& p, int32_t b) {
+  return batch_rows(b, p.group_mode != 0, p.seqlen_q, p.seqlen_k, reinterpret_cast<const int32_t*>(p.seqstart_q),
+                    reinterpret_cast<const int32_t*>(p.seqstart_k), reinterpret_cast<const int32_t*>(p.seqlen_q_ptr),
+                    reinterpret_cast<const int32_t*>(p.seqlen_k_ptr));
+}
+
 // Element (i, j) is kept iff lo(i) <= j <= hi(i) and j < sk, with lo(i) = i + off - left and
 // hi(i) = i + off + right; an unbounded side (-1) resolves to a bound that never excludes anything.
 struct ResolvedMask {

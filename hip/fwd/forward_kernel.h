@@ -166,11 +166,7 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(fmha_fwd_params
   // launch is made of short tiles.
   const int tile = Tile::kMasked ? static_cast<int>(arch::grid_blocks_x() - 1 - arch::block_index_x()) : arch::block_index_x();
   const int h = arch::block_index_y(), b = arch::block_index_z();
-  const BatchRows rows = batch_rows(b, p.group_mode != 0, p.seqlen_q, p.seqlen_k,
-                                    reinterpret_cast<const int32_t*>(p.seqstart_q),
-                                    reinterpret_cast<const int32_t*>(p.seqstart_k),
-                                    reinterpret_cast<const int32_t*>(p.seqlen_q_ptr),
-                                    reinterpret_cast<const int32_t*>(p.seqlen_k_ptr));
+  const BatchRows rows = batch_rows(p, b);
   const int i0 = tile * M;
   if (i0 >= rows.sq) return;
   const int i1 = min(i0 + M, rows.sq);
