@@ -110,8 +110,8 @@ const BACKWARD_TILES: [(i64, i64, i64); 4] = [(32, 32, 128), (64, 32, 128), (128
 const FORWARD_TILES: [(i64, i64, i64); 4] = [(32, 64, 64), (64, 64, 64), (128, 64, 64), (256, 64, 32)];
 
 /// Forward tiles of the GPU kernels (`hip/fwd/forward.hip`): head-dim bucket, q rows, k rows.
-/// sm_90a: 4 warps of 16 q rows.
-const SM90_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 64, 128), (128, 64, 64)];
+/// sm_90a: warpgroups of 64 q rows (one at D = 64, two at D = 128).
+const SM90_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 64, 128), (128, 128, 128)];
 /// gfx942: 4 waves of 32 q rows; k rows such that the double-buffered K and Vᵀ tiles take at most
 /// half of the 64 KiB of LDS (two workgroups per CU).
 const GFX942_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 128, 64), (128, 128, 32)];
@@ -158,7 +158,7 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
     match arch {
         Arch::Host => host_instances(),
         Arch::Sm90 if cfg!(feature = "cuda") => {
-            let mut list = gpu_instances(arch, Operation::Forward, &SM90_FORWARD_TILES, "mma_sync_cp_async");
+            let mut list = gpu_instances(arch, Operation::Forward, &SM90_FORWARD_TILES, "wgmma_cp_async");
             list.extend(gpu_instances(arch, Operation::Backward, &SM90_BACKWARD_TILES, "mma_sync_cp_async"));
             list
         }

@@ -9,13 +9,9 @@
 
 namespace fmha {
 
-// 4 warps (64-row tiles): two CTAs fit an SM and their softmax phases interleave with each other's
-// MMAs. Measured on an H200 (d128, S=16k): 329 TFLOPS against 274 with 8 warps.
-constexpr int kForwardWarps = 4;
-
-template <typename T, int kHeadDim, int kBlockN, bool kMasked>
+template <typename T, int kHeadDim, int kWarpgroups, int kBlockN, bool kMasked>
 int32_t launch_forward(const fmha_fwd_params& p, hipStream_t stream) {
-  using Tile = ForwardTile<T, kHeadDim, kBlockN, kMasked, kForwardWarps, kHeadDim == 64>;
+  using Tile = ForwardTile<T, kHeadDim, kWarpgroups, kBlockN, kMasked>;
   auto kernel = forward_kernel<Tile, T>;
   // Over 48 KiB of dynamic shared memory must be opted into, once per kernel.
   static const cudaError_t configured =
@@ -26,13 +22,19 @@ int32_t launch_forward(const fmha_fwd_params& p, hipStream_t stream) {
   return static_cast<int32_t>(cudaGetLastError());
 }
 
+// Tile shapes (warpgroups of 64 q rows, keys per tile), measured on an H200 (docs/perf.md, 2026-11-21):
+//   D = 64: one warpgroup, 128 keys (80 KiB): two CTAs per SM interleave their softmax phases with
+//     each other's MMAs (two warpgroups sharing the K/V tiles: 0.88-0.98x of this);
+//   D = 128: two warpgroups sharing each 128-key K/V tile (161 KiB, one CTA per SM): half the K/V
+//     traffic per query row of one warpgroup with 64 keys (that: 0.85-0.97x of this at S >= 2k).
 template <typename T>
 int32_t dispatch_forward(const fmha_fwd_params& p, hipStream_t stream) {
   switch (p.hdim_bucket) {
     case 64:
-      return p.masked ? launch_forward<T, 64, 128, true>(p, stream) : launch_forward<T, 64, 128, false>(p, stream);
+      return p.masked ? launch_forward<T, 64, 1, 128, true>(p, stream) : launch_forward<T, 64, 1, 128, false>(p, stream);
     case 128:
-      return p.masked ? launch_forward<T, 128, 64, true>(p, stream) : launch_forward<T, 128, 64, false>(p, stream);
+      return p.masked ? launch_forward<T, 128, 2, 128, true>(p, stream)
+                      : launch_forward<T, 128, 2, 128, false>(p, stream);
     default:
       return static_cast<int32_t>(cudaErrorInvalidValue);
   }

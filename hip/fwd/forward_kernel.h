@@ -1,78 +1,75 @@
-// The attention forward mainloop on NVIDIA tensor cores (mma.sync m16n8k16, ldmatrix, cp.async):
-// FlashAttention-2's algorithm.
+// The attention forward mainloop on Hopper tensor cores (wgmma, sm_90a) with cp.async copies:
+// FlashAttention-2's algorithm on warpgroup MMAs.
 //
-// One CTA computes a tile of kBlockM query rows of one (batch, query head): one warp per 16 rows.
-// The Q tile is loaded once and kept in registers as MMA A-fragments. K and V tiles of kBlockN rows
-// stream through a double-buffered, XOR-swizzled shared-memory ring (the copy of tile j+1 is in flight
-// while tile j is computed). Per tile: S = Q·Kᵀ (fp32), mask on edge tiles, online softmax in the exp2
-// domain, P rounded to the input type as the A operand of O += P·V. Fully masked tiles are never
-// visited. Rows with no kept key get O = 0 and LSE = -inf.
+// One CTA computes a tile of kBlockM query rows of one (batch, query head): one warpgroup (4 warps) per
+// 64 rows. The Q tile stays in shared memory for the whole CTA and is read by the tensor cores directly.
+// K and V tiles of kBlockN rows stream through a double-buffered shared-memory ring in the wgmma
+// 128-byte swizzle (the copy of tile j+1 is in flight while tile j is computed). Per tile: S = Q·Kᵀ
+// (fp32, both operands from shared memory), mask on edge tiles, online softmax in the exp2 domain, P
+// rounded to the input type in registers as the A operand of O += P·V (V read N-major from shared
+// memory). Fully masked tiles are never visited. Rows with no kept key get O = 0 and LSE = -inf.
 #pragma once
 
 #include "arch/nvidia/shared_tile.h"
 #include "arch/nvidia/tensor_core.h"
+#include "arch/nvidia/warpgroup.h"
 #include "arch/thread.h"
 #include "common/sequence.h"
 #include "fwd/fwd_params.h"
 
 namespace fmha {
 
-template <typename T, int kHeadDim, int kBlockN_, bool kMasked_, int kWarps_, bool kSkipSettledRescale_>
+template <typename T, int kHeadDim, int kWarpgroups_, int kBlockN_, bool kMasked_>
 struct ForwardTile {
-  static constexpr int kWarps = kWarps_;
-  // Test once per tile whether any row's max moved before rescaling O (a warp vote and a branch).
-  // Measured on an H200: worth it at D = 64 (causal S = 16k: 285 -> 313 TFLOPS), a loss at D = 128
-  // (320 -> 287: the branch splits the softmax the scheduler otherwise interleaves with the MMAs).
-  static constexpr bool kSkipSettledRescale = kSkipSettledRescale_;
-  static constexpr int kBlockM = kWarps * 16;
+  static constexpr int kWarpgroups = kWarpgroups_;
+  static constexpr int kWarps = 4 * kWarpgroups;
+  static constexpr int kBlockM = 64 * kWarpgroups;
   static constexpr int kBlockN = kBlockN_;
   static constexpr bool kMasked = kMasked_;
   static constexpr int kThreads = kWarps * arch::kWarpSize;
   static constexpr int kDim = kHeadDim;
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
-  static_assert(kChunks >= 8 && kChunks % 8 == 0, "the swizzle needs rows of a multiple of 128 bytes");
-  static_assert(kBlockM == kWarps * 16, "one 16-row MMA tile per warp");
-  // Shared memory, in elements: Q, then two stages of K and of V.
-  static constexpr int kQElems = kBlockM * kHeadDim;
-  static constexpr int kKVElems = kBlockN * kHeadDim;
-  static constexpr int kSharedBytes = (kQElems + 4 * kKVElems) * 2;
+  // The wgmma N shapes compiled in arch/nvidia/warpgroup.h: 64 and 128 (S is 64 x kBlockN, O 64 x D).
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
+  static_assert(kBlockN == 64 || kBlockN == 128, "64 or 128 keys per tile");
+  using QLayout = Swizzle128<kChunks, kBlockM>;
+  using KVLayout = Swizzle128<kChunks, kBlockN>;
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * 2;
+  // Q, two stages of K and of V, and up to 1 KiB to start them on a 1024-byte boundary.
+  static constexpr int kSharedBytes = kQBytes + 4 * kKVBytes + 1024;
 };
 
-// The running state of one warp's 16 query rows: Q fragments, the O accumulator and the online
-// softmax statistics (in the exp2 domain of unscaled scores: max is of raw S).
+// The running state of one thread's share of its warp's 16 query rows: the O accumulator and the
+// online softmax statistics (in the exp2 domain of unscaled scores: max is of raw S).
 template <typename Tile>
 struct RowState {
-  static constexpr int kDTiles = Tile::kDim / 8;
-  uint32_t q[Tile::kDim / 16][4];
-  float o[kDTiles][4];
+  float o[Tile::kDim / 8][4];
   float row_max[2];
   float row_sum[2];
 };
 
-// One K/V tile for one warp: S = Q·Kᵀ, mask (edge tiles only: the masks are compiled out of the
-// interior path), online softmax, O += P·V.
+// One K/V tile for one warpgroup: S = Q·Kᵀ, mask (edge tiles only: the masks are compiled out of the
+// interior path), online softmax, O += P·V. `q`, `k`, `v`: the descriptors of the warpgroup's Q rows
+// and of this stage's K and V tiles.
 template <typename Tile, typename T, bool kEdge>
-__device__ inline void attend_tile(RowState<Tile>& st, uint32_t k_tile, uint32_t v_tile,
-                                   const LaneAddress<Tile::kChunks>& k_lane, const LaneAddress<Tile::kChunks>& v_lane,
-                                   float scale_log2, const ResolvedMask& mask, int64_t j0, int64_t sk,
-                                   const int64_t (&row_of)[2], int t) {
+__device__ inline void attend_tile(RowState<Tile>& st, uint64_t q, uint64_t k, uint64_t v, float scale_log2,
+                                   const ResolvedMask& mask, int64_t j0, int64_t sk, const int64_t (&row_of)[2], int t) {
   using E = arch::Element<T>;
+  using Mma = arch::WarpgroupMma<T>;
   constexpr int N = Tile::kBlockN, D = Tile::kDim, kNTiles = N / 8, kDTiles = D / 8;
 
   float s[kNTiles][4];
-#pragma unroll
-  for (int n = 0; n < kNTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+  arch::warpgroup_fence();
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-    for (int nn = 0; nn < N / 16; ++nn) {
-      uint32_t r[4];
-      arch::load_matrix_x4(r, k_tile + k_lane.at(nn, kk));
-      E::mma(s[2 * nn], st.q[kk], r[0], r[1]);
-      E::mma(s[2 * nn + 1], st.q[kk], r[2], r[3]);
-    }
+    const uint32_t column = (kk % 4) * 32;  // the step's 16 columns inside its 64-column block
+    Mma::mma(s, arch::descriptor_plus(q, (kk / 4) * Tile::QLayout::kBlockBytes + column),
+             arch::descriptor_plus(k, (kk / 4) * Tile::KVLayout::kBlockBytes + column), kk > 0);
   }
-
+  arch::warpgroup_commit();
+  arch::warpgroup_wait<0>();
+  arch::hold_registers(s);
   if (kEdge) {
 #pragma unroll
     for (int n = 0; n < kNTiles; ++n) {
@@ -86,7 +83,6 @@ __device__ inline void attend_tile(RowState<Tile>& st, uint32_t k_tile, uint32_t
   }
 
   // Online softmax on raw scores: P = 2^(scale_log2 · (S - max)), one FFMA and one EX2 per element.
-  float correction[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float tile_max = -INFINITY;
@@ -98,15 +94,13 @@ __device__ inline void attend_tile(RowState<Tile>& st, uint32_t k_tile, uint32_t
     const float base = new_max == -INFINITY ? 0.f : new_max * scale_log2;
     // Exact exp2 here: the running sum is rescaled by this factor on every tile whose max grows, and
     // the approximate one's ~2^-22 error compounds over the tiles into the LSE (O cancels it).
-    correction[r] = exp2f(st.row_max[r] * scale_log2 - base);
+    const float correction = exp2f(st.row_max[r] * scale_log2 - base);
     st.row_max[r] = new_max;
-    st.row_sum[r] *= correction[r];
-    if constexpr (!Tile::kSkipSettledRescale) {
+    st.row_sum[r] *= correction;
 #pragma unroll
-      for (int n = 0; n < kDTiles; ++n) {
-        st.o[n][2 * r] *= correction[r];
-        st.o[n][2 * r + 1] *= correction[r];
-      }
+    for (int n = 0; n < kDTiles; ++n) {
+      st.o[n][2 * r] *= correction;
+      st.o[n][2 * r + 1] *= correction;
     }
     // The tile's sum first, then one add into the running sum: thousands of keys would otherwise
     // accumulate one rounding each.
@@ -119,48 +113,34 @@ __device__ inline void attend_tile(RowState<Tile>& st, uint32_t k_tile, uint32_t
     }
     st.row_sum[r] += tile_sum;
   }
-  if constexpr (Tile::kSkipSettledRescale) {
-    // Once the running max settles, most tiles change no row's max: one warp-uniform test per tile
-    // skips the O rescale.
-    if (__any_sync(0xffffffffu, correction[0] != 1.f || correction[1] != 1.f)) {
-#pragma unroll
-      for (int n = 0; n < kDTiles; ++n) {
-        st.o[n][0] *= correction[0];
-        st.o[n][1] *= correction[0];
-        st.o[n][2] *= correction[1];
-        st.o[n][3] *= correction[1];
-      }
-    }
-  }
 
   // O += P·V: P's accumulator layout is the A-fragment layout of a 16-key step.
+  uint32_t p[N / 16][4];
 #pragma unroll
   for (int kk = 0; kk < N / 16; ++kk) {
-    uint32_t a[4];
-    a[0] = E::pack(s[2 * kk][0], s[2 * kk][1]);
-    a[1] = E::pack(s[2 * kk][2], s[2 * kk][3]);
-    a[2] = E::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-    a[3] = E::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-    for (int dd = 0; dd < D / 16; ++dd) {
-      uint32_t r[4];
-      arch::load_matrix_x4_transposed(r, v_tile + v_lane.at(kk, dd));
-      E::mma(st.o[2 * dd], a, r[0], r[1]);
-      E::mma(st.o[2 * dd + 1], a, r[2], r[3]);
-    }
+    p[kk][0] = E::pack(s[2 * kk][0], s[2 * kk][1]);
+    p[kk][1] = E::pack(s[2 * kk][2], s[2 * kk][3]);
+    p[kk][2] = E::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    p[kk][3] = E::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
   }
+  arch::warpgroup_fence();
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) Mma::mma(st.o, p[kk], arch::descriptor_plus(v, kk * 16 * 128));
+  arch::warpgroup_commit();
+  arch::warpgroup_wait<0>();
+  arch::hold_registers(st.o);
 }
 
 template <typename Tile, typename T>
 __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(fmha_fwd_params p) {
   using E = arch::Element<T>;
-  constexpr int M = Tile::kBlockM, N = Tile::kBlockN, kChunks = Tile::kChunks;
+  constexpr int M = Tile::kBlockM, N = Tile::kBlockN;
   constexpr int kDTiles = Tile::kDim / 8;
-  constexpr uint32_t kKVBytes = Tile::kKVElems * 2;
-  extern __shared__ __align__(128) unsigned char shared_bytes[];
-  const uint32_t sQ = arch::shared_address(shared_bytes);
-  const uint32_t sK = sQ + Tile::kQElems * 2;  // two stages
-  const uint32_t sV = sK + 2 * kKVBytes;       // two stages
+  constexpr uint32_t kKVBytes = Tile::kKVBytes;
+  extern __shared__ __align__(1024) unsigned char shared_bytes[];
+  const uint32_t sQ = (arch::shared_address(shared_bytes) + 1023u) & ~1023u;
+  const uint32_t sK = sQ + Tile::kQBytes;  // two stages
+  const uint32_t sV = sK + 2 * kKVBytes;   // two stages
 
   // Masked grids run their last (for causal masks: heaviest) q tiles first, so the long tail of a
   // launch is made of short tiles.
@@ -194,31 +174,26 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(fmha_fwd_params
   const int lane = arch::thread_index() % arch::kWarpSize, warp = arch::thread_index() / arch::kWarpSize;
   const int g = lane / 4, t = lane % 4;
 
-  const TileCopy<Tile, M> q_copy;
-  const TileCopy<Tile, N> kv_copy;
-  q_copy.issue(sQ, q, p.q_row_stride, i1 - i0, p.hdim_q);
-  arch::copy_async_commit();
+  const TileCopy<Tile, M, typename Tile::QLayout> q_copy;
+  const TileCopy<Tile, N, typename Tile::KVLayout> kv_copy;
   if (first_tile < end_tile) {
+    q_copy.issue(sQ, q, p.q_row_stride, i1 - i0, p.hdim_q);
     const int64_t j0 = static_cast<int64_t>(first_tile) * N;
     kv_copy.issue(sK, k + j0 * p.k_row_stride, p.k_row_stride, static_cast<int>(rows.sk - j0), p.hdim_q);
     kv_copy.issue(sV, v + j0 * p.v_row_stride, p.v_row_stride, static_cast<int>(rows.sk - j0), p.hdim_v);
   }
   arch::copy_async_commit();
-  arch::copy_async_wait<1>();
-  arch::block_barrier();
 
   RowState<Tile> st;
-  const LaneAddress<kChunks> q_lane(warp * 16 + lane % 16, lane / 16);
-#pragma unroll
-  for (int kk = 0; kk < Tile::kDim / 16; ++kk) arch::load_matrix_x4(st.q[kk], sQ + q_lane.at(0, kk));
 #pragma unroll
   for (int n = 0; n < kDTiles; ++n) st.o[n][0] = st.o[n][1] = st.o[n][2] = st.o[n][3] = 0.f;
   st.row_max[0] = st.row_max[1] = -INFINITY;
   st.row_sum[0] = st.row_sum[1] = 0.f;
   const int64_t row_of[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};
-  // K rows for the B operand (matrices: keys 0-7 / 8-15 × columns 0-7 / 8-15), V rows transposed.
-  const LaneAddress<kChunks> k_lane(lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
-  const LaneAddress<kChunks> v_lane(lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
+  // This warpgroup's 64 Q rows; K and V tiles of stage 0 (a stage is kKVBytes further).
+  const uint64_t q_rows = arch::swizzle128_descriptor(sQ + (warp / 4) * 64 * 128, 16, 1024);
+  const uint64_t k_tile = arch::swizzle128_descriptor(sK, 16, 1024);
+  const uint64_t v_tile = arch::swizzle128_descriptor(sV, Tile::KVLayout::kBlockBytes, 1024);
   // Tiles whose every element the mask keeps and that end before sk need no per-element checks.
   const int64_t interior_lo = (i1 - 1) + mask.off - mask.left, interior_hi = i0 + mask.off + mask.right;
 
@@ -235,14 +210,17 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(fmha_fwd_params
     } else {
       arch::copy_async_wait<0>();
     }
+    arch::fence_shared_for_async_proxy();
     arch::block_barrier();
 
     const int64_t j0 = static_cast<int64_t>(jt) * N;
     const bool edge = j0 + N > rows.sk || (Tile::kMasked && (j0 < interior_lo || j0 + N - 1 > interior_hi));
     if (edge) {
-      attend_tile<Tile, T, true>(st, sK + stage, sV + stage, k_lane, v_lane, p.scale_log2, mask, j0, rows.sk, row_of, t);
+      attend_tile<Tile, T, true>(st, q_rows, arch::descriptor_plus(k_tile, stage), arch::descriptor_plus(v_tile, stage),
+                                 p.scale_log2, mask, j0, rows.sk, row_of, t);
     } else {
-      attend_tile<Tile, T, false>(st, sK + stage, sV + stage, k_lane, v_lane, p.scale_log2, mask, j0, rows.sk, row_of, t);
+      attend_tile<Tile, T, false>(st, q_rows, arch::descriptor_plus(k_tile, stage), arch::descriptor_plus(v_tile, stage),
+                                  p.scale_log2, mask, j0, rows.sk, row_of, t);
     }
     arch::block_barrier();  // this stage is overwritten by the copy issued next iteration
   }

@@ -1,5 +1,5 @@
-// Shared-memory tiles of the NVIDIA mainloops: the XOR swizzle, the cp.async copy of a row-major
-// global tile into it, and the lane addresses of ldmatrix loads from it. Every tile is rows of
+// Shared-memory tiles of the NVIDIA mainloops: the two XOR-swizzled layouts, the cp.async copy of a
+// row-major global tile into either, and the lane addresses of ldmatrix loads. Every tile is rows of
 // `kChunks` 16-byte chunks (kChunks a multiple of 8).
 #pragma once
 
@@ -15,10 +15,28 @@ __device__ inline uint32_t swizzled_bytes(int row, int chunk) {
   return static_cast<uint32_t>((row * kChunks + (chunk ^ (row & 7))) * 16);
 }
 
-// A thread's share of copying a [kRows][kChunks] tile global → swizzled shared: chunks tid,
-// tid + kThreads, ... which are the same (row, chunk) pairs for every tile, so their offsets are
+// The ldmatrix layout: whole rows one after another (`swizzled_bytes`).
+template <int kChunks>
+struct RowSwizzle {
+  static constexpr int kRowBytes = kChunks * 16;
+  __device__ static uint32_t offset(int row, int chunk) { return swizzled_bytes<kChunks>(row, chunk); }
+};
+
+// The wgmma 128-byte swizzle (arch/nvidia/warpgroup.h): blocks of 8 chunks (64 columns), each block
+// [kRows][128 B] with the same chunk XOR (row mod 8). With kChunks = 8 it is RowSwizzle.
+template <int kChunks, int kRows>
+struct Swizzle128 {
+  static constexpr int kRowBytes = 128;
+  static constexpr uint32_t kBlockBytes = kRows * 128;
+  __device__ static uint32_t offset(int row, int chunk) {
+    return static_cast<uint32_t>((chunk / 8) * kBlockBytes + row * 128 + (((chunk % 8) ^ (row & 7)) * 16));
+  }
+};
+
+// A thread's share of copying a [kRows][kChunks] tile global → swizzled shared (`Layout`): chunks
+// tid, tid + kThreads, ... which are the same (row, chunk) pairs for every tile, so their offsets are
 // computed once and a tile's copy is a few adds per chunk.
-template <typename Tile, int kRows>
+template <typename Tile, int kRows, typename Layout = RowSwizzle<Tile::kChunks>>
 struct TileCopy {
   static constexpr int kPerThread = (kRows * Tile::kChunks + Tile::kThreads - 1) / Tile::kThreads;
   static constexpr int kRowStep = Tile::kThreads / Tile::kChunks;  // rows between a thread's chunks
@@ -31,7 +49,7 @@ struct TileCopy {
     const int c = arch::thread_index();
     row = c / Tile::kChunks;
     column_elements = (c % Tile::kChunks) * 8;
-    shared_first = swizzled_bytes<Tile::kChunks>(row, c % Tile::kChunks);
+    shared_first = Layout::offset(row, c % Tile::kChunks);
   }
 
   // Queues the copy of rows [0, kRows) of `global` (row stride in elements) into `shared` (a 32-bit
@@ -47,7 +65,7 @@ struct TileCopy {
         // Rows r and r + kRowStep * i share (r mod 8) since kRowStep is a multiple of 8: the swizzle is
         // the same, only the row offset moves.
         const bool valid = column_valid && r < valid_rows;
-        arch::copy_async_16(shared + shared_first + i * kRowStep * Tile::kChunks * 16, valid ? src : global, valid);
+        arch::copy_async_16(shared + shared_first + i * kRowStep * Layout::kRowBytes, valid ? src : global, valid);
       }
       src += kRowStep * row_stride;
     }

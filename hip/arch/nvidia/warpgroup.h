@@ -1,0 +1,125 @@
+// Hopper (sm_90a) warpgroup MMA: `wgmma.mma_async` m64nNk16 with fp32 accumulators, operands read by
+// the tensor cores straight from shared memory through 64-bit matrix descriptors (no ldmatrix).
+//
+// A warpgroup is 4 consecutive warps (128 threads, the first a multiple of 4). Warp w of the group holds
+// rows 16w..16w+15 of the 64-row accumulator in the mma.sync C layout, repeated along N:
+// d[n][0..3] = (g, 8n + 2t), (g, 8n + 2t + 1), (g + 8, 8n + 2t), (g + 8, 8n + 2t + 1), with g = lane / 4,
+// t = lane % 4. An A operand in registers is the mma.sync m16n8k16 A fragment of the warp's 16 rows.
+//
+// Shared operands use the 128-byte swizzle (`Swizzle128` in shared_tile.h): a tile is stored as blocks
+// of 64 columns, each block [rows][128 B] with 16-byte chunk c of row r at chunk c XOR (r mod 8); the
+// hardware applies that XOR to absolute address bits, so every tile starts on a 1024-byte boundary.
+//   K-major operand (the 16 reduced columns inside a row: Q and K for S = Q·Kᵀ): start at the 16-column
+//     step's 32-byte offset in its block; 8-row groups 1024 B apart (stride offset).
+//   N-major operand (reduced along rows: V for O = P·V, rows = keys): start at the step's 16 rows
+//     (2048 B); 8-row groups 1024 B apart (stride offset), 64-column blocks `rows · 128` B apart
+//     (leading offset).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "arch/platform.h"
+
+namespace fmha {
+namespace arch {
+
+// A shared-memory matrix descriptor with the 128-byte swizzle; byte offsets added later go into the
+// address field as `offset >> 4` (shared addresses are below 2^18, so the field never carries).
+__device__ inline uint64_t swizzle128_descriptor(uint32_t shared, uint32_t leading_bytes, uint32_t stride_bytes) {
+  return static_cast<uint64_t>((shared & 0x3FFFF) >> 4) | static_cast<uint64_t>(leading_bytes >> 4) << 16 |
+         static_cast<uint64_t>(stride_bytes >> 4) << 32 | static_cast<uint64_t>(1) << 62;
+}
+
+__device__ inline uint64_t descriptor_plus(uint64_t descriptor, uint32_t bytes) { return descriptor + (bytes >> 4); }
+
+// Registers written by ordinary instructions are ready for the next wgmma (accumulators, A fragments).
+__device__ inline void warpgroup_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ inline void warpgroup_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Waits until at most kPending committed wgmma groups are in flight.
+template <int kPending>
+__device__ inline void warpgroup_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Pins accumulator registers at this point of the program: the compiler must not move their reads
+// above a warpgroup_wait (it cannot see that the wgmma writes them asynchronously) nor their writes
+// below the next wgmma.
+template <int kRows>
+__device__ inline void hold_registers(float (&d)[kRows][4]) {
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    asm volatile("" : "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])::"memory");
+  }
+}
+
+// Shared-memory operands make a copy of every thread's shared writes visible to the tensor cores'
+// (async) proxy: each writing thread fences before the barrier that publishes them.
+__device__ inline void fence_shared_for_async_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+#define FMHA_ACC4(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
+#define FMHA_ACC_N64 \
+  FMHA_ACC4(0), FMHA_ACC4(1), FMHA_ACC4(2), FMHA_ACC4(3), FMHA_ACC4(4), FMHA_ACC4(5), FMHA_ACC4(6), FMHA_ACC4(7)
+#define FMHA_ACC_N128                                                                                       \
+  FMHA_ACC_N64, FMHA_ACC4(8), FMHA_ACC4(9), FMHA_ACC4(10), FMHA_ACC4(11), FMHA_ACC4(12), FMHA_ACC4(13), \
+      FMHA_ACC4(14), FMHA_ACC4(15)
+#define FMHA_REGS_0_31                                                                                      \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
+  "%23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define FMHA_REGS_32_63                                                                                      \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
+  "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+
+// D (+)= A·B for one element type TYPE ("f16" or "bf16"), N = 64 or 128 (by the accumulator's rows):
+//   shared A (K-major) · shared B (K-major), or register A · shared B (N-major: `imm-trans-b` = 1).
+// `accumulate` = 0 overwrites D (the first step of a fresh product).
+#define FMHA_WARPGROUP_MMA(TYPE)                                                                               \
+  __device__ static void mma(float (&d)[8][4], uint64_t a, uint64_t b, int accumulate) {                       \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                  \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " FMHA_REGS_0_31                \
+                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"                                                            \
+                 : FMHA_ACC_N64                                                                                \
+                 : "l"(a), "l"(b), "r"(accumulate));                                                           \
+  }                                                                                                            \
+  __device__ static void mma(float (&d)[16][4], uint64_t a, uint64_t b, int accumulate) {                      \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                  \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " FMHA_REGS_0_31               \
+                 ", " FMHA_REGS_32_63 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                       \
+                 : FMHA_ACC_N128                                                                               \
+                 : "l"(a), "l"(b), "r"(accumulate));                                                           \
+  }                                                                                                            \
+  __device__ static void mma(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b) {                           \
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " FMHA_REGS_0_31              \
+                 "}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"                                                 \
+                 : FMHA_ACC_N64                                                                                \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));                                        \
+  }                                                                                                            \
+  __device__ static void mma(float (&d)[16][4], const uint32_t (&a)[4], uint64_t b) {                          \
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " FMHA_REGS_0_31             \
+                 ", " FMHA_REGS_32_63 "}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"                            \
+                 : FMHA_ACC_N128                                                                               \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));                                        \
+  }
+
+template <typename T>
+struct WarpgroupMma;
+
+template <>
+struct WarpgroupMma<__half> {
+  FMHA_WARPGROUP_MMA("f16")
+};
+
+template <>
+struct WarpgroupMma<__nv_bfloat16> {
+  FMHA_WARPGROUP_MMA("bf16")
+};
+
+#undef FMHA_WARPGROUP_MMA
+#undef FMHA_REGS_32_63
+#undef FMHA_REGS_0_31
+#undef FMHA_ACC_N128
+#undef FMHA_ACC_N64
+#undef FMHA_ACC4
+
+}  // namespace arch
+}  // namespace fmha
