@@ -159,7 +159,7 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
         Arch::Host => host_instances(),
         Arch::Sm90 if cfg!(feature = "cuda") => {
             let mut list = gpu_instances(arch, Operation::Forward, &SM90_FORWARD_TILES, "wgmma_cp_async");
-            list.extend(gpu_instances(arch, Operation::Backward, &SM90_BACKWARD_TILES, "mma_sync_cp_async"));
+            list.extend(gpu_instances(arch, Operation::Backward, &SM90_BACKWARD_TILES, "wgmma_cp_async"));
             list
         }
         Arch::Gfx942 if cfg!(feature = "rocm") => {
@@ -331,7 +331,7 @@ mod tests {
 
     #[test]
     fn gpu_backward_instances_cover_both_dq_modes() {
-        let list = gpu_instances(Arch::Sm90, Operation::Backward, &SM90_BACKWARD_TILES, "mma_sync_cp_async");
+        let list = gpu_instances(Arch::Sm90, Operation::Backward, &SM90_BACKWARD_TILES, "wgmma_cp_async");
         assert_eq!(list.len(), 2 * 2 * 2 * SM90_BACKWARD_TILES.len());
         assert_eq!(list.iter().filter(|i| i.deterministic).count(), list.len() / 2);
         let i = list.iter().find(|i| i.dtype == Dtype::F16 && i.deterministic && i.hdim_q == 128).unwrap();

@@ -1,13 +1,14 @@
-// Stage 2 of the backward on NVIDIA tensor cores (mma.sync m16n8k16, ldmatrix, cp.async):
+// Stage 2 of the backward on Hopper tensor cores (wgmma, sm_90a) with cp.async copies:
 // FlashAttention-2's dK/dV-resident algorithm (host twin: src/host_kernels/backward/dq_dk_dv.rs).
 //
-// A work unit is one (batch, kv head, K tile of kBlockN keys); one warp owns 16 keys. K and V stay in
-// shared memory while the q tiles (kBlockM rows) of every query head of the GQA group stream past,
-// double-buffered with their dO, LSE and D rows. Per q tile, each warp computes its keys' transposed
-// scores Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, so that the accumulators are directly the A operands of
+// A work unit is one (batch, kv head, K tile of kBlockN keys); one warpgroup owns 64 keys. K and V stay
+// in shared memory while the q tiles (kBlockM rows) of every query head of the GQA group stream past,
+// double-buffered with their dO, LSE and D rows. Per q tile, each warpgroup computes its keys'
+// transposed scores Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (both operands from shared memory), so that the
+// accumulators are directly the register A operands of
 //   dV += Pᵀ·dO,   dK += dSᵀ·Q,     with P = 2^(scale_log2 · S - LSE · log2 e), dS = P ∘ (dP - D),
-// and stores dSᵀ to shared memory, from which all warps then compute dQ = dS·K for the tile and add
-// it to the unit's dq_acc split slot with vector atomics. Non-deterministic mode: one workgroup per
+// and stores dSᵀ to shared memory, from which each warpgroup then computes its half of the columns of
+// dQ = dS·K for the tile and adds it to the unit's dq_acc split slot with vector atomics. Non-deterministic mode: one workgroup per
 // unit, slot 0, adds in any order. Deterministic mode: the persistent schedule gives every slot to one
 // workgroup, and every element of it to one thread, whose adds apply in program order.
 // dK (scaled) and dV are stored once per unit. Fully masked q tiles are never visited.
@@ -15,6 +16,7 @@
 
 #include "arch/nvidia/shared_tile.h"
 #include "arch/nvidia/tensor_core.h"
+#include "arch/nvidia/warpgroup.h"
 #include "arch/thread.h"
 #include "bwd/bwd_params.h"
 #include "bwd/schedule.h"
@@ -27,25 +29,29 @@ template <int kHeadDim, int kWarps_, int kBlockM_, bool kMasked_, bool kDetermin
 struct BackwardTile {
   static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = kWarps * arch::kWarpSize;
-  static constexpr int kBlockN = 16 * kWarps;  // one warp per 16 keys
+  static constexpr int kBlockN = 16 * kWarps;  // one warpgroup per 64 keys
   static constexpr int kBlockM = kBlockM_;
   static constexpr bool kMasked = kMasked_;
   static constexpr bool kDeterministic = kDeterministic_;
   static constexpr int kDim = kHeadDim;
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of a Q/K/V/dO row
   static constexpr int kMChunks = kBlockM / 8;  // of a dSᵀ row
-  static_assert(kChunks % 8 == 0 && kMChunks % 8 == 0, "the swizzle needs rows of a multiple of 128 bytes");
-  // dQ = dS·K: warps tile the kBlockM × kDim output as kRowGroups × kColGroups blocks.
-  static constexpr int kRowGroups = kBlockM / 16;
-  static constexpr int kColGroups = kWarps / kRowGroups;
-  static constexpr int kDqCols = kDim / kColGroups;
-  static_assert(kWarps % kRowGroups == 0 && kDqCols % 16 == 0, "dQ warp tiling");
-  // Shared memory (bytes): K, V, two stages of Q and dO, dSᵀ, two stages of LSE and D.
+  // The wgmma shapes compiled in arch/nvidia/warpgroup.h: Sᵀ and dPᵀ are 64 keys × kBlockM, dK and dV
+  // 64 keys × kDim, each warpgroup's half of dQ kBlockM × kDim / 2.
+  static_assert(kWarps == 8 && kBlockM == 64 && (kHeadDim == 64 || kHeadDim == 128), "wgmma tile shapes");
+  static_assert(kMChunks == 8, "dSᵀ rows are one 128-byte swizzle block");
+  // dQ = dS·K: warpgroup w computes columns [w · kDqCols, (w + 1) · kDqCols) of the kBlockM rows.
+  static constexpr int kDqCols = kDim / 2;
+  using KVLayout = Swizzle128<kChunks, kBlockN>;
+  using QLayout = Swizzle128<kChunks, kBlockM>;
+  using DsLayout = Swizzle128<kMChunks, kBlockN>;  // dSᵀ: kBlockN key rows of kBlockM q columns
+  // Shared memory (bytes): K, V, dSᵀ, two stages of Q and dO, two stages of LSE and D, and up to
+  // 1 KiB to start the matrices on a 1024-byte boundary (the swizzle is on absolute addresses).
   static constexpr int kKVBytes = kBlockN * kDim * 2;
   static constexpr int kQBytes = kBlockM * kDim * 2;
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kRowStatBytes = kBlockM * 4;
-  static constexpr int kSharedBytes = 2 * kKVBytes + 4 * kQBytes + kDsBytes + 4 * kRowStatBytes;
+  static constexpr int kSharedBytes = 2 * kKVBytes + 4 * kQBytes + kDsBytes + 4 * kRowStatBytes + 1024;
 };
 
 // Shared-memory addresses (32-bit shared window) of one workgroup's buffers. Stages are selected by
@@ -57,7 +63,7 @@ struct BackwardShared {
   uint32_t base_address;
 
   __device__ explicit BackwardShared(unsigned char* bytes) : base(bytes), base_address(arch::shared_address(bytes)) {
-    k = base_address;
+    k = (base_address + 1023u) & ~1023u;
     v = k + Tile::kKVBytes;
     ds = v + Tile::kKVBytes;
     q0 = ds + Tile::kDsBytes;             // then the second stage of Q
@@ -93,51 +99,59 @@ struct UnitState {
   float dv[kDTiles][4];
 };
 
-// Lane addresses of the loads, computed once per workgroup.
-template <typename Tile>
-struct BackwardLanes {
-  LaneAddress<Tile::kChunks> kv_rows;      // A operand: the warp's 16 key rows of K or V
-  LaneAddress<Tile::kChunks> q_rows;       // B operand from Q / dO rows (Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ)
-  LaneAddress<Tile::kChunks> q_columns;    // B operand from Q / dO, transposed (dK, dV products)
-  LaneAddress<Tile::kMChunks> ds_columns;  // A operand dS from dSᵀ, transposed
-  LaneAddress<Tile::kChunks> k_columns;    // B operand from K, transposed (dQ = dS·K)
-
-  __device__ BackwardLanes(int warp, int lane)
-      : kv_rows(warp * 16 + lane % 16, lane / 16),
-        q_rows(lane % 8 + 8 * (lane / 16), (lane / 8) % 2),
-        q_columns(lane % 8 + 8 * ((lane / 8) % 2), lane / 16),
-        ds_columns(lane % 8 + 8 * (lane / 16), (lane / 8) % 2),
-        k_columns(lane % 8 + 8 * ((lane / 8) % 2), lane / 16) {}
+// The wgmma descriptors of one warpgroup's operands, stage 0 (a stage is kQBytes further).
+struct BackwardOperands {
+  uint64_t k_rows, v_rows;  // A: the warpgroup's 64 keys of K and V (K-major)
+  uint64_t q, d_o;          // B of Sᵀ and dPᵀ (K-major), or N-major B of dK and dV (steps of 16 rows)
+  uint64_t ds;              // A of dQ: dS, M-major from dSᵀ (steps of 16 keys)
+  uint64_t k_columns;       // B of dQ: the warpgroup's kDqCols columns of K, N-major (steps of 16 keys)
 };
+
+template <typename Tile>
+__device__ inline BackwardOperands backward_operands(const BackwardShared<Tile>& sh, int warpgroup) {
+  using KV = typename Tile::KVLayout;
+  using Q = typename Tile::QLayout;
+  BackwardOperands o;
+  o.k_rows = arch::swizzle128_descriptor(sh.k + warpgroup * 64 * 128, 16, 1024);
+  o.v_rows = arch::swizzle128_descriptor(sh.v + warpgroup * 64 * 128, 16, 1024);
+  o.q = arch::swizzle128_descriptor(sh.q(0), Q::kBlockBytes, 1024);
+  o.d_o = arch::swizzle128_descriptor(sh.d_o(0), Q::kBlockBytes, 1024);
+  o.ds = arch::swizzle128_descriptor(sh.ds, Tile::kDsBytes, 1024);
+  // kDqCols = 64: the warpgroup's own 64-column block; 32 (D = 64): half a block, 64 bytes in.
+  const uint32_t columns = Tile::kDqCols == 64 ? warpgroup * KV::kBlockBytes : warpgroup * Tile::kDqCols * 2;
+  o.k_columns = arch::swizzle128_descriptor(sh.k + columns, KV::kBlockBytes, 1024);
+  return o;
+}
+
+// Sᵀ-shaped products: acc (64 keys × kBlockM) = rows (the warpgroup's keys) · columnsᵀ (q rows), both
+// K-major over the head dim.
+template <typename Tile, typename T>
+__device__ inline void transposed_scores(float (&acc)[Tile::kBlockM / 8][4], uint64_t rows, uint64_t columns) {
+  using KV = typename Tile::KVLayout;
+  using Q = typename Tile::QLayout;
+#pragma unroll
+  for (int kk = 0; kk < Tile::kDim / 16; ++kk) {
+    const uint32_t column = (kk % 4) * 32;  // the step's 16 columns inside its 64-column block
+    arch::WarpgroupMma<T>::mma(acc, arch::descriptor_plus(rows, (kk / 4) * KV::kBlockBytes + column),
+                               arch::descriptor_plus(columns, (kk / 4) * Q::kBlockBytes + column), kk > 0);
+  }
+}
 
 // One q tile against the unit's K/V: dV, dK accumulate; dSᵀ goes to shared memory.
 template <typename Tile, typename T, bool kEdge>
 __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShared<Tile>& sh, int stage,
-                                        const BackwardLanes<Tile>& lanes, float scale_log2, const ResolvedMask& mask,
+                                        const BackwardOperands& operands, float scale_log2, const ResolvedMask& mask,
                                         int64_t i0, int64_t key0, int64_t sk, int warp, int g, int t) {
   using E = arch::Element<T>;
-  constexpr int M = Tile::kBlockM, D = Tile::kDim, kMTiles = M / 8, kDTiles = D / 8;
+  using Mma = arch::WarpgroupMma<T>;
+  constexpr int M = Tile::kBlockM, kMTiles = M / 8;
+  const uint32_t q_stage = static_cast<uint32_t>(stage) * Tile::kQBytes;
+  const uint64_t q = arch::descriptor_plus(operands.q, q_stage), d_o = arch::descriptor_plus(operands.d_o, q_stage);
 
-  // Three passes keep at most one fp32 score tile live next to the dK/dV accumulators (registers are
-  // the limit at D = 128): Sᵀ → P (kept rounded, as the MMAs consume it) → dV += Pᵀ·dO; then dPᵀ → dS
-  // → dK += dSᵀ·Q and dSᵀ to shared memory.
-  float acc[kMTiles][4];
-  auto scores = [&](uint32_t rows_tile, uint32_t columns_tile) {
-#pragma unroll
-    for (int n = 0; n < kMTiles; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t a[4];
-      arch::load_matrix_x4(a, rows_tile + lanes.kv_rows.at(0, kk));
-#pragma unroll
-      for (int nn = 0; nn < M / 16; ++nn) {
-        uint32_t r[4];
-        arch::load_matrix_x4(r, columns_tile + lanes.q_rows.at(nn, kk));
-        E::mma(acc[2 * nn], a, r[0], r[1]);
-        E::mma(acc[2 * nn + 1], a, r[2], r[3]);
-      }
-    }
-  };
+  // One fp32 score tile is live next to the dK/dV accumulators (registers are the limit at D = 128):
+  // Sᵀ → P (kept rounded, as the MMAs consume it) → dV += Pᵀ·dO while dPᵀ is computed → dS → dK += dSᵀ·Q
+  // and dSᵀ to shared memory.
+  float acc[kMTiles][4] = {};  // overwritten by the first wgmma of each product
   // A 16-column step of a score tile as an A fragment (the accumulator layout of two 8-column tiles).
   auto a_fragment = [&](uint32_t (&a)[4], int kk) {
     a[0] = E::pack(acc[2 * kk][0], acc[2 * kk][1]);
@@ -151,7 +165,11 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
   constexpr float kLog2e = 1.4426950408889634f;
 
   // Sᵀ = K·Qᵀ, then P = 2^(scale_log2 · S - LSE · log2 e), masked on edge tiles.
-  scores(sh.k, sh.q(stage));
+  arch::warpgroup_fence();
+  transposed_scores<Tile, T>(acc, operands.k_rows, q);
+  arch::warpgroup_commit();
+  arch::warpgroup_wait<0>();
+  arch::hold_registers(acc);
 #pragma unroll
   for (int n = 0; n < kMTiles; ++n) {
 #pragma unroll
@@ -176,20 +194,18 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
 #pragma unroll
   for (int kk = 0; kk < M / 16; ++kk) a_fragment(p_frag[kk], kk);
 
-  // dV += Pᵀ·dO.
+  // dV += Pᵀ·dO (dO N-major, 16 q rows a step), and dPᵀ = V·dOᵀ behind it.
+  arch::warpgroup_fence();
 #pragma unroll
-  for (int kk = 0; kk < M / 16; ++kk) {
-#pragma unroll
-    for (int dd = 0; dd < D / 16; ++dd) {
-      uint32_t r[4];
-      arch::load_matrix_x4_transposed(r, sh.d_o(stage) + lanes.q_columns.at(kk, dd));
-      E::mma(st.dv[2 * dd], p_frag[kk], r[0], r[1]);
-      E::mma(st.dv[2 * dd + 1], p_frag[kk], r[2], r[3]);
-    }
-  }
+  for (int kk = 0; kk < M / 16; ++kk) Mma::mma(st.dv, p_frag[kk], arch::descriptor_plus(d_o, kk * 16 * 128));
+  arch::warpgroup_commit();
+  transposed_scores<Tile, T>(acc, operands.v_rows, d_o);
+  arch::warpgroup_commit();
+  arch::warpgroup_wait<0>();
+  arch::hold_registers(acc);
+  arch::hold_registers(st.dv);
 
-  // dPᵀ = V·dOᵀ, then dS = P ∘ (dP - D) with P as rounded for dV.
-  scores(sh.v, sh.d_o(stage));
+  // dS = P ∘ (dP - D) with P as rounded for dV.
 #pragma unroll
   for (int n = 0; n < kMTiles; ++n) {
     const float2 d_pair = *reinterpret_cast<const float2*>(big_d + n * 8 + 2 * t);
@@ -201,54 +217,50 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
     }
   }
 
-  // dK += dSᵀ·Q, and dSᵀ rows (keys) to shared memory, rounded as the MMAs consumed them.
+  // dSᵀ rows (keys) to shared memory, rounded as the MMAs consume them, then dK += dSᵀ·Q.
+  uint32_t ds_frag[M / 16][4];
 #pragma unroll
   for (int kk = 0; kk < M / 16; ++kk) {
-    uint32_t a_ds[4];
-    a_fragment(a_ds, kk);
-#pragma unroll
-    for (int dd = 0; dd < D / 16; ++dd) {
-      uint32_t r[4];
-      arch::load_matrix_x4_transposed(r, sh.q(stage) + lanes.q_columns.at(kk, dd));
-      E::mma(st.dk[2 * dd], a_ds, r[0], r[1]);
-      E::mma(st.dk[2 * dd + 1], a_ds, r[2], r[3]);
-    }
+    a_fragment(ds_frag[kk], kk);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int key = warp * 16 + g + 8 * r;
-        const uint32_t at = sh.ds + swizzled_bytes<Tile::kMChunks>(key, 2 * kk + half) + 4 * t;
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(a_ds[2 * half + r]));
+        const uint32_t at = sh.ds + Tile::DsLayout::offset(key, 2 * kk + half) + 4 * t;
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(ds_frag[kk][2 * half + r]));
       }
     }
   }
+  arch::fence_shared_for_async_proxy();  // dQ's wgmma reads dSᵀ after the caller's barrier
+  arch::warpgroup_fence();
+#pragma unroll
+  for (int kk = 0; kk < M / 16; ++kk) Mma::mma(st.dk, ds_frag[kk], arch::descriptor_plus(q, kk * 16 * 128));
+  arch::warpgroup_commit();
+  // Waiting here rather than behind the dQ product keeps ds_frag's registers free for dQ: deferring
+  // the wait measured 4-17 % slower on an H200 (the kernels spilled).
+  arch::warpgroup_wait<0>();
+  arch::hold_registers(st.dk);
 }
 
 // dQ = scale · dS·K for the q tile (after a barrier: dSᵀ of every warp is in shared memory), added to
-// the unit's dq_acc slot.
+// the unit's dq_acc slot: warpgroup w the columns [w · kDqCols, (w + 1) · kDqCols).
 template <typename Tile, typename T>
-__device__ inline void accumulate_dq(const BackwardShared<Tile>& sh, const BackwardLanes<Tile>& lanes, float* slot,
-                                     int64_t row_elements, int64_t i0, int64_t sq, int hdim_q, float scale, int warp,
-                                     int g, int t) {
-  using E = arch::Element<T>;
+__device__ inline void accumulate_dq(const BackwardOperands& operands, float* slot, int64_t row_elements, int64_t i0,
+                                     int64_t sq, int hdim_q, float scale, int warp, int g, int t) {
   constexpr int N = Tile::kBlockN, kColTiles = Tile::kDqCols / 8;
-  const int row_group = warp % Tile::kRowGroups, col_group = warp / Tile::kRowGroups;
+  const int row_group = warp % 4, col_group = warp / 4;
   float dq[kColTiles][4];
-#pragma unroll
-  for (int n = 0; n < kColTiles; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+  arch::warpgroup_fence();
 #pragma unroll
   for (int ks = 0; ks < N / 16; ++ks) {
-    uint32_t a[4];
-    arch::load_matrix_x4_transposed(a, sh.ds + lanes.ds_columns.at(ks, row_group));
-#pragma unroll
-    for (int dd = 0; dd < Tile::kDqCols / 16; ++dd) {
-      uint32_t r[4];
-      arch::load_matrix_x4_transposed(r, sh.k + lanes.k_columns.at(ks, col_group * (Tile::kDqCols / 16) + dd));
-      E::mma(dq[2 * dd], a, r[0], r[1]);
-      E::mma(dq[2 * dd + 1], a, r[2], r[3]);
-    }
+    // 16 keys a step: rows of dSᵀ (A, M-major) and of K (B, N-major).
+    arch::WarpgroupMma<T>::template mma<1, 1>(dq, arch::descriptor_plus(operands.ds, ks * 16 * 128),
+                                              arch::descriptor_plus(operands.k_columns, ks * 16 * 128), ks > 0);
   }
+  arch::warpgroup_commit();
+  arch::warpgroup_wait<0>();
+  arch::hold_registers(dq);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t i = i0 + row_group * 16 + g + 8 * r;
@@ -271,7 +283,8 @@ __device__ inline void accumulate_dq(const BackwardShared<Tile>& sh, const Backw
 // The q-tile copies of one step: Q and dO rows (zero past the batch's rows) and their LSE and D.
 template <typename Tile, typename T>
 __device__ inline void issue_q_tile(const fmha_bwd_params& p, const BackwardShared<Tile>& sh, int stage,
-                                    const TileCopy<Tile, Tile::kBlockM>& copy, const BatchRows& rows, int64_t batch,
+                                    const TileCopy<Tile, Tile::kBlockM, typename Tile::QLayout>& copy,
+                                    const BatchRows& rows, int64_t batch,
                                     const QTile& tile) {
   const int64_t row = rows.q_start + tile.i0;
   const int valid_rows = static_cast<int>(rows.sq - tile.i0);
@@ -327,8 +340,8 @@ __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, 
     return tile;
   };
 
-  const TileCopy<Tile, M> q_copy;
-  const TileCopy<Tile, N> kv_copy;
+  const TileCopy<Tile, M, typename Tile::QLayout> q_copy;
+  const TileCopy<Tile, N, typename Tile::KVLayout> kv_copy;
   const T* k = reinterpret_cast<const T*>(p.k) + batch * p.k_batch_stride + hk * p.k_head_stride +
                (rows.k_start + j0) * p.k_row_stride;
   const T* v = reinterpret_cast<const T*>(p.v) + batch * p.v_batch_stride + hk * p.v_head_stride +
@@ -344,7 +357,7 @@ __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, 
 #pragma unroll
     for (int e = 0; e < 4; ++e) st.dk[n][e] = st.dv[n][e] = 0.f;
   }
-  const BackwardLanes<Tile> lanes(warp, lane);
+  const BackwardOperands operands = backward_operands(sh, warp / 4);
   const DqAccBlock acc = dq_acc_block(p, b);
   // q tiles whose every element the mask keeps need no per-element test: from the first row that keeps
   // the unit's last key to the last row that keeps its first key.
@@ -361,20 +374,21 @@ __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, 
     } else {
       arch::copy_async_wait<0>();
     }
+    arch::fence_shared_for_async_proxy();
     arch::block_barrier();
 
     const bool edge = j0 + N > rows.sk ||
                       (Tile::kMasked && (tile.i0 < interior_lo || tile.i0 + M - 1 > interior_hi));
     if (edge) {
-      accumulate_dk_dv<Tile, T, true>(st, sh, stage, lanes, p.scale_log2, mask, tile.i0, j0, rows.sk, warp, g, t);
+      accumulate_dk_dv<Tile, T, true>(st, sh, stage, operands, p.scale_log2, mask, tile.i0, j0, rows.sk, warp, g, t);
     } else {
-      accumulate_dk_dv<Tile, T, false>(st, sh, stage, lanes, p.scale_log2, mask, tile.i0, j0, rows.sk, warp, g, t);
+      accumulate_dk_dv<Tile, T, false>(st, sh, stage, operands, p.scale_log2, mask, tile.i0, j0, rows.sk, warp, g, t);
     }
     arch::block_barrier();  // dSᵀ complete; this stage's Q/dO are no longer read
 
     const int gh = tile.h - hk * group;
     float* slot = dq_acc_region(p) + acc.index(hk, unit.split, 0, int64_t(gh) * p.hdim_q);
-    accumulate_dq<Tile, T>(sh, lanes, slot, acc.row_elements, tile.i0, rows.sq, p.hdim_q, p.scale, warp, g, t);
+    accumulate_dq<Tile, T>(operands, slot, acc.row_elements, tile.i0, rows.sq, p.hdim_q, p.scale, warp, g, t);
   }
 
   // dK = scale · Σ dSᵀ·Q and dV, the warp's 16 keys (zero when no query row reached the tile).
@@ -402,7 +416,7 @@ __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, 
 
 template <typename Tile, typename T>
 __global__ void __launch_bounds__(Tile::kThreads, 1) dq_dk_dv_kernel(fmha_bwd_params p) {
-  extern __shared__ __align__(128) unsigned char shared_bytes[];
+  extern __shared__ __align__(1024) unsigned char shared_bytes[];
   if (!workspace_prepared(p)) return;
   auto run = [&](const WorkUnit& unit) { run_unit<Tile, T>(p, unit, shared_bytes); };
   if constexpr (Tile::kDeterministic) {

@@ -1,6 +1,6 @@
-// Shared-memory tiles of the NVIDIA mainloops: the two XOR-swizzled layouts, the cp.async copy of a
-// row-major global tile into either, and the lane addresses of ldmatrix loads. Every tile is rows of
-// `kChunks` 16-byte chunks (kChunks a multiple of 8).
+// Shared-memory tiles of the NVIDIA mainloops: the XOR-swizzled layout the tensor cores read, and the
+// cp.async copy of a row-major global tile into it. Every tile is rows of `kChunks` 16-byte chunks
+// (kChunks a multiple of 8).
 #pragma once
 
 #include "arch/nvidia/tensor_core.h"
@@ -8,22 +8,9 @@
 
 namespace fmha {
 
-// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][kChunks] tile: chunk index
-// XOR (row mod 8) spreads the 8 rows an ldmatrix reads over all 32 banks.
-template <int kChunks>
-__device__ inline uint32_t swizzled_bytes(int row, int chunk) {
-  return static_cast<uint32_t>((row * kChunks + (chunk ^ (row & 7))) * 16);
-}
-
-// The ldmatrix layout: whole rows one after another (`swizzled_bytes`).
-template <int kChunks>
-struct RowSwizzle {
-  static constexpr int kRowBytes = kChunks * 16;
-  __device__ static uint32_t offset(int row, int chunk) { return swizzled_bytes<kChunks>(row, chunk); }
-};
-
 // The wgmma 128-byte swizzle (arch/nvidia/warpgroup.h): blocks of 8 chunks (64 columns), each block
-// [kRows][128 B] with the same chunk XOR (row mod 8). With kChunks = 8 it is RowSwizzle.
+// [kRows][128 B] with chunk c of row r at chunk c XOR (r mod 8), which also spreads the 8 rows of any
+// column of chunks over all 32 banks.
 template <int kChunks, int kRows>
 struct Swizzle128 {
   static constexpr int kRowBytes = 128;
@@ -36,7 +23,7 @@ struct Swizzle128 {
 // A thread's share of copying a [kRows][kChunks] tile global → swizzled shared (`Layout`): chunks
 // tid, tid + kThreads, ... which are the same (row, chunk) pairs for every tile, so their offsets are
 // computed once and a tile's copy is a few adds per chunk.
-template <typename Tile, int kRows, typename Layout = RowSwizzle<Tile::kChunks>>
+template <typename Tile, int kRows, typename Layout>
 struct TileCopy {
   static constexpr int kPerThread = (kRows * Tile::kChunks + Tile::kThreads - 1) / Tile::kThreads;
   static constexpr int kRowStep = Tile::kThreads / Tile::kChunks;  // rows between a thread's chunks
@@ -71,25 +58,4 @@ struct TileCopy {
     }
   }
 };
-// Lane-dependent parts of the ldmatrix addresses, computed once: within a 16-row MMA step the row is
-// `step * 16 + row`, and since a step is a multiple of 8 rows the swizzle term (row mod 8) is fixed
-// per lane; the chunk for a 16-column step kk is (2 kk + half) XOR (row mod 8) = (2 kk XOR even) |
-// odd_bit, so each load is a base register plus a constant.
-template <int kChunks>
-struct LaneAddress {
-  uint32_t row_bytes;  // row * kChunks * 16
-  uint32_t even16;     // (row & 6) * 16
-  uint32_t odd16;      // ((half ^ row) & 1) * 16
-
-  __device__ LaneAddress(int row, int half)
-      : row_bytes(static_cast<uint32_t>(row * kChunks * 16)),
-        even16(static_cast<uint32_t>((row & 6) * 16)),
-        odd16(static_cast<uint32_t>(((half ^ row) & 1) * 16)) {}
-
-  // Byte offset of 16-column step `kk` (a compile-time constant after unrolling) in row step `step`.
-  __device__ uint32_t at(int step, int kk) const {
-    return row_bytes + step * 16 * kChunks * 16 + (((kk * 32) ^ even16) | odd16);
-  }
-};
-
 }  // namespace fmha

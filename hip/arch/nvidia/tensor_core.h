@@ -1,9 +1,10 @@
-// NVIDIA (sm_80+, run on sm_90a) primitives of the attention mainloops: asynchronous global→shared
-// copies, ldmatrix fragment loads and the m16n8k16 tensor-core MMA with fp32 accumulation.
+// NVIDIA primitives around the tensor cores (the products themselves: arch/nvidia/warpgroup.h):
+// asynchronous global→shared copies, packing fp32 results into 16-bit operand registers, and the
+// reductions and exp2 of the softmax over the register fragments.
 //
-// Fragment layouts (PTX ISA, "mma.m16n8k16"), with g = lane / 4 and t = lane % 4:
+// A warp's fragments of a 16-row tile (PTX ISA, "mma.m16n8k16"; wgmma uses them per warp), with
+// g = lane / 4 and t = lane % 4:
 //   A 16x16 (row-major)  : 4 x b32 = {(g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)}
-//   B 16x8  (column)     : 2 x b32 = {(2t..2t+1, g), (2t+8.., g)}
 //   C 16x8  (fp32)       : 4 floats = {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)}
 #pragma once
 
@@ -35,33 +36,12 @@ __device__ inline void copy_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-// Four 8x8 b16 matrices; lane l supplies the row address (32-bit shared window) of matrix l / 8.
-__device__ inline void load_matrix_x4(uint32_t (&r)[4], uint32_t shared) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(shared));
-}
-
-// The same, each matrix transposed (B operands from row-major [k][n] storage).
-__device__ inline void load_matrix_x4_transposed(uint32_t (&r)[4], uint32_t shared) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(shared));
-}
-
-// The 16-bit input types: storage, the MMA instruction, and packing two floats.
+// The 16-bit input types: packing two floats into an operand register, and back.
 template <typename T>
 struct Element;
 
 template <>
 struct Element<__half> {
-  __device__ static void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
   __device__ static uint32_t pack(float lo, float hi) {
     __half2 h = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&h);
@@ -71,13 +51,6 @@ struct Element<__half> {
 
 template <>
 struct Element<__nv_bfloat16> {
-  __device__ static void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
   __device__ static uint32_t pack(float lo, float hi) {
     __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&h);

@@ -58,48 +58,44 @@ __device__ inline void hold_registers(float (&d)[kRows][4]) {
 __device__ inline void fence_shared_for_async_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 #define FMHA_ACC4(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
-#define FMHA_ACC_N64 \
-  FMHA_ACC4(0), FMHA_ACC4(1), FMHA_ACC4(2), FMHA_ACC4(3), FMHA_ACC4(4), FMHA_ACC4(5), FMHA_ACC4(6), FMHA_ACC4(7)
+#define FMHA_ACC_N32 FMHA_ACC4(0), FMHA_ACC4(1), FMHA_ACC4(2), FMHA_ACC4(3)
+#define FMHA_ACC_N64 FMHA_ACC_N32, FMHA_ACC4(4), FMHA_ACC4(5), FMHA_ACC4(6), FMHA_ACC4(7)
 #define FMHA_ACC_N128                                                                                       \
   FMHA_ACC_N64, FMHA_ACC4(8), FMHA_ACC4(9), FMHA_ACC4(10), FMHA_ACC4(11), FMHA_ACC4(12), FMHA_ACC4(13), \
       FMHA_ACC4(14), FMHA_ACC4(15)
-#define FMHA_REGS_0_31                                                                                      \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
-  "%23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define FMHA_REGS_32_63                                                                                      \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
-  "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define FMHA_REGS_0_15 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define FMHA_REGS_0_31 \
+  FMHA_REGS_0_15 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define FMHA_REGS_0_63                                                                                      \
+  FMHA_REGS_0_31 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, " \
+                 "%49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 
-// D (+)= A·B for one element type TYPE ("f16" or "bf16"), N = 64 or 128 (by the accumulator's rows):
-//   shared A (K-major) · shared B (K-major), or register A · shared B (N-major: `imm-trans-b` = 1).
-// `accumulate` = 0 overwrites D (the first step of a fresh product).
-#define FMHA_WARPGROUP_MMA(TYPE)                                                                               \
-  __device__ static void mma(float (&d)[8][4], uint64_t a, uint64_t b, int accumulate) {                       \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                  \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " FMHA_REGS_0_31                \
-                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"                                                            \
-                 : FMHA_ACC_N64                                                                                \
-                 : "l"(a), "l"(b), "r"(accumulate));                                                           \
-  }                                                                                                            \
-  __device__ static void mma(float (&d)[16][4], uint64_t a, uint64_t b, int accumulate) {                      \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                  \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " FMHA_REGS_0_31               \
-                 ", " FMHA_REGS_32_63 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                       \
-                 : FMHA_ACC_N128                                                                               \
-                 : "l"(a), "l"(b), "r"(accumulate));                                                           \
-  }                                                                                                            \
-  __device__ static void mma(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b) {                           \
-    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " FMHA_REGS_0_31              \
-                 "}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"                                                 \
-                 : FMHA_ACC_N64                                                                                \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));                                        \
-  }                                                                                                            \
-  __device__ static void mma(float (&d)[16][4], const uint32_t (&a)[4], uint64_t b) {                          \
-    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " FMHA_REGS_0_31             \
-                 ", " FMHA_REGS_32_63 "}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"                            \
-                 : FMHA_ACC_N128                                                                               \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));                                        \
+// D (+)= A·B for one element type TYPE ("f16" or "bf16"), N = 32, 64 or 128 (by the accumulator's rows).
+//   Shared A · shared B: K-major operands unless kTransposeA / kTransposeB (then M- / N-major).
+//   `accumulate` = 0 overwrites D (the first step of a fresh product).
+//   Register A · shared B: B N-major (`imm-trans-b` = 1), accumulating.
+#define FMHA_WARPGROUP_MMA_SHARED(N, REGS, ACC, A, B, SCALE, TRANS_A, TRANS_B, TYPE)                            \
+  template <int kTransposeA = 0, int kTransposeB = 0>                                                          \
+  __device__ static void mma(float (&d)[N / 8][4], uint64_t a, uint64_t b, int accumulate) {                   \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE ", 0;\n"                                            \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " " REGS "}, " A ", " B       \
+                 ", p, 1, 1, " TRANS_A ", " TRANS_B ";\n}\n"                                                   \
+                 : ACC                                                                                         \
+                 : "l"(a), "l"(b), "r"(accumulate), "n"(kTransposeA), "n"(kTransposeB));                       \
   }
+#define FMHA_WARPGROUP_MMA_REGISTERS(N, REGS, ACC, A, B, TYPE)                                              \
+  __device__ static void mma(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b) {                   \
+    asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " " REGS "}, " A ", " B \
+                 ", 1, 1, 1, 1;\n"                                                                         \
+                 : ACC                                                                                     \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));                                    \
+  }
+#define FMHA_WARPGROUP_MMA(TYPE)                                                                                  \
+  FMHA_WARPGROUP_MMA_SHARED(32, FMHA_REGS_0_15, FMHA_ACC_N32, "%16", "%17", "%18", "%19", "%20", TYPE)           \
+  FMHA_WARPGROUP_MMA_SHARED(64, FMHA_REGS_0_31, FMHA_ACC_N64, "%32", "%33", "%34", "%35", "%36", TYPE)           \
+  FMHA_WARPGROUP_MMA_SHARED(128, FMHA_REGS_0_63, FMHA_ACC_N128, "%64", "%65", "%66", "%67", "%68", TYPE)         \
+  FMHA_WARPGROUP_MMA_REGISTERS(64, FMHA_REGS_0_31, FMHA_ACC_N64, "{%32, %33, %34, %35}", "%36", TYPE)            \
+  FMHA_WARPGROUP_MMA_REGISTERS(128, FMHA_REGS_0_63, FMHA_ACC_N128, "{%64, %65, %66, %67}", "%68", TYPE)
 
 template <typename T>
 struct WarpgroupMma;
@@ -115,10 +111,14 @@ struct WarpgroupMma<__nv_bfloat16> {
 };
 
 #undef FMHA_WARPGROUP_MMA
-#undef FMHA_REGS_32_63
+#undef FMHA_WARPGROUP_MMA_REGISTERS
+#undef FMHA_WARPGROUP_MMA_SHARED
+#undef FMHA_REGS_0_63
 #undef FMHA_REGS_0_31
+#undef FMHA_REGS_0_15
 #undef FMHA_ACC_N128
 #undef FMHA_ACC_N64
+#undef FMHA_ACC_N32
 #undef FMHA_ACC4
 
 }  // namespace arch
