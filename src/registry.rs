@@ -119,7 +119,7 @@ const GFX942_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 128, 64), (128, 128, 32
 const GFX950_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 128, 64), (128, 128, 64)];
 
 /// Backward (dq_dk_dv) tiles of the GPU kernels (`hip/bwd/backward.hip`): head-dim bucket, q rows per
-/// step, keys per unit. sm_90a: 8 warps of 16 keys.
+/// step, keys per unit. sm_90a: two warpgroups of 64 keys (8 warps, one per 16 keys).
 const SM90_BACKWARD_TILES: [(i64, i64, i64); 2] = [(64, 64, 128), (128, 64, 128)];
 
 /// The instances of a GPU build for `arch` and `operation`: both dtypes, masked or not (the backward

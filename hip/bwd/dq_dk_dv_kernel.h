@@ -123,27 +123,12 @@ __device__ inline BackwardOperands backward_operands(const BackwardShared<Tile>&
   return o;
 }
 
-// Sᵀ-shaped products: acc (64 keys × kBlockM) = rows (the warpgroup's keys) · columnsᵀ (q rows), both
-// K-major over the head dim.
-template <typename Tile, typename T>
-__device__ inline void transposed_scores(float (&acc)[Tile::kBlockM / 8][4], uint64_t rows, uint64_t columns) {
-  using KV = typename Tile::KVLayout;
-  using Q = typename Tile::QLayout;
-#pragma unroll
-  for (int kk = 0; kk < Tile::kDim / 16; ++kk) {
-    const uint32_t column = (kk % 4) * 32;  // the step's 16 columns inside its 64-column block
-    arch::WarpgroupMma<T>::mma(acc, arch::descriptor_plus(rows, (kk / 4) * KV::kBlockBytes + column),
-                               arch::descriptor_plus(columns, (kk / 4) * Q::kBlockBytes + column), kk > 0);
-  }
-}
-
 // One q tile against the unit's K/V: dV, dK accumulate; dSᵀ goes to shared memory.
 template <typename Tile, typename T, bool kEdge>
 __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShared<Tile>& sh, int stage,
                                         const BackwardOperands& operands, float scale_log2, const ResolvedMask& mask,
                                         int64_t i0, int64_t key0, int64_t sk, int warp, int g, int t) {
   using E = arch::Element<T>;
-  using Mma = arch::WarpgroupMma<T>;
   constexpr int M = Tile::kBlockM, kMTiles = M / 8;
   const uint32_t q_stage = static_cast<uint32_t>(stage) * Tile::kQBytes;
   const uint64_t q = arch::descriptor_plus(operands.q, q_stage), d_o = arch::descriptor_plus(operands.d_o, q_stage);
@@ -159,6 +144,11 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
     a[2] = E::pack(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
     a[3] = E::pack(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
   };
+  // Sᵀ-shaped products: acc (64 keys × kBlockM) = the warpgroup's key rows · q rowsᵀ, over the head dim.
+  auto scores = [&](uint64_t key_rows, uint64_t q_rows) {
+    arch::mma_rows_by_rows<T, Tile::kDim, Tile::KVLayout::kBlockBytes, Tile::QLayout::kBlockBytes>(acc, key_rows,
+                                                                                                    q_rows);
+  };
   // Element (key row g + 8r of the warp's 16, q column 8n + 2t + c) of a score tile is acc[n][2r + c].
   const float* lse = sh.row_stats(sh.lse(stage));
   const float* big_d = sh.row_stats(sh.d(stage));
@@ -166,7 +156,7 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
 
   // Sᵀ = K·Qᵀ, then P = 2^(scale_log2 · S - LSE · log2 e), masked on edge tiles.
   arch::warpgroup_fence();
-  transposed_scores<Tile, T>(acc, operands.k_rows, q);
+  scores(operands.k_rows, q);
   arch::warpgroup_commit();
   arch::warpgroup_wait<0>();
   arch::hold_registers(acc);
@@ -196,10 +186,9 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
 
   // dV += Pᵀ·dO (dO N-major, 16 q rows a step), and dPᵀ = V·dOᵀ behind it.
   arch::warpgroup_fence();
-#pragma unroll
-  for (int kk = 0; kk < M / 16; ++kk) Mma::mma(st.dv, p_frag[kk], arch::descriptor_plus(d_o, kk * 16 * 128));
+  arch::mma_registers_by_columns<T>(st.dv, p_frag, d_o);
   arch::warpgroup_commit();
-  transposed_scores<Tile, T>(acc, operands.v_rows, d_o);
+  scores(operands.v_rows, d_o);
   arch::warpgroup_commit();
   arch::warpgroup_wait<0>();
   arch::hold_registers(acc);
@@ -234,8 +223,7 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
   }
   arch::fence_shared_for_async_proxy();  // dQ's wgmma reads dSᵀ after the caller's barrier
   arch::warpgroup_fence();
-#pragma unroll
-  for (int kk = 0; kk < M / 16; ++kk) Mma::mma(st.dk, ds_frag[kk], arch::descriptor_plus(q, kk * 16 * 128));
+  arch::mma_registers_by_columns<T>(st.dk, ds_frag, q);
   arch::warpgroup_commit();
   // Waiting here rather than behind the dQ product keeps ds_frag's registers free for dQ: deferring
   // the wait measured 4-17 % slower on an H200 (the kernels spilled).

@@ -56,17 +56,11 @@ template <typename Tile, typename T, bool kEdge>
 __device__ inline void attend_tile(RowState<Tile>& st, uint64_t q, uint64_t k, uint64_t v, float scale_log2,
                                    const ResolvedMask& mask, int64_t j0, int64_t sk, const int64_t (&row_of)[2], int t) {
   using E = arch::Element<T>;
-  using Mma = arch::WarpgroupMma<T>;
   constexpr int N = Tile::kBlockN, D = Tile::kDim, kNTiles = N / 8, kDTiles = D / 8;
 
   float s[kNTiles][4];
   arch::warpgroup_fence();
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    const uint32_t column = (kk % 4) * 32;  // the step's 16 columns inside its 64-column block
-    Mma::mma(s, arch::descriptor_plus(q, (kk / 4) * Tile::QLayout::kBlockBytes + column),
-             arch::descriptor_plus(k, (kk / 4) * Tile::KVLayout::kBlockBytes + column), kk > 0);
-  }
+  arch::mma_rows_by_rows<T, D, Tile::QLayout::kBlockBytes, Tile::KVLayout::kBlockBytes>(s, q, k);
   arch::warpgroup_commit();
   arch::warpgroup_wait<0>();
   arch::hold_registers(s);
@@ -124,8 +118,7 @@ __device__ inline void attend_tile(RowState<Tile>& st, uint64_t q, uint64_t k, u
     p[kk][3] = E::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
   }
   arch::warpgroup_fence();
-#pragma unroll
-  for (int kk = 0; kk < N / 16; ++kk) Mma::mma(st.o, p[kk], arch::descriptor_plus(v, kk * 16 * 128));
+  arch::mma_registers_by_columns<T>(st.o, p, v);
   arch::warpgroup_commit();
   arch::warpgroup_wait<0>();
   arch::hold_registers(st.o);

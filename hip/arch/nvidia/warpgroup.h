@@ -2,9 +2,9 @@
 // the tensor cores straight from shared memory through 64-bit matrix descriptors (no ldmatrix).
 //
 // A warpgroup is 4 consecutive warps (128 threads, the first a multiple of 4). Warp w of the group holds
-// rows 16w..16w+15 of the 64-row accumulator in the mma.sync C layout, repeated along N:
+// rows 16w..16w+15 of the 64-row accumulator in the C fragment layout of tensor_core.h, repeated along N:
 // d[n][0..3] = (g, 8n + 2t), (g, 8n + 2t + 1), (g + 8, 8n + 2t), (g + 8, 8n + 2t + 1), with g = lane / 4,
-// t = lane % 4. An A operand in registers is the mma.sync m16n8k16 A fragment of the warp's 16 rows.
+// t = lane % 4. An A operand in registers is the A fragment (tensor_core.h) of the warp's 16 rows.
 //
 // Shared operands use the 128-byte swizzle (`Swizzle128` in shared_tile.h): a tile is stored as blocks
 // of 64 columns, each block [rows][128 B] with 16-byte chunk c of row r at chunk c XOR (r mod 8); the
@@ -120,6 +120,27 @@ struct WarpgroupMma<__nv_bfloat16> {
 #undef FMHA_ACC_N64
 #undef FMHA_ACC_N32
 #undef FMHA_ACC4
+
+// D = A·Bᵀ over kDim columns, A (64 rows) and B (N rows) both K-major Swizzle128 tiles whose
+// 64-column blocks are kABlockBytes / kBBlockBytes apart; overwrites D. Issue only: fence before,
+// commit and wait after.
+template <typename T, int kDim, uint32_t kABlockBytes, uint32_t kBBlockBytes, int kRows>
+__device__ inline void mma_rows_by_rows(float (&d)[kRows][4], uint64_t a, uint64_t b) {
+#pragma unroll
+  for (int kk = 0; kk < kDim / 16; ++kk) {
+    const uint32_t column = (kk % 4) * 32;  // the step's 16 columns inside its 64-column block
+    WarpgroupMma<T>::mma(d, descriptor_plus(a, (kk / 4) * kABlockBytes + column),
+                         descriptor_plus(b, (kk / 4) * kBBlockBytes + column), kk > 0);
+  }
+}
+
+// D += A·B, A in registers as kSteps 16-column fragments, B an N-major Swizzle128 tile read 16 rows
+// (2048 bytes) a step. Issue only, like mma_rows_by_rows.
+template <typename T, int kSteps, int kRows>
+__device__ inline void mma_registers_by_columns(float (&d)[kRows][4], const uint32_t (&a)[kSteps][4], uint64_t b) {
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) WarpgroupMma<T>::mma(d, a[kk], descriptor_plus(b, kk * 16 * 128));
+}
 
 }  // namespace arch
 }  // namespace fmha
