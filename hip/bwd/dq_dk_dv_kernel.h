@@ -8,9 +8,10 @@
 // accumulators are directly the register A operands of
 //   dV += Pᵀ·dO,   dK += dSᵀ·Q,     with P = 2^(scale_log2 · S - LSE · log2 e), dS = P ∘ (dP - D),
 // and stores dSᵀ to shared memory, from which each warpgroup then computes its half of the columns of
-// dQ = dS·K for the tile and adds it to the unit's dq_acc split slot with vector atomics. Non-deterministic mode: one workgroup per
-// unit, slot 0, adds in any order. Deterministic mode: the persistent schedule gives every slot to one
-// workgroup, and every element of it to one thread, whose adds apply in program order.
+// dQ = dS·K for the tile and adds it to the unit's dq_acc split slot with vector atomics.
+// Non-deterministic mode: one workgroup per unit, slot 0, adds in any order. Deterministic mode: the
+// persistent schedule gives every slot to one workgroup, and every element of it to one thread, whose
+// adds apply in program order.
 // dK (scaled) and dV are stored once per unit. Fully masked q tiles are never visited.
 #pragma once
 
@@ -45,13 +46,13 @@ struct BackwardTile {
   using KVLayout = Swizzle128<kChunks, kBlockN>;
   using QLayout = Swizzle128<kChunks, kBlockM>;
   using DsLayout = Swizzle128<kMChunks, kBlockN>;  // dSᵀ: kBlockN key rows of kBlockM q columns
-  // Shared memory (bytes): K, V, dSᵀ, two stages of Q and dO, two stages of LSE and D, and up to
-  // 1 KiB to start the matrices on a 1024-byte boundary (the swizzle is on absolute addresses).
+  // Shared memory (bytes), from a 1024-byte boundary: K, V, dSᵀ, two stages of Q and dO, two stages
+  // of LSE and D.
   static constexpr int kKVBytes = kBlockN * kDim * 2;
   static constexpr int kQBytes = kBlockM * kDim * 2;
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kRowStatBytes = kBlockM * 4;
-  static constexpr int kSharedBytes = 2 * kKVBytes + 4 * kQBytes + kDsBytes + 4 * kRowStatBytes + 1024;
+  static constexpr int kSharedBytes = 2 * kKVBytes + 4 * kQBytes + kDsBytes + 4 * kRowStatBytes + kSwizzle128Slack;
 };
 
 // Shared-memory addresses (32-bit shared window) of one workgroup's buffers. Stages are selected by
@@ -63,7 +64,7 @@ struct BackwardShared {
   uint32_t base_address;
 
   __device__ explicit BackwardShared(unsigned char* bytes) : base(bytes), base_address(arch::shared_address(bytes)) {
-    k = (base_address + 1023u) & ~1023u;
+    k = swizzle128_base(bytes);
     v = k + Tile::kKVBytes;
     ds = v + Tile::kKVBytes;
     q0 = ds + Tile::kDsBytes;             // then the second stage of Q
@@ -112,14 +113,16 @@ __device__ inline BackwardOperands backward_operands(const BackwardShared<Tile>&
   using KV = typename Tile::KVLayout;
   using Q = typename Tile::QLayout;
   BackwardOperands o;
-  o.k_rows = arch::swizzle128_descriptor(sh.k + warpgroup * 64 * 128, 16, 1024);
-  o.v_rows = arch::swizzle128_descriptor(sh.v + warpgroup * 64 * 128, 16, 1024);
-  o.q = arch::swizzle128_descriptor(sh.q(0), Q::kBlockBytes, 1024);
-  o.d_o = arch::swizzle128_descriptor(sh.d_o(0), Q::kBlockBytes, 1024);
-  o.ds = arch::swizzle128_descriptor(sh.ds, Tile::kDsBytes, 1024);
+  o.k_rows = arch::k_major_descriptor(sh.k + warpgroup * 64 * 128);
+  o.v_rows = arch::k_major_descriptor(sh.v + warpgroup * 64 * 128);
+  // Q and dO serve as K-major (Sᵀ, dPᵀ) and as N-major operands (dK, dV): the K-major reads ignore the
+  // leading offset the N-major ones need.
+  o.q = arch::mn_major_descriptor(sh.q(0), Q::kBlockBytes);
+  o.d_o = arch::mn_major_descriptor(sh.d_o(0), Q::kBlockBytes);
+  o.ds = arch::mn_major_descriptor(sh.ds, Tile::kDsBytes);
   // kDqCols = 64: the warpgroup's own 64-column block; 32 (D = 64): half a block, 64 bytes in.
   const uint32_t columns = Tile::kDqCols == 64 ? warpgroup * KV::kBlockBytes : warpgroup * Tile::kDqCols * 2;
-  o.k_columns = arch::swizzle128_descriptor(sh.k + columns, KV::kBlockBytes, 1024);
+  o.k_columns = arch::mn_major_descriptor(sh.k + columns, KV::kBlockBytes);
   return o;
 }
 
@@ -137,13 +140,6 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
   // Sᵀ → P (kept rounded, as the MMAs consume it) → dV += Pᵀ·dO while dPᵀ is computed → dS → dK += dSᵀ·Q
   // and dSᵀ to shared memory.
   float acc[kMTiles][4] = {};  // overwritten by the first wgmma of each product
-  // A 16-column step of a score tile as an A fragment (the accumulator layout of two 8-column tiles).
-  auto a_fragment = [&](uint32_t (&a)[4], int kk) {
-    a[0] = E::pack(acc[2 * kk][0], acc[2 * kk][1]);
-    a[1] = E::pack(acc[2 * kk][2], acc[2 * kk][3]);
-    a[2] = E::pack(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
-    a[3] = E::pack(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
-  };
   // Sᵀ-shaped products: acc (64 keys × kBlockM) = the warpgroup's key rows · q rowsᵀ, over the head dim.
   auto scores = [&](uint64_t key_rows, uint64_t q_rows) {
     arch::mma_rows_by_rows<T, Tile::kDim, Tile::KVLayout::kBlockBytes, Tile::QLayout::kBlockBytes>(acc, key_rows,
@@ -182,7 +178,7 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
   }
   uint32_t p_frag[M / 16][4];
 #pragma unroll
-  for (int kk = 0; kk < M / 16; ++kk) a_fragment(p_frag[kk], kk);
+  for (int kk = 0; kk < M / 16; ++kk) arch::a_fragment<T>(p_frag[kk], acc, kk);
 
   // dV += Pᵀ·dO (dO N-major, 16 q rows a step), and dPᵀ = V·dOᵀ behind it.
   arch::warpgroup_fence();
@@ -210,7 +206,7 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
   uint32_t ds_frag[M / 16][4];
 #pragma unroll
   for (int kk = 0; kk < M / 16; ++kk) {
-    a_fragment(ds_frag[kk], kk);
+    arch::a_fragment<T>(ds_frag[kk], acc, kk);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
 #pragma unroll

@@ -36,8 +36,8 @@ struct ForwardTile {
   using KVLayout = Swizzle128<kChunks, kBlockN>;
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * 2;
-  // Q, two stages of K and of V, and up to 1 KiB to start them on a 1024-byte boundary.
-  static constexpr int kSharedBytes = kQBytes + 4 * kKVBytes + 1024;
+  // Q, two stages of K and of V, from a 1024-byte boundary.
+  static constexpr int kSharedBytes = kQBytes + 4 * kKVBytes + kSwizzle128Slack;
 };
 
 // The running state of one thread's share of its warp's 16 query rows: the O accumulator and the
@@ -55,7 +55,6 @@ struct RowState {
 template <typename Tile, typename T, bool kEdge>
 __device__ inline void attend_tile(RowState<Tile>& st, uint64_t q, uint64_t k, uint64_t v, float scale_log2,
                                    const ResolvedMask& mask, int64_t j0, int64_t sk, const int64_t (&row_of)[2], int t) {
-  using E = arch::Element<T>;
   constexpr int N = Tile::kBlockN, D = Tile::kDim, kNTiles = N / 8, kDTiles = D / 8;
 
   float s[kNTiles][4];
@@ -111,12 +110,7 @@ __device__ inline void attend_tile(RowState<Tile>& st, uint64_t q, uint64_t k, u
   // O += P·V: P's accumulator layout is the A-fragment layout of a 16-key step.
   uint32_t p[N / 16][4];
 #pragma unroll
-  for (int kk = 0; kk < N / 16; ++kk) {
-    p[kk][0] = E::pack(s[2 * kk][0], s[2 * kk][1]);
-    p[kk][1] = E::pack(s[2 * kk][2], s[2 * kk][3]);
-    p[kk][2] = E::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-    p[kk][3] = E::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-  }
+  for (int kk = 0; kk < N / 16; ++kk) arch::a_fragment<T>(p[kk], s, kk);
   arch::warpgroup_fence();
   arch::mma_registers_by_columns<T>(st.o, p, v);
   arch::warpgroup_commit();
@@ -131,7 +125,7 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(fmha_fwd_params
   constexpr int kDTiles = Tile::kDim / 8;
   constexpr uint32_t kKVBytes = Tile::kKVBytes;
   extern __shared__ __align__(1024) unsigned char shared_bytes[];
-  const uint32_t sQ = (arch::shared_address(shared_bytes) + 1023u) & ~1023u;
+  const uint32_t sQ = swizzle128_base(shared_bytes);
   const uint32_t sK = sQ + Tile::kQBytes;  // two stages
   const uint32_t sV = sK + 2 * kKVBytes;   // two stages
 
@@ -184,9 +178,9 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(fmha_fwd_params
   st.row_sum[0] = st.row_sum[1] = 0.f;
   const int64_t row_of[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};
   // This warpgroup's 64 Q rows; K and V tiles of stage 0 (a stage is kKVBytes further).
-  const uint64_t q_rows = arch::swizzle128_descriptor(sQ + (warp / 4) * 64 * 128, 16, 1024);
-  const uint64_t k_tile = arch::swizzle128_descriptor(sK, 16, 1024);
-  const uint64_t v_tile = arch::swizzle128_descriptor(sV, Tile::KVLayout::kBlockBytes, 1024);
+  const uint64_t q_rows = arch::k_major_descriptor(sQ + (warp / 4) * 64 * 128);
+  const uint64_t k_tile = arch::k_major_descriptor(sK);
+  const uint64_t v_tile = arch::mn_major_descriptor(sV, Tile::KVLayout::kBlockBytes);
   // Tiles whose every element the mask keeps and that end before sk need no per-element checks.
   const int64_t interior_lo = (i1 - 1) + mask.off - mask.left, interior_hi = i0 + mask.off + mask.right;
 

@@ -20,6 +20,13 @@ struct Swizzle128 {
   }
 };
 
+// The swizzle is on absolute address bits, so Swizzle128 tiles start on 1024-byte boundaries: a kernel
+// asks for kSwizzle128Slack more bytes of dynamic shared memory and places its tiles from this base.
+constexpr int kSwizzle128Slack = 1024;
+__device__ inline uint32_t swizzle128_base(const void* dynamic_shared) {
+  return (arch::shared_address(dynamic_shared) + 1023u) & ~1023u;
+}
+
 // A thread's share of copying a [kRows][kChunks] tile global → swizzled shared (`Layout`): chunks
 // tid, tid + kThreads, ... which are the same (row, chunk) pairs for every tile, so their offsets are
 // computed once and a tile's copy is a few adds per chunk.

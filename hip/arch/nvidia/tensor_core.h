@@ -60,6 +60,16 @@ struct Element<__nv_bfloat16> {
   }
 };
 
+// Step kk (16 columns) of a row of C fragments, rounded to T, as an A fragment: the C layout of two
+// 8-column tiles is the A layout of one 16-column step.
+template <typename T, int kTiles>
+__device__ inline void a_fragment(uint32_t (&a)[4], const float (&c)[kTiles][4], int kk) {
+  a[0] = Element<T>::pack(c[2 * kk][0], c[2 * kk][1]);
+  a[1] = Element<T>::pack(c[2 * kk][2], c[2 * kk][3]);
+  a[2] = Element<T>::pack(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+  a[3] = Element<T>::pack(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
 // Reductions over the four lanes that share a fragment row (same g).
 __device__ inline float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));

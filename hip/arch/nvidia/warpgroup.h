@@ -24,11 +24,20 @@
 namespace fmha {
 namespace arch {
 
-// A shared-memory matrix descriptor with the 128-byte swizzle; byte offsets added later go into the
-// address field as `offset >> 4` (shared addresses are below 2^18, so the field never carries).
-__device__ inline uint64_t swizzle128_descriptor(uint32_t shared, uint32_t leading_bytes, uint32_t stride_bytes) {
+// A shared-memory matrix descriptor with the 128-byte swizzle: 8-row groups are 1024 B apart (the
+// stride offset); byte offsets added later go into the address field as `offset >> 4` (shared
+// addresses are below 2^18, so the field never carries).
+__device__ inline uint64_t swizzle128_descriptor(uint32_t shared, uint32_t leading_bytes) {
   return static_cast<uint64_t>((shared & 0x3FFFF) >> 4) | static_cast<uint64_t>(leading_bytes >> 4) << 16 |
-         static_cast<uint64_t>(stride_bytes >> 4) << 32 | static_cast<uint64_t>(1) << 62;
+         static_cast<uint64_t>(1024 >> 4) << 32 | static_cast<uint64_t>(1) << 62;
+}
+
+// A K-major operand (the swizzled layout leaves the leading offset unused; 16 B as by convention).
+__device__ inline uint64_t k_major_descriptor(uint32_t shared) { return swizzle128_descriptor(shared, 16); }
+
+// An M- or N-major operand whose 64-column blocks are `block_bytes` apart (the leading offset).
+__device__ inline uint64_t mn_major_descriptor(uint32_t shared, uint32_t block_bytes) {
+  return swizzle128_descriptor(shared, block_bytes);
 }
 
 __device__ inline uint64_t descriptor_plus(uint64_t descriptor, uint32_t bytes) { return descriptor + (bytes >> 4); }
