@@ -34,14 +34,9 @@ int32_t launch_dq_dk_dv(const fmha_bwd_params& p, hipStream_t stream) {
   static const cudaError_t configured =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes);
   if (configured != cudaSuccess) return static_cast<int32_t>(configured);
-  dim3 grid;
-  if (kDeterministic) {
-    grid = dim3(p.num_cus);
-  } else {
-    if (p.max_seqlen_k <= 0) return 0;
-    grid = dim3((p.max_seqlen_k + Tile::kBlockN - 1) / Tile::kBlockN, p.nhead_k, p.batch);
-  }
-  kernel<<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(p);
+  const UnitGrid grid = dq_dk_dv_grid(p, kDeterministic, Tile::kBlockN);
+  if (grid.x == 0) return 0;
+  kernel<<<dim3(grid.x, grid.y, grid.z), Tile::kThreads, Tile::kSharedBytes, stream>>>(p);
   return static_cast<int32_t>(cudaGetLastError());
 }
 

@@ -20,9 +20,7 @@
 #include "arch/nvidia/warpgroup.h"
 #include "arch/thread.h"
 #include "bwd/bwd_params.h"
-#include "bwd/schedule.h"
-#include "bwd/workspace_view.h"
-#include "common/sequence.h"
+#include "bwd/unit_walk.h"
 
 namespace fmha {
 
@@ -85,12 +83,6 @@ struct BackwardShared {
 __device__ inline void copy_async_4(uint32_t shared, const void* global, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared), "l"(global), "r"(valid ? 4 : 0));
 }
-
-// The rows of one q tile of one query head: where its Q, dO, LSE and D start.
-struct QTile {
-  int64_t i0;  // first row (logical, within the batch)
-  int h;       // query head
-};
 
 // Everything a work unit keeps across its q tiles.
 template <typename Tile>
@@ -295,34 +287,14 @@ template <typename Tile, typename T>
 __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, unsigned char* shared_bytes) {
   using E = arch::Element<T>;
   constexpr int M = Tile::kBlockM, N = Tile::kBlockN, kDTiles = Tile::kDim / 8;
-  const int b = unit.batch, hk = unit.head;
-  const BatchRows rows = batch_rows(p, b);
-  const int64_t j0 = int64_t(unit.k_tile) * N;
-  if (rows.sk <= j0) return;  // a tile past this batch's keys (padding or a shorter batch)
-  const int64_t j1 = j0 + N < rows.sk ? j0 + N : rows.sk;
-  const int64_t batch = p.group_mode ? 0 : b;
-  const int group = p.nhead_q / p.nhead_k;
+  const UnitQTiles<M, N, Tile::kMasked> walk(p, unit);
+  if (!walk.has_keys()) return;
+  const BatchRows& rows = walk.rows;
+  const int64_t batch = walk.batch, j0 = walk.j0, j1 = walk.j1, steps = walk.steps;
+  const int hk = unit.head;
   const BackwardShared<Tile> sh(shared_bytes);
   const int lane = arch::thread_index() % arch::kWarpSize, warp = arch::thread_index() / arch::kWarpSize;
   const int g = lane / 4, t = lane % 4;
-
-  // Query rows any key of the tile keeps (mask.rs `query_range`), walked in m0-aligned tiles.
-  const ResolvedMask mask = resolve_mask(p.mask_type, p.window_left, p.window_right, rows.sq, rows.sk);
-  int64_t i_lo = 0, i_hi = rows.sq;
-  if (Tile::kMasked) {
-    const int64_t lo = j0 - mask.off - mask.right, hi = j1 - 1 - mask.off + mask.left + 1;
-    i_lo = lo > 0 ? lo : 0;
-    i_hi = hi < rows.sq ? hi : rows.sq;
-  }
-  const int64_t i_start = i_lo < i_hi ? i_lo / M * M : 0;
-  const int64_t tiles_per_head = i_lo < i_hi ? (i_hi - i_start + M - 1) / M : 0;
-  const int64_t steps = tiles_per_head * group;
-  auto tile_of = [&](int64_t step) {
-    QTile tile;
-    tile.h = hk * group + static_cast<int>(step / tiles_per_head);
-    tile.i0 = i_start + (step % tiles_per_head) * M;
-    return tile;
-  };
 
   const TileCopy<Tile, M, typename Tile::QLayout> q_copy;
   const TileCopy<Tile, N, typename Tile::KVLayout> kv_copy;
@@ -332,7 +304,7 @@ __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, 
                (rows.k_start + j0) * p.v_row_stride;
   kv_copy.issue(sh.k, k, p.k_row_stride, static_cast<int>(j1 - j0), p.hdim_q);
   kv_copy.issue(sh.v, v, p.v_row_stride, static_cast<int>(j1 - j0), p.hdim_v);
-  if (steps > 0) issue_q_tile<Tile, T>(p, sh, 0, q_copy, rows, batch, tile_of(0));
+  if (steps > 0) issue_q_tile<Tile, T>(p, sh, 0, q_copy, rows, batch, walk.tile(0));
   arch::copy_async_commit();
 
   UnitState<Tile> st;
@@ -342,17 +314,13 @@ __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, 
     for (int e = 0; e < 4; ++e) st.dk[n][e] = st.dv[n][e] = 0.f;
   }
   const BackwardOperands operands = backward_operands(sh, warp / 4);
-  const DqAccBlock acc = dq_acc_block(p, b);
-  // q tiles whose every element the mask keeps need no per-element test: from the first row that keeps
-  // the unit's last key to the last row that keeps its first key.
-  const int64_t interior_lo = j0 + N - 1 - mask.off - mask.right;
-  const int64_t interior_hi = j0 - mask.off + mask.left;
+  const DqAccBlock acc = dq_acc_block(p, unit.batch);
 
   for (int64_t step = 0; step < steps; ++step) {
     const int stage = static_cast<int>(step & 1);
-    const QTile tile = tile_of(step);
+    const QTile tile = walk.tile(step);
     if (step + 1 < steps) {
-      issue_q_tile<Tile, T>(p, sh, stage ^ 1, q_copy, rows, batch, tile_of(step + 1));
+      issue_q_tile<Tile, T>(p, sh, stage ^ 1, q_copy, rows, batch, walk.tile(step + 1));
       arch::copy_async_commit();
       arch::copy_async_wait<1>();
     } else {
@@ -361,16 +329,16 @@ __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, 
     arch::fence_shared_for_async_proxy();
     arch::block_barrier();
 
-    const bool edge = j0 + N > rows.sk ||
-                      (Tile::kMasked && (tile.i0 < interior_lo || tile.i0 + M - 1 > interior_hi));
-    if (edge) {
-      accumulate_dk_dv<Tile, T, true>(st, sh, stage, operands, p.scale_log2, mask, tile.i0, j0, rows.sk, warp, g, t);
+    if (walk.edge(tile)) {
+      accumulate_dk_dv<Tile, T, true>(st, sh, stage, operands, p.scale_log2, walk.mask, tile.i0, j0, rows.sk, warp,
+                                      g, t);
     } else {
-      accumulate_dk_dv<Tile, T, false>(st, sh, stage, operands, p.scale_log2, mask, tile.i0, j0, rows.sk, warp, g, t);
+      accumulate_dk_dv<Tile, T, false>(st, sh, stage, operands, p.scale_log2, walk.mask, tile.i0, j0, rows.sk, warp,
+                                       g, t);
     }
     arch::block_barrier();  // dSᵀ complete; this stage's Q/dO are no longer read
 
-    const int gh = tile.h - hk * group;
+    const int gh = tile.h - walk.first_head;
     float* slot = dq_acc_region(p) + acc.index(hk, unit.split, 0, int64_t(gh) * p.hdim_q);
     accumulate_dq<Tile, T>(operands, slot, acc.row_elements, tile.i0, rows.sq, p.hdim_q, p.scale, warp, g, t);
   }
@@ -402,24 +370,8 @@ template <typename Tile, typename T>
 __global__ void __launch_bounds__(Tile::kThreads, 1) dq_dk_dv_kernel(fmha_bwd_params p) {
   extern __shared__ __align__(1024) unsigned char shared_bytes[];
   if (!workspace_prepared(p)) return;
-  auto run = [&](const WorkUnit& unit) { run_unit<Tile, T>(p, unit, shared_bytes); };
-  if constexpr (Tile::kDeterministic) {
-    const int32_t worker = static_cast<int32_t>(arch::block_index_x());
-    if (p.group_mode) {
-      for_each_group_job(p, worker, Tile::kMasked, run);
-    } else {
-      for_each_batch_job(p, worker, Tile::kMasked, run);
-    }
-  } else {
-    // One workgroup per unit. Under a causal mask the first K tiles see the most query rows, so the
-    // natural order already starts the longest units first.
-    WorkUnit unit;
-    unit.k_tile = static_cast<int32_t>(arch::block_index_x());
-    unit.head = static_cast<int32_t>(arch::block_index_y());
-    unit.batch = static_cast<int32_t>(arch::block_index_z());
-    unit.split = 0;
-    run(unit);
-  }
+  for_each_unit<Tile::kDeterministic>(p, Tile::kMasked,
+                                      [&](const WorkUnit& unit) { run_unit<Tile, T>(p, unit, shared_bytes); });
 }
 
 }  // namespace fmha

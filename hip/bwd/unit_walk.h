@@ -1,0 +1,109 @@
+// What every dq_dk_dv kernel (NVIDIA wgmma, AMD MFMA) does around its tile math: which work units a
+// workgroup runs (one per grid cell, or its persistent-schedule range in deterministic mode), and,
+// within a unit, which q tiles of which query heads it visits and which of them need per-element
+// mask tests. The arch kernels supply only the per-unit compute.
+#pragma once
+
+#include <stdint.h>
+
+#include "arch/thread.h"
+#include "bwd/bwd_params.h"
+#include "bwd/schedule.h"
+#include "bwd/workspace_view.h"
+#include "common/sequence.h"
+
+namespace fmha {
+
+// The rows of one q tile of one query head: where its Q, dO, LSE and D start.
+struct QTile {
+  int64_t i0;  // first row (logical, within the batch)
+  int h;       // query head
+};
+
+// The q tiles of a unit's K tile [j0, j0 + kBlockN): the query rows any key of the tile keeps
+// (mask.rs `query_range`), in kBlockM-aligned tiles, for each query head of the kv head's group.
+template <int kBlockM, int kBlockN, bool kMasked>
+struct UnitQTiles {
+  BatchRows rows;
+  ResolvedMask mask;
+  int64_t batch;  // the batch index of the tensor addresses (0 in group mode)
+  int64_t j0, j1;  // the unit's keys [j0, j1), j1 clipped to the batch's keys
+  int64_t i_start, tiles_per_head, steps;
+  int group, first_head;
+  // q tiles at or past interior_lo that end at or before interior_hi keep every element: from the
+  // first row that keeps the unit's last key to the last row that keeps its first key.
+  int64_t interior_lo, interior_hi;
+
+  __device__ UnitQTiles(const fmha_bwd_params& p, const WorkUnit& unit) {
+    rows = batch_rows(p, unit.batch);
+    batch = p.group_mode ? 0 : unit.batch;
+    group = p.nhead_q / p.nhead_k;
+    first_head = unit.head * group;
+    j0 = int64_t(unit.k_tile) * kBlockN;
+    j1 = j0 + kBlockN < rows.sk ? j0 + kBlockN : rows.sk;
+    mask = resolve_mask(p.mask_type, p.window_left, p.window_right, rows.sq, rows.sk);
+    int64_t i_lo = 0, i_hi = rows.sq;
+    if (kMasked) {
+      const int64_t lo = j0 - mask.off - mask.right, hi = j1 - 1 - mask.off + mask.left + 1;
+      i_lo = lo > 0 ? lo : 0;
+      i_hi = hi < rows.sq ? hi : rows.sq;
+    }
+    const bool any = j0 < rows.sk && i_lo < i_hi;
+    i_start = any ? i_lo / kBlockM * kBlockM : 0;
+    tiles_per_head = any ? (i_hi - i_start + kBlockM - 1) / kBlockM : 0;
+    steps = tiles_per_head * group;
+    interior_lo = j0 + kBlockN - 1 - mask.off - mask.right;
+    interior_hi = j0 - mask.off + mask.left;
+  }
+
+  // Whether the unit has keys at all (a tile past this batch's keys: padding or a shorter batch).
+  __device__ bool has_keys() const { return j0 < rows.sk; }
+
+  __device__ QTile tile(int64_t step) const {
+    QTile t;
+    t.h = first_head + static_cast<int>(step / tiles_per_head);
+    t.i0 = i_start + (step % tiles_per_head) * kBlockM;
+    return t;
+  }
+
+  // Whether the q tile needs the per-element test: keys past the batch's end, or rows the mask cuts.
+  __device__ bool edge(const QTile& t) const {
+    return j0 + kBlockN > rows.sk || (kMasked && (t.i0 < interior_lo || t.i0 + kBlockM - 1 > interior_hi));
+  }
+};
+
+// Calls run(unit) for each unit of this workgroup: in non-deterministic mode the grid is
+// (K tiles, kv heads, batches) and the workgroup's cell is its unit (under a causal mask the first K
+// tiles see the most query rows, so the natural order starts the longest units first); in
+// deterministic mode the grid is the persistent one and the workgroup walks its schedule range.
+template <bool kDeterministic, typename Run>
+__device__ inline void for_each_unit(const fmha_bwd_params& p, bool masked, Run&& run) {
+  if constexpr (kDeterministic) {
+    const int32_t worker = static_cast<int32_t>(arch::block_index_x());
+    if (p.group_mode) {
+      for_each_group_job(p, worker, masked, run);
+    } else {
+      for_each_batch_job(p, worker, masked, run);
+    }
+  } else {
+    WorkUnit unit;
+    unit.k_tile = static_cast<int32_t>(arch::block_index_x());
+    unit.head = static_cast<int32_t>(arch::block_index_y());
+    unit.batch = static_cast<int32_t>(arch::block_index_z());
+    unit.split = 0;
+    run(unit);
+  }
+}
+
+// The grid of a dq_dk_dv launch, matching for_each_unit; x = 0 means nothing to launch.
+struct UnitGrid {
+  uint32_t x, y, z;
+};
+
+inline UnitGrid dq_dk_dv_grid(const fmha_bwd_params& p, bool deterministic, int block_n) {
+  if (deterministic) return UnitGrid{static_cast<uint32_t>(p.num_cus), 1, 1};
+  const uint32_t tiles = p.max_seqlen_k > 0 ? static_cast<uint32_t>((p.max_seqlen_k + block_n - 1) / block_n) : 0;
+  return UnitGrid{tiles, static_cast<uint32_t>(p.nhead_k), static_cast<uint32_t>(p.batch)};
+}
+
+}  // namespace fmha
