@@ -662,3 +662,41 @@ fn one_launcher_serves_varlen_batches_within_its_bounds() {
     );
     ok(fmha_stream_destroy(stream));
 }
+
+#[test]
+fn auto_method_takes_the_host_path_only_for_group_mode() {
+    // An allocator that always fails shows which path ran: only the host path allocates staging.
+    let _shared = not_gated();
+    unsafe extern "C" fn refuse(_user: *mut c_void, _bytes: usize, _ptr: *mut *mut c_void) -> fmha_status {
+        FMHA_ERR_OUT_OF_MEMORY
+    }
+    unsafe extern "C" fn never_called(_user: *mut c_void, _ptr: *mut c_void) {}
+    let allocator = fmha_pinned_allocator {
+        struct_size: std::mem::size_of::<fmha_pinned_allocator>(),
+        user_data: null_mut(),
+        allocate: Some(refuse),
+        free: Some(never_called),
+    };
+    let prepare = |case: &Case, (q, k): (*const i32, *const i32)| {
+        let launcher = Launcher::new(case);
+        let status = fmha_bwd_launcher_prepare_workspace_async(
+            launcher.raw,
+            launcher.workspace,
+            launcher.size,
+            q,
+            k,
+            null_mut(),
+            &allocator,
+            FMHA_PREPARE_AUTO,
+        );
+        ok(fmha_stream_synchronize(null_mut()));
+        status
+    };
+    // Batch mode: the device kernel, whatever the allocator.
+    let batch = Case::batch_mode(Dtype::Bf16, 2, 4, 2, (70, 90), (64, 64), Mask::causal(MaskType::BottomRight));
+    assert_eq!(prepare(&batch, (null(), null())), FMHA_OK);
+    // Group mode outside capture: the host path, which checks the device seqstarts.
+    let group = varlen_case(vec![(20, 30), (13, 47)], true);
+    let (fwd, _, _) = forward_and_expected(&group, &mut Rng::fresh());
+    assert_eq!(prepare(&group, fwd.fwd_args_for_prepare()), FMHA_ERR_OUT_OF_MEMORY);
+}

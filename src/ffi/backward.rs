@@ -274,7 +274,9 @@ pub const FMHA_PREPARE_DEVICE: i32 = 2;
 /// stream host function and copies it back (the staging buffer lives until the stream consumed it,
 /// even if the launcher is destroyed first); `FMHA_PREPARE_DEVICE` builds the same bytes in a
 /// single-thread kernel (no host function, no pinned memory: safe under stream/graph capture);
-/// `FMHA_PREPARE_AUTO` picks the device kernel when the stream is capturing, the host path otherwise.
+/// `FMHA_PREPARE_AUTO` picks the device kernel in batch mode (whose metadata needs no
+/// device data) and when the stream is capturing, the host path otherwise (group mode: it checks the
+/// device seqstarts and reports invalid ones).
 /// `allocator` supplies the host path's pinned memory (NULL: the backend's pinned allocation).
 /// A failure on the stream (e.g. invalid seqstarts) is reported by the launcher's next call as
 /// `FMHA_ERR_ASYNC_FAILURE`.
