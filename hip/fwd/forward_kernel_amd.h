@@ -15,8 +15,10 @@
 // LSE = -inf.
 #pragma once
 
+#include "arch/amd/lds_swizzle.h"
 #include "arch/amd/matrix_core.h"
 #include "arch/thread.h"
+#include "common/kept_range.h"
 #include "common/sequence.h"
 #include "fwd/fwd_params.h"
 
@@ -38,19 +40,6 @@ struct AmdForwardTile {
   static constexpr int kVUnits = kBlockN / 4;              // 8-byte units of a Vᵀ row in LDS
   static_assert(kHeadDim % 64 == 0 && kHeadDim <= 128, "the copy mappings are for 64 and 128 dims");
 };
-
-// Byte offset of the 8-byte unit `unit` (4 elements) of row `row` in an LDS tile of kUnits units per
-// row. The unit index is XORed with a function of the row so that the 16 lanes of a ds_read_b64
-// phase, which read one unit column of 16 consecutive rows, hit 16 distinct 8-byte slots of the
-// 128-byte bank window: rows of 128 bytes or more use row mod 16, rows of 64 bytes (two per window)
-// (row / 2) mod 8. Since row · kUnits · 8 has no bits below kUnits · 8, swizzled(row, u ^ c) =
-// swizzled(row, u) ^ (8 c) for c < kUnits: a lane computes one base and XORs in each step's unit.
-template <int kUnits>
-__device__ inline uint32_t swizzled(int row, int unit) {
-  static_assert(kUnits == 8 || kUnits % 16 == 0, "rows of 64 bytes or of a multiple of 128 bytes");
-  const int term = kUnits == 8 ? (row >> 1) & 7 : row & 15;
-  return static_cast<uint32_t>(row * kUnits * 8 + ((unit ^ term) * 8));
-}
 
 // A thread's share of moving one K tile and one V tile global → registers → LDS. Addresses are the
 // tile's row 0 (wave-uniform) plus a 32-bit byte offset per thread (global_load with a scalar base:
@@ -152,38 +141,6 @@ struct LaneState {
   float row_max, row_sum;             // row_sum: this half's keys only, until the end
 };
 
-// The keys this lane's row keeps, [first, last]: ResolvedMask::kept's [i + off - left, i + off + right]
-// ∩ [0, sk) (unmasked instances: [0, sk)), clamped to [0, sk] and [-1, sk - 1] so that they fit 32 bits
-// (an empty range has last < first). Computed once per lane, in 64 bits.
-struct RowKeys {
-  int first, last;
-};
-
-template <bool kMasked>
-__device__ inline RowKeys row_keys(const ResolvedMask& mask, int64_t row, int sk) {
-  int64_t lo = kMasked ? row + mask.off - mask.left : 0;
-  int64_t hi = kMasked && row + mask.off + mask.right < sk - 1 ? row + mask.off + mask.right : sk - 1;
-  RowKeys keys;
-  keys.first = static_cast<int>(lo < 0 ? 0 : (lo > sk ? sk : lo));
-  keys.last = static_cast<int>(hi < -1 ? -1 : hi);
-  return keys;
-}
-
-// The same range as offsets c = 32 kb + 8 (r / 4) + r % 4 of a lane's registers from its first key in
-// the tile, key0: kept iff lo <= c <= last, clamped to [0, N] and [-1, N - 1] (c is in [0, N)).
-struct KeptRange {
-  int lo, last;
-};
-
-template <int N>
-__device__ inline KeptRange kept_range(RowKeys keys, int key0) {
-  const int lo = keys.first - key0, last = keys.last - key0;
-  KeptRange range;
-  range.lo = lo < 0 ? 0 : (lo > N ? N : lo);
-  range.last = last < -1 ? -1 : (last > N - 1 ? N - 1 : last);
-  return range;
-}
-
 // One K/V tile for one wave: Sᵀ = K·Qᵀ, mask (edge tiles only), online softmax, Oᵀ += Vᵀ·Pᵀ.
 // `k_base` / `v_base`: LDS offsets of the tile plus this lane's swizzled(lane % 32, half) base;
 // `edge`: the tile needs per-element checks, against `kept` (a uniform branch around the checks only,
@@ -214,13 +171,7 @@ __device__ inline void attend_tile(LaneState<Tile>& st, const arch::lds_byte* ld
 #pragma unroll
     for (int kb = 0; kb < kKeyBlocks; ++kb) {
 #pragma unroll
-      for (int r = 0; r < 16; ++r) {
-        // min(s, +inf) = s for a kept key, min(s, -inf) = -inf otherwise; the limit's sign is that of
-        // (c - lo) | (last - c), negative iff c is outside [lo, last]. No compares, no lane masks.
-        const int c = kb * 32 + 8 * (r / 4) + r % 4;
-        const uint32_t outside = static_cast<uint32_t>((c - kept.lo) | (kept.last - c)) & 0x80000000u;
-        s[kb][r] = __builtin_fminf(s[kb][r], __builtin_bit_cast(float, outside | 0x7f800000u));
-      }
+      for (int r = 0; r < 16; ++r) s[kb][r] = masked_score(s[kb][r], kb * 32 + 8 * (r / 4) + r % 4, kept);
     }
   }
 
@@ -359,7 +310,7 @@ __global__ void __launch_bounds__(AmdForwardTile<kHeadDim>::kThreads) FMHA_AMD_M
   interior_lo = interior_lo < 0 ? 0 : (interior_lo > rows.sk ? rows.sk : interior_lo);
   interior_hi = interior_hi < -1 ? -1 : interior_hi;
   const int interior_first = static_cast<int>(interior_lo), interior_last = static_cast<int>(interior_hi);
-  const RowKeys keys = row_keys<kMasked>(mask, row, rows.sk);
+  const IndexRange keys = keys_of_row<kMasked>(mask, row, rows.sk);
 
   for (int jt = first_tile; jt < end_tile; ++jt) {
     const uint32_t stage = static_cast<uint32_t>((jt - first_tile) & 1) * kKV;
