@@ -227,9 +227,9 @@ FMHA_HOST_DEVICE inline uint64_t absorb_seqstart(uint64_t h, const int32_t* s, i
   return h;
 }
 
-// workspace.rs `fingerprint`: the format version, then every WorkspaceParams field in declaration
-// order, then the two seqstart arrays.
-FMHA_HOST_DEVICE inline uint64_t fingerprint(const fmha_prepare_params& p, const int32_t* q, const int32_t* k) {
+// workspace.rs `fingerprint_of_params`: the format version, then every WorkspaceParams field in
+// declaration order (fmha_bwd_params::fingerprint_params, into which the kernels absorb the seqstarts).
+FMHA_HOST_DEVICE inline uint64_t fingerprint_of_params(const fmha_prepare_params& p) {
   uint64_t h = kFormatVersion;
   h = absorb(h, static_cast<uint64_t>(p.group_mode));
   h = absorb(h, static_cast<uint64_t>(p.deterministic));
@@ -242,9 +242,12 @@ FMHA_HOST_DEVICE inline uint64_t fingerprint(const fmha_prepare_params& p, const
   h = absorb(h, static_cast<uint64_t>(p.m0));
   h = absorb(h, static_cast<uint64_t>(p.n0));
   h = absorb(h, static_cast<uint64_t>(p.num_cus));
-  h = absorb(h, static_cast<uint64_t>(p.remap));
-  h = absorb_seqstart(h, q, p.batch);
-  return absorb_seqstart(h, k, p.batch);
+  return absorb(h, static_cast<uint64_t>(p.remap));
+}
+
+// workspace.rs `fingerprint`: the params, then the two seqstart arrays.
+FMHA_HOST_DEVICE inline uint64_t fingerprint(const fmha_prepare_params& p, const int32_t* q, const int32_t* k) {
+  return absorb_seqstart(absorb_seqstart(fingerprint_of_params(p), q, p.batch), k, p.batch);
 }
 
 FMHA_HOST_DEVICE inline void write_header(uint8_t* region, uint64_t fingerprint) {
@@ -256,26 +259,33 @@ FMHA_HOST_DEVICE inline void write_header(uint8_t* region, uint64_t fingerprint)
 // ---------------------------------------------------------------------------------------------------
 // Batch mode (§4.1).
 
-// `BatchPersistent::new(..).nsplits`: split slots per (batch, head) when `batch * nhead_q` heads of
-// `ceil(seqlen_k / n0)` K tiles are cut into `num_cus` contiguous runs. False where the Rust
-// constructor fails (the job count overflows).
-FMHA_HOST_DEVICE inline bool batch_persistent_nsplits(const fmha_prepare_params& p, int64_t* nsplits) {
+// `BatchPersistent::new`: `batch * nhead_q` heads of `ceil(seqlen_k / n0)` K tiles (jobs) cut into
+// `num_cus` contiguous runs of `jobs_per_worker`, and the split slots per (batch, head) that needs.
+struct BatchPersistent {
+  int64_t jobs_per_head, jobs_per_worker, total_jobs, nsplits;
+};
+
+// False where the Rust constructor fails (the job count overflows).
+FMHA_HOST_DEVICE inline bool batch_persistent(const fmha_prepare_params& p, BatchPersistent* plan) {
   const int64_t jobs_per_head = ceil_div(p.seqlen_k, p.n0);
   int64_t heads = 0, total = 0;
   if (!checked_mul(p.batch, p.nhead_q, &heads) || !checked_mul(heads, jobs_per_head, &total)) return false;
   const int64_t jobs_per_worker = ceil_div(total, p.num_cus);
+  plan->jobs_per_head = jobs_per_head;
+  plan->jobs_per_worker = jobs_per_worker;
+  plan->total_jobs = total;
   if (total == 0) {
-    *nsplits = 1;  // no jobs; CK would divide by zero here
+    plan->nsplits = 1;  // no jobs; CK would divide by zero here
     return true;
   }
   const int64_t heads_per_worker = div_i64(jobs_per_worker, jobs_per_head);
   const int64_t workers_per_head = div_i64(jobs_per_head, jobs_per_worker);
   if (workers_per_head * jobs_per_worker == jobs_per_head) {
-    *nsplits = workers_per_head;
+    plan->nsplits = workers_per_head;
   } else if (heads_per_worker * jobs_per_head == jobs_per_worker) {
-    *nsplits = 1;
+    plan->nsplits = 1;
   } else {
-    *nsplits = 1 + ceil_div(jobs_per_head - 1, jobs_per_worker);
+    plan->nsplits = 1 + ceil_div(jobs_per_head - 1, jobs_per_worker);
   }
   return true;
 }
@@ -508,8 +518,9 @@ FMHA_HOST_DEVICE inline bool write_tables(uint8_t* region, const fmha_prepare_pa
     write_nsplits(region, p, 0, 1);
     return SizeProduct().times(4).times(p.nhead_q).times(q[p.batch]).times(p.hdim_q).fits;
   }
-  int64_t splits = 1;
-  if (p.deterministic != 0 && !batch_persistent_nsplits(p, &splits)) return false;
+  BatchPersistent plan = {0, 0, 0, 1};
+  if (p.deterministic != 0 && !batch_persistent(p, &plan)) return false;
+  const int64_t splits = plan.nsplits;
   write_nsplits(region, p, 0, static_cast<int32_t>(splits));
   return SizeProduct().times(4).times(p.batch).times(p.nhead_q).times(splits).times(p.seqlen_q).times(p.hdim_q).fits;
 }
