@@ -217,7 +217,7 @@ begin "AMD forward kernel (CPU emulation)"
 mkdir -p "$build"
 for mode in gfx942 gfx950; do
     define=$([[ $mode == gfx950 ]] && echo -DEMU_GFX950 || true)
-    clang++-22 -std=c++20 -O2 -Wno-psabi $define -Itests/hip_emulation -Ihip tests/hip_emulation/test.cpp \
+    clang++-22 -std=c++20 -O2 -Wno-psabi $define -Itests/hip_emulation -Ihip tests/hip_emulation/forward.cpp \
         -o "$build/emulate_forward_$mode"
     "$build/emulate_forward_$mode"
 done

@@ -37,10 +37,12 @@ struct Barrier {
 };
 inline Barrier g_workgroup_barrier(256);
 
-// Exchange slots of one wave: 64 lanes x up to 32 words.
+// Exchange slots of one wave: 64 lanes x up to 40 words, and up to 256 bytes per lane for values that
+// must be the same in every lane.
 struct Wave {
   Barrier bar{64};
   uint32_t slot[64][40];
+  uint8_t bytes[64][256];
 };
 inline Wave g_waves[4];
 

@@ -41,6 +41,7 @@ constexpr int kLdsBytes = 64 * 1024;
 
 typedef uint32_t u32x2 __attribute__((ext_vector_type(2)));  // 4 x 16-bit: one A or B fragment
 typedef uint32_t u32x4 __attribute__((ext_vector_type(4)));  // 8 x 16-bit: one 16-byte vector
+typedef float f32x4 __attribute__((ext_vector_type(4)));     // 4 fp32 from one 16-byte load
 typedef float f32x16 __attribute__((ext_vector_type(16)));   // one 32x32 fp32 accumulator
 
 // LDS bytes (address space 3: ds_read / ds_write with 32-bit addresses).
@@ -54,6 +55,18 @@ __device__ inline u32x2 lds_load_8(const lds_byte* base, uint32_t offset) {
 
 __device__ inline void lds_store_8(lds_byte* base, uint32_t offset, u32x2 v) {
   *(__attribute__((address_space(3))) u32x2*)(base + offset) = v;
+}
+
+__device__ inline u32x4 lds_load_16(const lds_byte* base, uint32_t offset) {
+  return *(const __attribute__((address_space(3))) u32x4*)(base + offset);
+}
+
+__device__ inline void lds_store_4(lds_byte* base, uint32_t offset, uint32_t v) {
+  *(__attribute__((address_space(3))) uint32_t*)(base + offset) = v;
+}
+
+__device__ inline void lds_store_2(lds_byte* base, uint32_t offset, uint16_t v) {
+  *(__attribute__((address_space(3))) uint16_t*)(base + offset) = v;
 }
 
 // A generic pointer to global memory at `address`, made from an address-space-1 pointer so that the
@@ -71,7 +84,62 @@ __device__ inline u32x4 global_load_16(const void* p) { return *(const __attribu
 
 __device__ inline u32x2 global_load_8(const void* p) { return *(const __attribute__((address_space(1))) u32x2*)(p); }
 
+// A raw buffer resource: `bytes` bytes from `base` (both wave-uniform). A buffer load at a byte offset
+// at or past `bytes` returns zeros (range checking): the kernels point the loads of rows past a
+// sequence's end and of padding columns there, so that those read as zeros with no select on the
+// data, and no lane mask stays live until the data arrives. Every load is wholly inside or wholly past.
+typedef __amdgpu_buffer_rsrc_t Buffer;
+
+__device__ inline Buffer make_buffer(const void* base, uint32_t bytes) {
+  // Word 3 of a gfx9 buffer descriptor: DATA_FORMAT 32 (a raw buffer of dwords).
+  return __builtin_amdgcn_make_buffer_rsrc(const_cast<void*>(base), 0, static_cast<int>(bytes), 0x00020000);
+}
+
+__device__ inline u32x4 buffer_load_16(Buffer b, uint32_t offset) {
+  return __builtin_amdgcn_raw_buffer_load_b128(b, static_cast<int>(offset), 0, 0);
+}
+
+__device__ inline u32x2 buffer_load_8(Buffer b, uint32_t offset) {
+  return __builtin_amdgcn_raw_buffer_load_b64(b, static_cast<int>(offset), 0, 0);
+}
+
+__device__ inline uint32_t buffer_load_4(Buffer b, uint32_t offset) {
+  return __builtin_amdgcn_raw_buffer_load_b32(b, static_cast<int>(offset), 0, 0);
+}
+
 __device__ inline void global_store_8(void* p, u32x2 v) { *(__attribute__((address_space(1))) u32x2*)(p) = v; }
+
+// *p += x in global memory, one global_atomic_add_f32 without return (relaxed, device scope): the adds
+// of one lane to one address apply in its program order.
+__device__ inline void global_atomic_add(float* p, float x) {
+  __hip_atomic_fetch_add((__attribute__((address_space(1))) float*)p, x, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
+
+// The kernel's first argument `params`, read through a pointer into the kernel argument segment that
+// the compiler cannot see through: each field is then loaded (s_load) where it is read, instead of once
+// at the kernel's start and held in scalar registers across every loop that reads it later. (Through
+// `&params` the compiler would copy the argument to scratch memory first.)
+template <typename Params>
+__device__ inline const Params& reloaded(const Params&) {
+  const __attribute__((address_space(4))) Params* p =
+      (const __attribute__((address_space(4))) Params*)__builtin_amdgcn_kernarg_segment_ptr();
+  asm volatile("" : "+s"(p));
+  return *(const Params*)p;
+}
+
+// `x`, known to be the same in every lane, as the compiler's scalar value (v_readfirstlane per word):
+// values read through generic pointers count as per-lane, and with them everything computed from them.
+template <typename T>
+__device__ inline T wave_uniform(const T& x) {
+  static_assert(sizeof(T) % 4 == 0, "whole 32-bit words");
+  uint32_t words[sizeof(T) / 4];
+  __builtin_memcpy(words, &x, sizeof(T));
+#pragma unroll
+  for (unsigned i = 0; i < sizeof(T) / 4; ++i) words[i] = __builtin_amdgcn_readfirstlane(words[i]);
+  T y = x;
+  __builtin_memcpy(&y, words, sizeof(T));
+  return y;
+}
 
 __device__ inline f32x16 zero_accumulator() { return f32x16(0.f); }
 
@@ -130,16 +198,10 @@ struct Element<BFloat16> {
   typedef short s4 __attribute__((ext_vector_type(4)));
   typedef __bf16 b8 __attribute__((ext_vector_type(8)));
 
-  __device__ static uint32_t bits(float x) {
-#if defined(__gfx950__)
-    return __builtin_bit_cast(uint16_t, static_cast<__bf16>(x));  // v_cvt_pk_bf16_f32, nearest even
-#else
-    // Round to nearest even on the bits; NaN stays a (quiet) NaN.
-    const uint32_t u = __builtin_bit_cast(uint32_t, x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
-    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-#endif
-  }
+  // Round to nearest even; NaN stays a (quiet) NaN: v_cvt_pk_bf16_f32 on gfx950; on gfx942 the compiler's
+  // integer rounding, whose NaN test stays in VCC (a test written out here was kept in a scalar register
+  // pair per conversion in flight, which the backward's scalar registers could not hold).
+  __device__ static uint32_t bits(float x) { return __builtin_bit_cast(uint16_t, static_cast<__bf16>(x)); }
   __device__ static void mma(f32x16& c, u32x2 a, u32x2 b) {
     c = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(__builtin_bit_cast(s4, a), __builtin_bit_cast(s4, b), c, 0, 0, 0);
   }

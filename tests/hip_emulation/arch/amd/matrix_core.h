@@ -6,6 +6,8 @@
 #pragma once
 #include <math.h>
 #include <string.h>
+#include <type_traits>
+#include <unordered_map>
 #include "arch/platform.h"
 #include "arch/thread.h"
 #include "emu_runtime.h"
@@ -22,6 +24,7 @@ constexpr int kLdsBytes = 64 * 1024;
 #define FMHA_AMD_MIN_WAVES_PER_SIMD(waves)
 typedef uint32_t u32x2 __attribute__((ext_vector_type(2)));
 typedef uint32_t u32x4 __attribute__((ext_vector_type(4)));
+typedef float f32x4 __attribute__((ext_vector_type(4)));
 typedef float f32x16 __attribute__((ext_vector_type(16)));
 typedef uint8_t lds_byte;
 
@@ -30,7 +33,8 @@ inline void check_lds(uint32_t offset, uint32_t bytes) {
   if (offset % bytes != 0 || offset + bytes > g_lds_size) __builtin_trap();
 }
 inline uint8_t* g_lds = nullptr;
-// Poisons the LDS the first time an instance uses it (fiber 0 gets here before any store).
+// Poisons the LDS the first time a workgroup uses it (emu::launch clears g_lds before each; the first
+// work-item to get here does it before any store).
 inline lds_byte* lds_pointer(void* shared) {
   if (g_lds != shared) {
     g_lds = (uint8_t*)shared;
@@ -48,12 +52,26 @@ inline void lds_store_8(lds_byte* base, uint32_t offset, u32x2 v) {
   check_lds(offset, 8);
   memcpy(base + offset, &v, 8);
 }
+inline u32x4 lds_load_16(const lds_byte* base, uint32_t offset) {
+  check_lds(offset, 16);
+  u32x4 v;
+  memcpy(&v, base + offset, 16);
+  return v;
+}
+inline void lds_store_4(lds_byte* base, uint32_t offset, uint32_t v) {
+  check_lds(offset, 4);
+  memcpy(base + offset, &v, 4);
+}
+inline void lds_store_2(lds_byte* base, uint32_t offset, uint16_t v) {
+  check_lds(offset, 2);
+  memcpy(base + offset, &v, 2);
+}
 template <typename T>
 inline T* global_pointer(uint64_t address) { return (T*)address; }
 
 // Global accesses are checked against the registered buffers.
-struct Buffer { const uint8_t* lo; size_t bytes; };
-inline std::vector<Buffer> g_buffers;
+struct Region { const uint8_t* lo; size_t bytes; };
+inline std::vector<Region> g_buffers;
 inline void check_global(const void* p, size_t n) {
   const uint8_t* b = (const uint8_t*)p;
   if ((uintptr_t)b % n != 0) __builtin_trap();
@@ -64,10 +82,67 @@ inline u32x4 global_load_16(const void* p) { check_global(p, 16); u32x4 v; memcp
 inline u32x2 global_load_8(const void* p) { check_global(p, 8); u32x2 v; memcpy(&v, p, 8); return v; }
 inline void global_store_8(void* p, u32x2 v) { check_global(p, 8); memcpy(p, &v, 8); }
 
+// Raw buffers: loads at or past `bytes` read zeros; a load that straddles the end is a kernel bug here
+// (the kernels keep every load wholly inside or wholly past).
+struct Buffer { const uint8_t* base; uint32_t bytes; };
+inline Buffer make_buffer(const void* base, uint32_t bytes) { return Buffer{(const uint8_t*)base, bytes}; }
+template <typename V>
+inline V buffer_load(Buffer b, uint32_t offset) {
+  V v;
+  if (offset >= b.bytes) {
+    memset(&v, 0, sizeof v);
+    return v;
+  }
+  if (offset + sizeof v > b.bytes) __builtin_trap();
+  check_global(b.base + offset, sizeof v);
+  memcpy(&v, b.base + offset, sizeof v);
+  return v;
+}
+inline u32x4 buffer_load_16(Buffer b, uint32_t offset) { return buffer_load<u32x4>(b, offset); }
+inline u32x2 buffer_load_8(Buffer b, uint32_t offset) { return buffer_load<u32x2>(b, offset); }
+inline uint32_t buffer_load_4(Buffer b, uint32_t offset) { return buffer_load<uint32_t>(b, offset); }
+
+// Atomic adds (fibers never interleave inside one). With g_owners set, each address records the first
+// (workgroup, work-item) that adds to it, and an add by another counts in g_owner_conflicts: the
+// deterministic mode's "one work-item per element" rule.
+inline std::unordered_map<const float*, uint64_t>* g_owners = nullptr;
+inline size_t g_owner_conflicts = 0;
+inline void global_atomic_add(float* p, float x) {
+  check_global(p, 4);
+  *p += x;
+  if (g_owners) {
+    const uint64_t who = ((uint64_t(emu::g_block[2]) * emu::g_grid[1] + emu::g_block[1]) * emu::g_grid[0] +
+                          emu::g_block[0]) * 1024 + emu::current().tid;
+    const auto [it, inserted] = g_owners->emplace(p, who);
+    if (!inserted && it->second != who) ++g_owner_conflicts;
+  }
+}
+
+// Kernel parameters: the compiler hint is no-op here.
+template <typename Params>
+inline const Params& reloaded(const Params& params) { return params; }
+
 inline f32x16 zero_accumulator() { return f32x16(0.f); }
 
 inline int lane() { return thread_index() % 64; }
 inline emu::Wave& wave() { return emu::g_waves[thread_index() / 64]; }
+
+// Lane 0's value in every lane, as v_readfirstlane gives it; where the type has no padding, every lane
+// must have passed the same bytes.
+template <typename T>
+inline T wave_uniform(const T& x) {
+  static_assert(sizeof(T) <= sizeof(emu::Wave::bytes[0]), "exchange slot");
+  emu::Wave& w = wave();
+  memcpy(w.bytes[lane()], &x, sizeof(T));
+  w.bar.wait();
+  if (std::has_unique_object_representations_v<T> && memcmp(w.bytes[lane()], w.bytes[0], sizeof(T)) != 0) {
+    __builtin_trap();
+  }
+  T y = x;
+  memcpy(&y, w.bytes[0], sizeof(T));
+  w.bar.wait();
+  return y;
+}
 
 inline float other_half(float x) {
   emu::Wave& w = wave();

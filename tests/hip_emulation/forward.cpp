@@ -2,28 +2,19 @@
 // work-item a fiber, the MFMA and lane exchange emulated per the documented layouts
 // (emu/arch/amd/matrix_core.h), and compares with a float64 reference. Poisoned padding columns,
 // gap rows (group mode with logical lengths), poisoned outputs and LDS.
-#define __global__
-#define __device__
-#define __host__
-#define __shared__ static
-#define __launch_bounds__(x)
+#include "emu_test.h"
 
 #include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
 
-#include <random>
 #include <string>
-#include <vector>
 
 #include "fwd/forward_kernel_amd.h"
 
 using namespace fmha;
-
-// Fresh inputs every run (FMHA_TEST_SEED replays one); the seed is printed first.
-static std::mt19937_64 rng;
+using emu::from_bits;
+using emu::nan_bits;
+using emu::rng;
+using emu::to_bits;
 
 struct Case {
   int dtype;  // 0 fp16, 1 bf16
@@ -35,26 +26,12 @@ struct Case {
   bool write_lse;
 };
 
-static uint16_t to_bits(int dtype, float x) {
-  return dtype == 0 ? arch::Element<arch::Half>::bits(x) : arch::Element<arch::BFloat16>::bits(x);
-}
-static float from_bits(int dtype, uint16_t b) { return dtype == 0 ? arch::half_to_float(b) : arch::bf16_to_float(b); }
-static uint16_t nan_bits(int dtype) { return dtype == 0 ? 0x7e00 : 0x7fc0; }
-
 template <typename T, int D, bool M>
 static void launch(const fmha_fwd_params& p) {
   using Tile = AmdForwardTile<D>;
-  arch::g_lds_size = Tile::kLdsBytes;
-  emu::g_grid[0] = (p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM;
-  emu::g_grid[1] = p.nhead_q;
-  emu::g_grid[2] = p.batch;
-  for (uint32_t z = 0; z < emu::g_grid[2]; ++z)
-    for (uint32_t y = 0; y < emu::g_grid[1]; ++y)
-      for (uint32_t x = 0; x < emu::g_grid[0]; ++x) {
-        emu::g_block[0] = x, emu::g_block[1] = y, emu::g_block[2] = z;
-        if (arch::g_lds) memset(arch::g_lds, 0xff, arch::g_lds_size);  // NaN bit patterns
-        emu::run_workgroup(Tile::kThreads, [&] { forward_kernel_amd<T, D, M>(p); });
-      }
+  static_assert(Tile::kThreads == 256, "emulated workgroups have 256 work-items");
+  const dim3 grid((p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM, p.nhead_q, p.batch);
+  emu::launch(grid, Tile::kLdsBytes, [&] { forward_kernel_amd<T, D, M>(p); });
 }
 
 template <typename T, int D>
@@ -106,17 +83,10 @@ static bool run_case(const Case& c) {
   for (auto& x : lse) x = 12345.f;
 
   arch::g_buffers.clear();
-  arch::g_buffers.push_back({(const uint8_t*)q.data(), q.size() * 2});
-  arch::g_buffers.push_back({(const uint8_t*)k.data(), k.size() * 2});
-  arch::g_buffers.push_back({(const uint8_t*)v.data(), v.size() * 2});
-  arch::g_buffers.push_back({(const uint8_t*)o.data(), o.size() * 2});
-  arch::g_buffers.push_back({(const uint8_t*)lse.data(), lse.size() * 4});
   std::vector<int32_t> seqstart_q(qstart.begin(), qstart.end()), seqstart_k(kstart.begin(), kstart.end());
   std::vector<int32_t> lens_q(c.sq.begin(), c.sq.end()), lens_k(c.sk.begin(), c.sk.end());
-  arch::g_buffers.push_back({(const uint8_t*)seqstart_q.data(), seqstart_q.size() * 4});
-  arch::g_buffers.push_back({(const uint8_t*)seqstart_k.data(), seqstart_k.size() * 4});
-  arch::g_buffers.push_back({(const uint8_t*)lens_q.data(), lens_q.size() * 4});
-  arch::g_buffers.push_back({(const uint8_t*)lens_k.data(), lens_k.size() * 4});
+  emu::expose(q), emu::expose(k), emu::expose(v), emu::expose(o), emu::expose(lse);
+  emu::expose(seqstart_q), emu::expose(seqstart_k), emu::expose(lens_q), emu::expose(lens_k);
 
   fmha_fwd_params p;
   memset(&p, 0, sizeof p);
@@ -215,10 +185,7 @@ static bool run_case(const Case& c) {
 }
 
 int main(int argc, char** argv) {
-  const char* seed_env = getenv("FMHA_TEST_SEED");
-  const uint64_t seed = seed_env ? strtoull(seed_env, nullptr, 10) : std::random_device{}() ^ (uint64_t(time(nullptr)) << 20);
-  rng.seed(seed);
-  printf("seed %llu\n", (unsigned long long)seed);
+  emu::seed_rng();
   std::vector<Case> cases;
   auto add = [&](Case c) { cases.push_back(c); };
   for (int dtype = 0; dtype < 2; ++dtype) {
