@@ -1,6 +1,6 @@
-// A lane's kept elements under a resolved mask, for the AMD mainloops, where a lane owns one index of
-// the tile (the forward: a query row; the backward: a key) and its registers hold a few of the other
-// (keys; query rows) at fixed offsets: the lane's kept range over the whole sequence is computed once,
+// A lane's kept elements under a resolved mask, for the mainloops where a lane owns one index of the
+// tile (the AMD forward: a query row; the AMD backward: a key; the NVIDIA backward: two keys) and its
+// registers hold a few of the other (keys; query rows) at fixed offsets: the lane's kept range over the whole sequence is computed once,
 // in 64 bits and clamped into 32, and each tile then tests register offsets against it without
 // branches.
 #pragma once
