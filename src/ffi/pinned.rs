@@ -130,7 +130,8 @@ pub extern "C" fn fmha_pinned_releaser_destroy(releaser: *mut fmha_pinned_releas
 }
 
 /// Runs when the library is unloaded (dlclose) or the process exits: the default releaser's thread
-/// must drain and stop before the code it runs goes away.
+/// must drain and stop before the code it runs goes away, and the staging pool's idle buffers are
+/// unpinned.
 extern "C" fn on_unload() {
     pinned::shutdown_default_releaser();
 }
