@@ -5,8 +5,8 @@
 #   cuda          an sm_XX cubin for every arch of FMHA_CUDA_ARCHS (default 90a) (cuobjdump --list-elf)
 #   rocm          a gfxNNN code object for every arch of FMHA_HIP_ARCHS (default gfx942,gfx950) in the
 #                 .hip_fatbin section, and no scratch: every kernel has .private_segment_fixed_size 0
-#                 and no SGPR/VGPR spills (llvm-readelf --notes on each extracted code object), and
-#                 MFMA instructions in the ISA (llvm-objdump -d)
+#                 and no SGPR/VGPR spills (llvm-readelf --notes on each extracted code object); forward
+#                 and dq_dk_dv kernels for every arch, and MFMA instructions in the ISA (llvm-objdump -d)
 #
 # Usage: scripts/check-artifacts.sh host|cuda|rocm path/to/libfmha.so
 #
@@ -156,20 +156,25 @@ check_hip_code_objects() {
     rm -rf "$dir"
 }
 
-# check_mfma DIR: the attention forward kernels of every arch use the matrix cores (v_mfma in the ISA).
+# check_mfma DIR: every arch has the attention kernels on the matrix cores: forward and dq_dk_dv kernels
+# in its code objects (kernel names from llvm-readelf --notes) and v_mfma instructions in their ISA.
 check_mfma() {
-    local dir=$1 arch objdump count co
+    local dir=$1 arch objdump count co kernels forward backward
     objdump=$(find_tool llvm-objdump "${ROCM_PATH:+$ROCM_PATH/llvm/bin/llvm-objdump}" llvm-objdump-22 llvm-objdump)
     for arch in $(echo "${FMHA_HIP_ARCHS:-gfx942,gfx950}" | tr ',' ' '); do
         count=0
+        kernels=""
         for co in "$dir"/*-"$arch".co; do
             [[ -e "$co" ]] || continue
             count=$((count + $("$objdump" -d --mcpu="$arch" "$co" | grep -c 'v_mfma' || true)))
+            kernels+=$(kernel_scratch_report "$co" | cut -d' ' -f1)$'\n'
         done
-        if [[ $count -gt 0 ]]; then
-            ok "$arch: $count v_mfma instructions (forward kernels on the matrix cores)"
+        forward=$(grep -c 'forward_kernel_amd' <<<"$kernels" || true)
+        backward=$(grep -c 'dq_dk_dv_kernel_amd' <<<"$kernels" || true)
+        if [[ $count -gt 0 && $forward -gt 0 && $backward -gt 0 ]]; then
+            ok "$arch: $forward forward and $backward dq_dk_dv kernels, $count v_mfma instructions"
         else
-            fail "$arch: no v_mfma instruction in any code object"
+            fail "$arch: $forward forward and $backward dq_dk_dv kernels, $count v_mfma instructions (want all > 0)"
         fi
     done
 }

@@ -7,7 +7,8 @@
 #   clippy        cargo clippy --release --all-targets -- -D warnings
 #   cargo test    cargo test --release (Rust tests through the C ABI; include/fmha.h drift test)
 #   valgrind      the async-prepare lifetime tests and the releaser tests under valgrind
-#   AMD forward   the gfx942/gfx950 forward kernel source run on the CPU (tests/hip_emulation)
+#   AMD kernels   the gfx942/gfx950 forward and backward kernel sources run on the CPU
+#                 (tests/hip_emulation)
 #   quickstart    cargo run --release --example quickstart
 #   install       scripts/install.sh build/prefix; include/fmha.h == generated header; exports/soname
 #   C examples    c_examples/ via find_package(fmha), linked shared and static, run by ctest; and a
@@ -211,15 +212,18 @@ valgrind --error-exitcode=99 --leak-check=no -q "$async_tests" --test-threads=1 
 valgrind --error-exitcode=99 --leak-check=no -q "$(cargo test --release --lib --no-run --message-format=json 2>/dev/null |
     sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)" --test-threads=1 pinned::
 
-begin "AMD forward kernel (CPU emulation)"
-# hip/fwd/forward_kernel_amd.h, unmodified, with every work-item a fiber and MFMA / lane exchange
-# emulated from the documented register layouts, against a float64 reference (no AMD GPU here).
+begin "AMD kernels (CPU emulation)"
+# hip/fwd/forward_kernel_amd.h and the backward's stages (bwd/dq_dk_dv_kernel_amd.h with dot_do_o and
+# convert_dq), unmodified, with every work-item a fiber and MFMA / buffer loads / lane exchange emulated
+# from the documented register layouts, against a float64 reference (no AMD GPU here).
 mkdir -p "$build"
 for mode in gfx942 gfx950; do
     define=$([[ $mode == gfx950 ]] && echo -DEMU_GFX950 || true)
-    clang++-22 -std=c++20 -O2 -Wno-psabi $define -Itests/hip_emulation -Ihip tests/hip_emulation/forward.cpp \
-        -o "$build/emulate_forward_$mode"
-    "$build/emulate_forward_$mode"
+    for kernel in forward backward; do
+        clang++-22 -std=c++20 -O2 -Wno-psabi $define -Itests/hip_emulation -Ihip \
+            "tests/hip_emulation/$kernel.cpp" -o "$build/emulate_${kernel}_$mode"
+        "$build/emulate_${kernel}_$mode"
+    done
 done
 
 begin "quickstart"

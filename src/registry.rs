@@ -121,6 +121,12 @@ const GFX950_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 128, 64), (128, 128, 64
 /// Backward (dq_dk_dv) tiles of the GPU kernels (`hip/bwd/backward.hip`): head-dim bucket, q rows per
 /// step, keys per unit. sm_90a: two warpgroups of 64 keys (8 warps, one per 16 keys).
 const SM90_BACKWARD_TILES: [(i64, i64, i64); 2] = [(64, 64, 128), (128, 64, 128)];
+/// gfx942: 4 waves of 32 keys (`hip/bwd/dq_dk_dv_kernel_amd.h`); q steps such that a step's dQ is one
+/// 32x32 block per wave (64 rows at D = 64, 32 at D = 128), which keeps the step's LDS within 49 KiB.
+const GFX942_BACKWARD_TILES: [(i64, i64, i64); 2] = [(64, 64, 128), (128, 32, 128)];
+/// gfx950: the same tiles. Registers, not LDS, bound the occupancy, so the larger LDS would buy nothing,
+/// and the launch stub checks the workspace's tile without knowing which of the two the device is.
+const GFX950_BACKWARD_TILES: [(i64, i64, i64); 2] = GFX942_BACKWARD_TILES;
 
 /// The instances of a GPU build for `arch` and `operation`: both dtypes, masked or not (the backward
 /// also atomic or deterministic dQ), one per tile. The GPU kernels move 16-byte vectors (head dims in
@@ -163,10 +169,14 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
             list
         }
         Arch::Gfx942 if cfg!(feature = "rocm") => {
-            gpu_instances(arch, Operation::Forward, &GFX942_FORWARD_TILES, "mfma_lds")
+            let mut list = gpu_instances(arch, Operation::Forward, &GFX942_FORWARD_TILES, "mfma_lds");
+            list.extend(gpu_instances(arch, Operation::Backward, &GFX942_BACKWARD_TILES, "mfma_lds"));
+            list
         }
         Arch::Gfx950 if cfg!(feature = "rocm") => {
-            gpu_instances(arch, Operation::Forward, &GFX950_FORWARD_TILES, "mfma_lds")
+            let mut list = gpu_instances(arch, Operation::Forward, &GFX950_FORWARD_TILES, "mfma_lds");
+            list.extend(gpu_instances(arch, Operation::Backward, &GFX950_BACKWARD_TILES, "mfma_lds"));
+            list
         }
         _ => Vec::new(),
     }
@@ -336,6 +346,20 @@ mod tests {
         assert_eq!(list.iter().filter(|i| i.deterministic).count(), list.len() / 2);
         let i = list.iter().find(|i| i.dtype == Dtype::F16 && i.deterministic && i.hdim_q == 128).unwrap();
         assert_eq!((i.m0, i.n0, i.vector_bytes), (64, 128, 16));
+    }
+
+    #[test]
+    fn amd_backward_instances_cover_both_archs_and_dq_modes() {
+        for (arch, tiles) in [(Arch::Gfx942, &GFX942_BACKWARD_TILES), (Arch::Gfx950, &GFX950_BACKWARD_TILES)] {
+            let list = gpu_instances(arch, Operation::Backward, tiles, "mfma_lds");
+            assert_eq!(list.len(), 2 * 2 * 2 * tiles.len());
+            assert_eq!(list.iter().filter(|i| i.deterministic).count(), list.len() / 2);
+            // One 32x32 dQ block per wave of the four: m0 · hdim = 4 · 32 · 32; 32 keys per wave.
+            assert!(list.iter().all(|i| i.m0 * i.hdim_q == 4 * 32 * 32 && i.n0 == 128 && i.vector_bytes == 16));
+            let i =
+                list.iter().find(|i| i.dtype == Dtype::Bf16 && i.masked && i.deterministic && i.hdim_q == 64).unwrap();
+            assert_eq!(i.name(), format!("fmha_bwd_d64x64_bf16_mask_deterministic_b64x128_{}_mfma_lds", arch.name()));
+        }
     }
 
     #[test]

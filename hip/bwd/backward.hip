@@ -9,6 +9,8 @@
 
 #if defined(FMHA_PLATFORM_NVIDIA)
 #include "bwd/dq_dk_dv_kernel.h"
+#else
+#include "bwd/dq_dk_dv_kernel_amd.h"
 #endif
 
 namespace fmha {
@@ -40,6 +42,27 @@ int32_t launch_dq_dk_dv(const fmha_bwd_params& p, hipStream_t stream) {
   return static_cast<int32_t>(cudaGetLastError());
 }
 
+#else
+template <typename T, int kHeadDim, bool kMasked, bool kDeterministic>
+int32_t launch_dq_dk_dv(const fmha_bwd_params& p, hipStream_t stream) {
+  using Tile = AmdBackwardTile<kHeadDim>;
+  // The workspace (dq_acc split slots, schedule) was laid out for the registry's tile: it must be this one.
+  if (p.m0 != Tile::kBlockM || p.n0 != Tile::kBlockN) return kInvalidValue;
+  // The kernel addresses the rows of a K, V, Q or dO tile with 32-bit byte offsets from its first row:
+  // 128 rows must span less than 4 GiB (row strides below 2^24 elements).
+  constexpr int64_t kMaxRowStride = int64_t(1) << 24;
+  if (p.q_row_stride >= kMaxRowStride || p.k_row_stride >= kMaxRowStride || p.v_row_stride >= kMaxRowStride ||
+      p.do_row_stride >= kMaxRowStride) {
+    return kInvalidValue;
+  }
+  const UnitGrid grid = dq_dk_dv_grid(p, kDeterministic, Tile::kBlockN);
+  if (grid.x == 0) return 0;
+  auto kernel = dq_dk_dv_kernel_amd<T, kHeadDim, kMasked, kDeterministic>;
+  kernel<<<dim3(grid.x, grid.y, grid.z), Tile::kThreads, 0, stream>>>(p);
+  return static_cast<int32_t>(hipGetLastError());
+}
+#endif
+
 template <typename T, int kHeadDim>
 int32_t dispatch_masks(const fmha_bwd_params& p, hipStream_t stream) {
   if (p.deterministic) {
@@ -63,12 +86,12 @@ int32_t dispatch_dq_dk_dv(const fmha_bwd_params& p, hipStream_t stream) {
 }
 
 inline int32_t dq_dk_dv(const fmha_bwd_params& p, hipStream_t stream) {
+#if defined(FMHA_PLATFORM_NVIDIA)
   return p.dtype == 0 ? dispatch_dq_dk_dv<__half>(p, stream) : dispatch_dq_dk_dv<__nv_bfloat16>(p, stream);
-}
 #else
-// No AMD dq_dk_dv instance yet: the registry lists none, so no launcher reaches this.
-inline int32_t dq_dk_dv(const fmha_bwd_params&, hipStream_t) { return kInvalidValue; }
+  return p.dtype == 0 ? dispatch_dq_dk_dv<arch::Half>(p, stream) : dispatch_dq_dk_dv<arch::BFloat16>(p, stream);
 #endif
+}
 
 template <bool kBf16>
 int32_t backward(const fmha_bwd_params& p, hipStream_t stream) {
