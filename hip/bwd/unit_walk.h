@@ -30,12 +30,14 @@ template <int kBlockM, int kBlockN, bool kMasked>
 struct UnitQTiles {
   BatchRows rows;
   ResolvedMask mask;
-  int64_t batch;  // the batch index of the tensor addresses (0 in group mode)
+  int64_t steps;  // tiles_per_head · group
+  int batch;      // the batch index of the tensor addresses (0 in group mode)
   int j0, j1;     // the unit's keys [j0, j1), j1 clipped to the batch's keys
   int i_start, tiles_per_head;
-  int64_t steps;  // tiles_per_head · group
   int group, first_head;
-  bool reversed;  // walk the steps last to first
+  // 1: walk the steps last to first. (An int, as every field is 4 or 8 bytes: the struct has no padding
+  // bytes, so the AMD emulation can check that all lanes of a wave hold the same walk.)
+  int reversed;
   // q tiles that start at or past interior_lo and end at or before interior_hi keep every element:
   // from the first row that keeps the unit's last key to the last row that keeps its first key
   // (clamped to [-1, sq]).
@@ -65,7 +67,7 @@ struct UnitQTiles {
     // DRAM bandwidth). Walking every other unit backwards starts each unit on the rows the previous
     // one touched last. (Non-deterministic units of a head run side by side and share the rows in
     // L2 when they walk in step.) The order is fixed per unit, so the sums stay reproducible.
-    reversed = p.deterministic && (unit.k_tile & 1);
+    reversed = p.deterministic && (unit.k_tile & 1) ? 1 : 0;
     interior_lo = clamp_row(int64_t(j0) + kBlockN - 1 - mask.off - mask.right, rows.sq);
     interior_hi = clamp_row(j0 - mask.off + mask.left, rows.sq);
   }

@@ -1,8 +1,8 @@
 // A lane's kept elements under a resolved mask, for the mainloops where a lane owns one index of the
 // tile (the AMD forward: a query row; the AMD backward: a key; the NVIDIA backward: two keys) and its
-// registers hold a few of the other (keys; query rows) at fixed offsets: the lane's kept range over the whole sequence is computed once,
-// in 64 bits and clamped into 32, and each tile then tests register offsets against it without
-// branches.
+// registers hold a few of the other (keys; query rows) at fixed offsets: the lane's kept range over
+// the whole sequence is computed once, in 64 bits and clamped into 32, and each tile then tests
+// register offsets against it without branches.
 #pragma once
 
 #include <stdint.h>
