@@ -336,13 +336,14 @@ __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, 
     kept_rows[r] = rows_of_key<Tile::kMasked>(walk.mask, j0 + warp * 16 + g + 8 * r, rows.sq, rows.sk);
   }
   const DqAccBlock acc = dq_acc_block(p, unit.batch);
-  // The unit's split slot: rows of group · hdim_q, query head gh at column gh · hdim_q.
+  // The unit's split slot: rows of group · hdim_q, a q tile's query head gh at column gh · hdim_q.
   float* const unit_slot = dq_acc_region(p) + acc.index(hk, unit.split, 0, 0);
   const int64_t slot_row_elements = acc.row_elements;
-  if (Tile::kDeterministic && steps > 0) {
-    prefetch_dq_rows<Tile>(unit_slot + (tile.h - walk.first_head) * p.hdim_q, slot_row_elements, tile.i0, rows.sq,
-                           p.hdim_q);
-  }
+  auto slot_of = [&](const QTile& q) { return unit_slot + (q.h - walk.first_head) * p.hdim_q; };
+  auto prefetch_dq = [&](const QTile& q) {
+    if (Tile::kDeterministic) prefetch_dq_rows<Tile>(slot_of(q), slot_row_elements, q.i0, rows.sq, p.hdim_q);
+  };
+  if (steps > 0) prefetch_dq(tile);
 
   for (int64_t step = 0; step < steps; ++step) {
     const int stage = static_cast<int>(step & 1);
@@ -350,10 +351,7 @@ __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, 
     if (step + 1 < steps) {
       issue_q_tile<Tile, T>(p, sh, stage ^ 1, q_copy, rows, batch, next);
       arch::copy_async_commit();
-      if (Tile::kDeterministic) {
-        prefetch_dq_rows<Tile>(unit_slot + (next.h - walk.first_head) * p.hdim_q, slot_row_elements, next.i0, rows.sq,
-                               p.hdim_q);
-      }
+      prefetch_dq(next);
       arch::copy_async_wait<1>();
     } else {
       arch::copy_async_wait<0>();
@@ -368,9 +366,7 @@ __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, 
     }
     arch::block_barrier();  // dSᵀ complete; this stage's Q/dO are no longer read
 
-    const int gh = tile.h - walk.first_head;
-    accumulate_dq<Tile, T>(operands, unit_slot + gh * p.hdim_q, slot_row_elements, tile.i0, rows.sq, p.hdim_q, p.scale,
-                           warp, g, t);
+    accumulate_dq<Tile, T>(operands, slot_of(tile), slot_row_elements, tile.i0, rows.sq, p.hdim_q, p.scale, warp, g, t);
     tile = next;
   }
 
