@@ -44,7 +44,13 @@ pub struct Instance {
     pub hdim_multiple: i64,
     /// Tensor addresses must be aligned to, and strides multiples of, this many bytes (0: any).
     pub vector_bytes: usize,
+    /// Row strides (elements) of the tensors the kernels load must stay below this (0: any).
+    pub max_input_row_stride: i64,
 }
+
+/// The AMD kernels address the rows of a loaded tile as 32-bit byte offsets from its first row (a
+/// scalar base register plus a per-lane offset): 128 rows of 16-bit elements must span less than 4 GiB.
+const AMD_MAX_INPUT_ROW_STRIDE: i64 = 1 << 24;
 
 impl Instance {
     /// Refuses tensors the instance cannot address with its vector loads, naming the field.
@@ -72,6 +78,20 @@ impl Instance {
                     self.arch.name()
                 )));
             }
+        }
+        Ok(())
+    }
+
+    /// Refuses a tensor the kernels load (q, k, v; the backward also dO) whose row stride they cannot
+    /// address, naming the field.
+    pub fn check_input_rows(&self, field: &str, tensor: &crate::problem::Tensor) -> Result<()> {
+        if self.max_input_row_stride > 0 && tensor.row_stride >= self.max_input_row_stride {
+            return Err(Error::unsupported(format!(
+                "{field}.row_stride: {} elements; the {} kernels need less than {}",
+                tensor.row_stride,
+                self.arch.name(),
+                self.max_input_row_stride
+            )));
         }
         Ok(())
     }
@@ -133,6 +153,10 @@ const GFX950_BACKWARD_TILES: [(i64, i64, i64); 2] = GFX942_BACKWARD_TILES;
 /// multiples of 8 elements).
 fn gpu_instances(arch: Arch, operation: Operation, tiles: &[(i64, i64, i64)], pipeline: &'static str) -> Vec<Instance> {
     let modes: &[bool] = if operation == Operation::Backward { &[false, true] } else { &[false] };
+    let max_input_row_stride = match arch {
+        Arch::Gfx942 | Arch::Gfx950 => AMD_MAX_INPUT_ROW_STRIDE,
+        _ => 0,
+    };
     let mut list = Vec::new();
     for dtype in [Dtype::F16, Dtype::Bf16] {
         for masked in [false, true] {
@@ -151,6 +175,7 @@ fn gpu_instances(arch: Arch, operation: Operation, tiles: &[(i64, i64, i64)], pi
                         pipeline,
                         hdim_multiple: 8,
                         vector_bytes: 16,
+                        max_input_row_stride,
                     });
                 }
             }
@@ -202,6 +227,7 @@ fn host_instances() -> Vec<Instance> {
                     pipeline: "host_tile_loop",
                     hdim_multiple: 1,
                     vector_bytes: 0,
+                    max_input_row_stride: 0,
                 });
             }
             for deterministic in [false, true] {
@@ -219,6 +245,7 @@ fn host_instances() -> Vec<Instance> {
                         pipeline: if deterministic { "host_persistent" } else { "host_atomic" },
                         hdim_multiple: 1,
                         vector_bytes: 0,
+                        max_input_row_stride: 0,
                     });
                 }
             }
@@ -277,7 +304,7 @@ pub fn to_json(instances: &[Instance]) -> String {
             format!(
                 "{{\"name\":\"{}\",\"operation\":\"{}\",\"arch\":\"{}\",\"dtype\":\"{}\",\"hdim_q\":{},\"hdim_v\":{},\
                  \"masked\":{},\"deterministic\":{},\"m0\":{},\"n0\":{},\"pipeline\":\"{}\",\
-                 \"hdim_multiple\":{},\"vector_bytes\":{}}}",
+                 \"hdim_multiple\":{},\"vector_bytes\":{},\"max_input_row_stride\":{}}}",
                 i.name(),
                 i.operation.name(),
                 i.arch.name(),
@@ -290,7 +317,8 @@ pub fn to_json(instances: &[Instance]) -> String {
                 i.n0,
                 i.pipeline,
                 i.hdim_multiple,
-                i.vector_bytes
+                i.vector_bytes,
+                i.max_input_row_stride
             )
         })
         .collect();
@@ -337,6 +365,18 @@ mod tests {
         let i = list.iter().find(|i| i.dtype == Dtype::Bf16 && i.masked && i.hdim_q == 128).unwrap();
         assert_eq!((i.m0, i.n0, i.pipeline, i.vector_bytes), (128, 32, "mfma_lds", 16));
         assert_eq!(i.name(), "fmha_fwd_d128x128_bf16_mask_ndeterministic_b128x32_gfx942_mfma_lds");
+    }
+
+    #[test]
+    fn amd_instances_refuse_input_rows_they_cannot_address() {
+        let tensor = |row_stride| crate::problem::Tensor { ptr: 0, batch_stride: 0, head_stride: 0, row_stride };
+        let amd = &gpu_instances(Arch::Gfx950, Operation::Backward, &GFX950_BACKWARD_TILES, "mfma_lds")[0];
+        amd.check_input_rows("do", &tensor((1 << 24) - 8)).unwrap();
+        let e = amd.check_input_rows("do", &tensor(1 << 24)).unwrap_err();
+        assert_eq!(e.status, crate::Status::Unsupported);
+        assert!(e.message.starts_with("do.row_stride: 16777216 elements; the gfx950"), "{}", e.message);
+        let sm90 = &gpu_instances(Arch::Sm90, Operation::Forward, &SM90_FORWARD_TILES, "wgmma_cp_async")[0];
+        sm90.check_input_rows("q", &tensor(1 << 40)).unwrap();
     }
 
     #[test]

@@ -49,7 +49,8 @@ int32_t launch_dq_dk_dv(const fmha_bwd_params& p, hipStream_t stream) {
   // The workspace (dq_acc split slots, schedule) was laid out for the registry's tile: it must be this one.
   if (p.m0 != Tile::kBlockM || p.n0 != Tile::kBlockN) return kInvalidValue;
   // The kernel addresses the rows of a K, V, Q or dO tile with 32-bit byte offsets from its first row:
-  // 128 rows must span less than 4 GiB (row strides below 2^24 elements).
+  // 128 rows must span less than 4 GiB (row strides below 2^24 elements). The host refuses larger
+  // strides before anything is queued (registry.rs AMD_MAX_INPUT_ROW_STRIDE); this guards the kernel.
   constexpr int64_t kMaxRowStride = int64_t(1) << 24;
   if (p.q_row_stride >= kMaxRowStride || p.k_row_stride >= kMaxRowStride || p.v_row_stride >= kMaxRowStride ||
       p.do_row_stride >= kMaxRowStride) {

@@ -82,7 +82,8 @@ int32_t dispatch_forward(const fmha_fwd_params& p, hipStream_t stream) {
 extern "C" int32_t fmha_hip_fwd(const fmha_fwd_params* params, void* stream) {
   if (params == nullptr || params->max_seqlen_q <= 0 || params->batch <= 0) return 0;  // nothing to compute
   // The kernels address the rows of a Q, K or V tile with 32-bit byte offsets from its first row:
-  // 128 rows must span less than 4 GiB. hipErrorInvalidValue beyond (row strides of 2^24 elements).
+  // 128 rows must span less than 4 GiB. hipErrorInvalidValue beyond (row strides of 2^24 elements); the
+  // host refuses those first (registry.rs AMD_MAX_INPUT_ROW_STRIDE).
   constexpr int64_t kMaxRowStride = int64_t(1) << 24;
   if (params->q_row_stride >= kMaxRowStride || params->k_row_stride >= kMaxRowStride ||
       params->v_row_stride >= kMaxRowStride) {

@@ -180,17 +180,21 @@ impl BwdLauncher {
         self.take_async_error()?;
         let shape = args.shape(&self.traits)?;
         let extents = args.extents(&shape)?;
-        for (field, tensor) in [
-            ("q", &args.q),
-            ("k", &args.k),
-            ("v", &args.v),
-            ("o", &args.o),
-            ("do", &args.d_o),
-            ("dq", &args.dq),
-            ("dk", &args.dk),
-            ("dv", &args.dv),
+        // (field, tensor, loaded by the kernels' tiles)
+        for (field, tensor, input) in [
+            ("q", &args.q, true),
+            ("k", &args.k, true),
+            ("v", &args.v, true),
+            ("o", &args.o, false),
+            ("do", &args.d_o, true),
+            ("dq", &args.dq, false),
+            ("dk", &args.dk, false),
+            ("dv", &args.dv, false),
         ] {
             self.instance.check_tensor(field, tensor, 2)?;
+            if input {
+                self.instance.check_input_rows(field, tensor)?;
+            }
         }
         let prepared = self.prepared.lock().unwrap_or_else(|p| p.into_inner()).ok_or_else(|| {
             Error::new(

@@ -102,8 +102,14 @@ impl FwdArgs {
                 deterministic: false,
             },
         )?;
-        for (field, tensor) in [("q", &self.q), ("k", &self.k), ("v", &self.v), ("o", &self.o)] {
+        // (field, tensor, loaded by the kernels' tiles)
+        for (field, tensor, input) in
+            [("q", &self.q, true), ("k", &self.k, true), ("v", &self.v, true), ("o", &self.o, false)]
+        {
             instance.check_tensor(field, tensor, 2)?;
+            if input {
+                instance.check_input_rows(field, tensor)?;
+            }
         }
         Ok(FwdKargs {
             shape,
