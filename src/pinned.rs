@@ -249,14 +249,10 @@ impl PinnedPool {
     }
 
     /// Idle buffers kept, over all classes.
-    pub fn idle(&self) -> usize {
+    #[cfg(test)]
+    fn idle(&self) -> usize {
         self.lock().idle.values().map(Vec::len).sum()
     }
-}
-
-/// The pool behind [`PinnedAllocator::runtime`].
-pub fn runtime_pool() -> &'static PinnedPool {
-    &POOL
 }
 
 /// A pinned staging buffer. Dropping it hands the memory to the default releaser, so the last owner
