@@ -44,6 +44,10 @@ pub struct WorkUnit {
     /// Already interleaved when the schedule was asked for a masked kernel.
     pub k_tile: i64,
     pub split: i64,
+    /// The first unit its workgroup runs in this split slot (deterministic schedules): it writes every
+    /// row of the slot, storing its dQ partial and zeros where it has none, so that the slot needs no
+    /// zeroing beforehand; the workgroup's later units in the slot add to it.
+    pub first_in_slot: bool,
 }
 
 /// `a * b`, or `InvalidArgument` naming `field` when the product does not fit.
@@ -126,8 +130,22 @@ impl BatchPersistent {
                 head: flat_head % s.nhead_q,
                 k_tile: if masked { interleaved_tile(t, s.jobs_per_head) } else { t },
                 split,
+                first_in_slot: job == begin || t == 0,
             }
         })
+    }
+
+    /// How many split slots of head `flat_head` (`batch * nhead_q + head`) some worker writes: the
+    /// worker covering the head's first job uses split 0, and each worker starting inside the head
+    /// the next id (their offsets are `jpw` apart, the first in `(0, jpw]`), so the written slots are
+    /// exactly `0..splits_used`. The others may hold anything; convert_dq sums only these.
+    pub fn splits_used(&self, flat_head: i64) -> i64 {
+        let first = flat_head.saturating_mul(self.jobs_per_head);
+        let end = first.saturating_add(self.jobs_per_head).min(self.total_jobs);
+        if first >= end {
+            return 0;
+        }
+        (end - 1) / self.jobs_per_worker - first / self.jobs_per_worker + 1
     }
 }
 
@@ -406,6 +424,7 @@ pub fn group_jobs<'a>(
     let (mut w, w_hi) = (cu.w_lo, cu.w_hi);
     let (mut b, mut h, mut c, mut split) =
         (cu.ibatch as usize, i64::from(cu.head_start), i64::from(cu.c_start), i64::from(cu.isplit));
+    let mut first_in_slot = true;
     std::iter::from_fn(move || loop {
         if b >= batch_state.len() || w >= w_hi {
             return None;
@@ -418,15 +437,17 @@ pub fn group_jobs<'a>(
         let bs = batch_state[b];
         let nc = i64::from(bs.nc);
         if c < nc {
-            let unit =
-                WorkUnit { batch: b as i64, head: h, k_tile: if masked { interleaved_tile(c, nc) } else { c }, split };
+            let k_tile = if masked { interleaved_tile(c, nc) } else { c };
+            let unit = WorkUnit { batch: b as i64, head: h, k_tile, split, first_in_slot };
             w += i64::from(bs.sq);
             c += 1;
+            first_in_slot = false;
             return Some(unit);
         }
         c = 0;
         split = 0;
         h += 1;
+        first_in_slot = true;
     })
 }
 
@@ -525,6 +546,7 @@ mod tests {
                     "{ctx}: slot of {u:?} shared by workers {} and {wk}",
                     owner[s]
                 );
+                assert_eq!(u.first_in_slot, owner[s] == usize::MAX, "{ctx}: first_in_slot of {u:?} (worker {wk})");
                 owner[s] = wk;
                 if let Some(p) = last {
                     if (p.batch, p.head) == (u.batch, u.head) {
@@ -572,6 +594,17 @@ mod tests {
             assert!(max_split < sched.nsplits, "{ctx}");
             if jpw > 0 && (jph % jpw == 0 || jpw % jph == 0) {
                 assert_eq!(max_split + 1, sched.nsplits, "{ctx}");
+            }
+            // The slots some worker writes are exactly 0..splits_used of each head.
+            let mut used = vec![Vec::new(); (batch * nhead) as usize];
+            for u in per_worker.iter().flatten() {
+                used[(u.batch * nhead + u.head) as usize].push(u.split);
+            }
+            for (flat_head, splits) in used.iter_mut().enumerate() {
+                splits.sort();
+                splits.dedup();
+                let expect: Vec<i64> = (0..sched.splits_used(flat_head as i64)).collect();
+                assert_eq!(*splits, expect, "{ctx}: head {flat_head}");
             }
         }
     }
@@ -718,7 +751,10 @@ mod tests {
         let units: Vec<WorkUnit> = group_jobs(&t.cu_state[1], &t.batch_state, 2, true).collect();
         assert_eq!(
             units,
-            [WorkUnit { batch: 0, head: 0, k_tile: 1, split: 1 }, WorkUnit { batch: 0, head: 0, k_tile: 2, split: 1 },]
+            [
+                WorkUnit { batch: 0, head: 0, k_tile: 1, split: 1, first_in_slot: true },
+                WorkUnit { batch: 0, head: 0, k_tile: 2, split: 1, first_in_slot: false },
+            ]
         );
     }
 

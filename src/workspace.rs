@@ -178,16 +178,19 @@ impl WorkspaceLayout {
         self.metadata_bytes + self.dq_acc_upper_bytes
     }
 
-    /// Whether preparing the workspace must zero the whole dq_acc region (§3.5): always, except in
-    /// deterministic group mode, where the run itself zeroes only the used prefix (typically far
-    /// smaller than the upper bound), see [`WorkspaceLayout::zero_dq_acc_elements`].
+    /// Whether the run must zero the whole dq_acc region before dq_dk_dv (§3.5): in non-deterministic
+    /// mode, where units add into shared slots. Deterministic mode departs from CK there: a worker's
+    /// first unit in a split slot writes every row of it (see `WorkUnit::first_in_slot`), so batch
+    /// mode zeroes nothing (convert_dq reads only the written slots, [`Self::summed_splits`]) and group
+    /// mode zeroes only the used prefix, for the slots some head leaves unused
+    /// ([`WorkspaceLayout::zero_dq_acc_elements`]).
     pub fn needs_zero_dq_acc(&self) -> bool {
-        !self.params.group_persistent()
+        !self.params.deterministic
     }
 
-    /// fp32 elements at the start of dq_acc that `run` must zero before dq_dk_dv (CK's
-    /// `DqAccPrezeroKernel`): `offsets[batch]` in deterministic group mode, 0 otherwise (then the
-    /// prepare step zeroed the whole region).
+    /// fp32 elements at the start of dq_acc that `run` must zero before dq_dk_dv when it need not zero
+    /// the whole region (CK's `DqAccPrezeroKernel`): `offsets[batch]` in deterministic group mode, 0
+    /// otherwise.
     pub fn zero_dq_acc_elements(&self, meta: &MetadataView<'_>) -> usize {
         if self.params.group_persistent() {
             meta.dq_acc_offset(self.params.batch as usize) as usize
@@ -224,6 +227,18 @@ impl WorkspaceLayout {
             }
         };
         Ok(DqAccBlock { base, nsplits, rows, hdim: dq })
+    }
+
+    /// The split slots of batch `b`, head `head` that hold its dQ partials, which convert_dq sums:
+    /// in deterministic batch mode only those some worker wrote (`BatchPersistent::splits_used`; the
+    /// rest were never zeroed), elsewhere all of the block's (zeroed before the run).
+    pub fn summed_splits(&self, block: &DqAccBlock, b: usize, head: usize) -> Result<usize> {
+        let p = &self.params;
+        if p.group_mode || !p.deterministic {
+            return Ok(block.nsplits);
+        }
+        let plan = BatchPersistent::new(p.batch, p.nhead_q, p.seqlen_k, p.n0, p.num_cus)?;
+        Ok(plan.splits_used((b * p.nhead_q as usize + head) as i64) as usize)
     }
 }
 
@@ -657,7 +672,7 @@ mod tests {
             // 4 * Hq 4 * F 1 * (B 2 * Sq 100) * Dq 64
             ((false, false), 4096, 204_800, true),
             // F = persistent nsplits: jph 3, total 24, jpw ceil(24/16) = 2 -> 1 + ceil(2/2) = 2
-            ((false, true), 4096, 409_600, true),
+            ((false, true), 4096, 409_600, false),
             // 4 * 4 * 1 * total_q 250 * 64
             ((true, false), 4096, 256_000, true),
             // F = ceil(300/128) = 3; sections 16 + 16 + 32 + 16*32 + 2*16 = 608 -> 4096

@@ -1,22 +1,21 @@
-// Stage 3 of the backward: dQ = Σ_split dq_acc[split], summed in split order (bit-reproducible), cast
-// to the input type; batches without keys get dQ = 0 without reading dq_acc (host twin:
-// src/host_kernels/backward/convert_dq.rs). Also the zeroing of dq_acc before stage 2.
+// Stage 3 of the backward: dQ = Σ_split dq_acc[split] over the slots holding partials (summed_splits),
+// summed in split order (bit-reproducible), cast to the input type; batches without keys get dQ = 0
+// without reading dq_acc (host twin: src/host_kernels/backward/convert_dq.rs). Also the zeroing of
+// dq_acc before stage 2.
 #pragma once
 
 #include "arch/convert.h"
 #include "arch/thread.h"
 #include "bwd/bwd_params.h"
+#include "bwd/schedule.h"
 #include "bwd/workspace_view.h"
 #include "common/sequence.h"
+#include "common/zero_floats.h"
 
 namespace fmha {
 
 constexpr int kConvertThreads = 256;
 constexpr int kConvertRows = 64;  // rows per block
-
-struct Float4 {
-  float x, y, z, w;
-};
 
 template <bool kBf16>
 __global__ void __launch_bounds__(kConvertThreads) convert_dq_kernel(fmha_bwd_params p) {
@@ -28,6 +27,7 @@ __global__ void __launch_bounds__(kConvertThreads) convert_dq_kernel(fmha_bwd_pa
   const int group = p.nhead_q / p.nhead_k;
   const int hk = h / group, g = h % group;
   const DqAccBlock acc = dq_acc_block(p, b);
+  const int32_t splits = summed_splits(p, acc, b, hk);
   const float* dq_acc = dq_acc_region(p);
   const int64_t batch = p.group_mode ? 0 : b;
   uint16_t* dq = reinterpret_cast<uint16_t*>(p.dq) + batch * p.dq_batch_stride + h * p.dq_head_stride;
@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(kConvertThreads) convert_dq_kernel(fmha_bwd_pa
     const int col = static_cast<int>(e % quads) * 4;
     Float4 sum = {0.f, 0.f, 0.f, 0.f};
     if (rows.sk > 0) {
-      for (int split = 0; split < acc.nsplits; ++split) {
+      for (int split = 0; split < splits; ++split) {
         const Float4 x = *reinterpret_cast<const Float4*>(dq_acc + acc.index(hk, split, i, int64_t(g) * p.hdim_q + col));
         sum.x += x.x;
         sum.y += x.y;
@@ -56,16 +56,14 @@ __global__ void __launch_bounds__(kConvertThreads) convert_dq_kernel(fmha_bwd_pa
 
 constexpr int kZeroThreads = 256;
 
-// Zeroes the dq_acc elements this run accumulates into (their count may live in the workspace, so it
-// is read here rather than on the host). A grid-stride loop of 16-byte stores; dq_acc is page-aligned.
+// Zeroes the dq_acc elements this run adds into without writing them first (their count may live in
+// the workspace, so it is read here rather than on the host). A grid-stride loop of 16-byte stores;
+// dq_acc is page-aligned.
 __global__ void __launch_bounds__(kZeroThreads) zero_dq_acc_kernel(fmha_bwd_params p) {
   if (!workspace_prepared(p)) return;
-  const int64_t n = dq_acc_used_elements(p);
-  float* acc = dq_acc_region(p);
-  const int64_t stride = int64_t(arch::grid_blocks_x()) * kZeroThreads;
-  const int64_t start = int64_t(arch::block_index_x()) * kZeroThreads + arch::thread_index();
-  for (int64_t q = start; q < n / 4; q += stride) reinterpret_cast<Float4*>(acc)[q] = Float4{0.f, 0.f, 0.f, 0.f};
-  for (int64_t e = n / 4 * 4 + start; e < n; e += stride) acc[e] = 0.f;
+  zero_floats(dq_acc_region(p), dq_acc_elements_to_zero(p),
+              int64_t(arch::block_index_x()) * kZeroThreads + arch::thread_index(),
+              int64_t(arch::grid_blocks_x()) * kZeroThreads);
 }
 
 }  // namespace fmha

@@ -11,7 +11,8 @@
 // dQ = dS·K for the tile and adds it to the unit's dq_acc split slot with vector atomics.
 // Non-deterministic mode: one workgroup per unit, slot 0, adds in any order. Deterministic mode: the
 // persistent schedule gives every slot to one workgroup, and every element of it to one thread, whose
-// adds apply in program order.
+// adds apply in program order; the workgroup's first unit in a slot stores instead, and zeroes the
+// rows it does not visit (no zeroing pass over the slots).
 // dK (scaled) and dV are stored once per unit. Fully masked q tiles are never visited.
 #pragma once
 
@@ -221,10 +222,11 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
 }
 
 // dQ = scale · dS·K for the q tile (after a barrier: dSᵀ of every warp is in shared memory), added to
-// the unit's dq_acc slot: warpgroup w the columns [w · kDqCols, (w + 1) · kDqCols).
+// the unit's dq_acc slot (stored, when `store`: the slot's first unit): warpgroup w the columns
+// [w · kDqCols, (w + 1) · kDqCols).
 template <typename Tile, typename T>
 __device__ inline void accumulate_dq(const BackwardOperands& operands, float* slot, int64_t row_elements, int64_t i0,
-                                     int64_t sq, int hdim_q, float scale, int warp, int g, int t) {
+                                     int64_t sq, int hdim_q, float scale, bool store, int warp, int g, int t) {
   constexpr int N = Tile::kBlockN, kColTiles = Tile::kDqCols / 8;
   const int row_group = warp % 4, col_group = warp / 4;
   float dq[kColTiles][4];
@@ -248,11 +250,15 @@ __device__ inline void accumulate_dq(const BackwardOperands& operands, float* sl
       const int col = col_group * Tile::kDqCols + n * 8 + 2 * t;
       if (col >= hdim_q) continue;
       const float x = dq[n][2 * r] * scale, y = dq[n][2 * r + 1] * scale;
-      // One vector reduction for the pair (sm_90), fire and forget. In deterministic mode the
-      // workgroup owns the slot and this thread the element (same tile position in every unit), so the
+      // One vector reduction for the pair (sm_90), fire and forget. In deterministic mode the workgroup owns
+      // the slot and this thread the element (same tile position in every unit), so the store and
       // adds to it are one thread's, which apply in program order: the sum is reproducible without
       // the load-add-store round trip.
-      atomicAdd(reinterpret_cast<float2*>(row + col), make_float2(x, y));
+      if (store) {
+        *reinterpret_cast<float2*>(row + col) = make_float2(x, y);
+      } else {
+        atomicAdd(reinterpret_cast<float2*>(row + col), make_float2(x, y));
+      }
     }
   }
 }
@@ -302,6 +308,12 @@ __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, 
   using E = arch::Element<T>;
   constexpr int M = Tile::kBlockM, N = Tile::kBlockN, kDTiles = Tile::kDim / 8;
   const UnitQTiles<M, N, Tile::kMasked> walk(p, unit);
+  const DqAccBlock acc = dq_acc_block(p, unit.batch);
+  // The unit's split slot: rows of group · hdim_q, a q tile's query head gh at column gh · hdim_q.
+  float* const unit_slot = dq_acc_region(p) + acc.index(unit.head, unit.split, 0, 0);
+  const int64_t slot_row_elements = acc.row_elements;
+  const bool store_dq = unit.first_in_slot;
+  if (store_dq) walk.template zero_unvisited_rows<Tile::kThreads>(unit_slot, slot_row_elements);
   if (!walk.has_keys()) return;
   const BatchRows& rows = walk.rows;
   const int64_t batch = walk.batch, j0 = walk.j0, j1 = walk.j1, steps = walk.steps;
@@ -335,13 +347,10 @@ __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, 
   for (int r = 0; r < 2; ++r) {
     kept_rows[r] = rows_of_key<Tile::kMasked>(walk.mask, j0 + warp * 16 + g + 8 * r, rows.sq, rows.sk);
   }
-  const DqAccBlock acc = dq_acc_block(p, unit.batch);
-  // The unit's split slot: rows of group · hdim_q, a q tile's query head gh at column gh · hdim_q.
-  float* const unit_slot = dq_acc_region(p) + acc.index(hk, unit.split, 0, 0);
-  const int64_t slot_row_elements = acc.row_elements;
   auto slot_of = [&](const QTile& q) { return unit_slot + (q.h - walk.first_head) * p.hdim_q; };
   auto prefetch_dq = [&](const QTile& q) {
-    if (Tile::kDeterministic) prefetch_dq_rows<Tile>(slot_of(q), slot_row_elements, q.i0, rows.sq, p.hdim_q);
+    // The first unit overwrites whole sectors: nothing to fetch.
+    if (Tile::kDeterministic && !store_dq) prefetch_dq_rows<Tile>(slot_of(q), slot_row_elements, q.i0, rows.sq, p.hdim_q);
   };
   if (steps > 0) prefetch_dq(tile);
 
@@ -366,7 +375,8 @@ __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, 
     }
     arch::block_barrier();  // dSᵀ complete; this stage's Q/dO are no longer read
 
-    accumulate_dq<Tile, T>(operands, slot_of(tile), slot_row_elements, tile.i0, rows.sq, p.hdim_q, p.scale, warp, g, t);
+    accumulate_dq<Tile, T>(operands, slot_of(tile), slot_row_elements, tile.i0, rows.sq, p.hdim_q, p.scale, store_dq,
+                           warp, g, t);
     tile = next;
   }
 

@@ -11,6 +11,7 @@
 #include "bwd/schedule.h"
 #include "bwd/workspace_view.h"
 #include "common/sequence.h"
+#include "common/zero_floats.h"
 
 namespace fmha {
 
@@ -108,6 +109,19 @@ struct UnitQTiles {
     return n;
   }
 
+  // A workgroup's first unit in its split slot (WorkUnit::first_in_slot) writes all of the slot: its
+  // steps store their dQ partials, and this zeroes the rows no step visits ([0, i_start) and the rows
+  // past the last tile, every query head's columns), so that no pass zeroes the slot beforehand.
+  // `slot` is row 0 of the unit's slot, rows of `row_elements` (16-byte aligned).
+  template <int kThreads>
+  __device__ void zero_unvisited_rows(float* slot, int64_t row_elements) const {
+    const int end = i_start + tiles_per_head * kBlockM;
+    const int lo = steps > 0 ? i_start : rows.sq, hi = steps > 0 && end < rows.sq ? end : rows.sq;
+    const int thread = static_cast<int>(arch::thread_index());
+    zero_floats(slot, int64_t(lo) * row_elements, thread, kThreads);
+    zero_floats(slot + int64_t(hi) * row_elements, int64_t(rows.sq - hi) * row_elements, thread, kThreads);
+  }
+
   // Whether the q tile needs the per-element test: keys past the batch's end, or rows the mask cuts.
   __device__ bool edge(const QTile& t) const {
     return int64_t(j0) + kBlockN > rows.sk ||
@@ -134,6 +148,7 @@ __device__ inline void for_each_unit(const fmha_bwd_params& p, bool masked, Run&
     unit.head = static_cast<int32_t>(arch::block_index_y());
     unit.batch = static_cast<int32_t>(arch::block_index_z());
     unit.split = 0;
+    unit.first_in_slot = 0;
     run(unit);
   }
 }

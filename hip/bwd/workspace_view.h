@@ -64,14 +64,16 @@ __device__ inline BatchState batch_state(const fmha_bwd_params& p, int32_t b) {
   return reinterpret_cast<const BatchState*>(metadata(p) + p.batch_state_offset)[b];
 }
 
-// Elements of dq_acc a run accumulates into (WorkspaceLayout::needs_zero_dq_acc and
-// zero_dq_acc_elements): the used prefix in deterministic group mode, the whole region otherwise.
-__device__ inline int64_t dq_acc_used_elements(const fmha_bwd_params& p) {
-  if (p.group_mode && p.deterministic) {
-    const int64_t used = dq_acc_offset(p, p.batch);
-    return used < p.dq_acc_elements ? used : p.dq_acc_elements;
-  }
-  return p.dq_acc_elements;
+// Elements of dq_acc a run zeroes before dq_dk_dv (WorkspaceLayout::needs_zero_dq_acc and
+// zero_dq_acc_elements): the whole region in non-deterministic mode, the used prefix in deterministic
+// group mode, none in deterministic batch mode (every slot convert_dq reads is written first).
+inline bool dq_acc_needs_zeroing(const fmha_bwd_params& p) { return !p.deterministic || p.group_mode; }
+
+__device__ inline int64_t dq_acc_elements_to_zero(const fmha_bwd_params& p) {
+  if (!p.deterministic) return p.dq_acc_elements;
+  if (!p.group_mode) return 0;
+  const int64_t used = dq_acc_offset(p, p.batch);
+  return used < p.dq_acc_elements ? used : p.dq_acc_elements;
 }
 
 // `WorkspaceLayout::dq_acc_block`: batch b's block is [nhead_k][nsplits][rows][group * hdim_q] fp32 (the

@@ -209,7 +209,7 @@ pub extern "C" fn fmha_bwd_launcher_workspace_size(
 
 /// Prepares `workspace` (at least `workspace_size` bytes of device memory) for the given sequence
 /// starts: group mode passes the host copies of `seqstart_q/k` (`[batch + 1]` int32), batch mode
-/// passes NULL. Synchronous. The launcher remembers the workspace; `run` zeroes its dq_acc region
+/// passes NULL. Synchronous. The launcher remembers the workspace; `run` initializes its dq_acc region
 /// itself, so one prepare serves any number of runs with the same sequence starts.
 #[no_mangle]
 pub extern "C" fn fmha_bwd_launcher_prepare_workspace(

@@ -197,7 +197,7 @@ static bool prepare_workspace(const Problem& pr, Workspace& w, const std::vector
   const int64_t total_q = c.group ? p.seqlen_q : b * p.seqlen_q;
   w.dq_acc_elements = p.nhead_q * splits * total_q * p.hdim_q;
   w.bytes.assign(size_t(p.metadata_bytes) + 4 * size_t(w.dq_acc_elements), 0);
-  // dq_acc poisoned: the run's zeroing must cover every element it accumulates into.
+  // dq_acc poisoned: what convert_dq reads must have been zeroed or written by the run.
   for (size_t i = size_t(p.metadata_bytes); i < w.bytes.size(); i += 4) memcpy(&w.bytes[i], "\xff\xff\xff\x7f", 4);
   const int32_t status = prepare::prepare_metadata(w.bytes.data(), c.group ? seqstart_q.data() : nullptr,
                                                    c.group ? seqstart_k.data() : nullptr, p);
@@ -213,8 +213,10 @@ static void run_backward(const fmha_bwd_params& p) {
                 "emulated workgroups have 256 work-items");
   auto rows_grid = [&](int rows) { return dim3(std::max((p.max_seqlen_q + rows - 1) / rows, 1), p.nhead_q, p.batch); };
   emu::launch(rows_grid(kDotRows), 0, [&] { dot_do_o_kernel<kBf16>(p); });
-  const int64_t zero_blocks = std::min<int64_t>(std::max<int64_t>((p.dq_acc_elements / 4 + 255) / 256, 1), 4096);
-  emu::launch(dim3(uint32_t(zero_blocks)), 0, [&] { zero_dq_acc_kernel(p); });
+  if (dq_acc_needs_zeroing(p)) {
+    const int64_t zero_blocks = std::min<int64_t>(std::max<int64_t>((p.dq_acc_elements / 4 + 255) / 256, 1), 4096);
+    emu::launch(dim3(uint32_t(zero_blocks)), 0, [&] { zero_dq_acc_kernel(p); });
+  }
   const UnitGrid grid = dq_dk_dv_grid(p, kDeterministic, Tile::kBlockN);
   if (grid.x > 0) {
     emu::launch(dim3(grid.x, grid.y, grid.z), Tile::kLdsBytes,

@@ -2,7 +2,9 @@
 //! query head of the GQA group stream past: P is recomputed from LSE, dV and dK accumulate in f32,
 //! dQ partials go to the unit's dq_acc split slot. The grid is either one block per unit with atomic
 //! dq_acc adds (non-deterministic) or the persistent schedule of `schedule.rs`, one workgroup per CU
-//! walking its range, each split slot written by exactly one CU (deterministic).
+//! walking its range, each split slot written by exactly one CU (deterministic). There the CU's first
+//! unit in a slot writes all of it (its partial, zeros on the rows it does not visit), so that no
+//! pass zeroes the slots beforehand; its later units add.
 
 use super::BwdContext;
 use crate::error::{Error, Result};
@@ -17,8 +19,9 @@ use std::sync::atomic::{AtomicI64, Ordering};
 enum DqWrite<'a> {
     /// Any order: atomic adds (non-deterministic mode).
     Atomic,
-    /// The slot belongs to this CU alone: plain read-add-write, in the CU's fixed unit order. The
-    /// owner table turns a schedule bug (two CUs on one slot) into an error instead of a silent race.
+    /// The slot belongs to this CU alone: plain stores in its first unit there, read-add-write after,
+    /// in the CU's fixed unit order. The owner table turns a schedule bug (two CUs on one slot, or a
+    /// slot's first unit not marked first) into an error instead of a silent race.
     Owned { cu: i64, owners: &'a SlotOwners },
 }
 
@@ -39,7 +42,11 @@ impl SlotOwners {
         let cell = self.owner.get(slot).ok_or_else(|| {
             Error::internal(format!("deterministic schedule: split {} out of range {}", unit.split, self.splits))
         })?;
-        match cell.compare_exchange(-1, cu, Ordering::Relaxed, Ordering::Relaxed) {
+        let first = cell.compare_exchange(-1, cu, Ordering::Relaxed, Ordering::Relaxed);
+        if first.is_ok() != unit.first_in_slot {
+            return Err(Error::internal(format!("deterministic schedule: first_in_slot of {unit:?} is wrong")));
+        }
+        match first {
             Ok(_) => Ok(()),
             Err(other) if other == cu => Ok(()),
             Err(other) => Err(Error::internal(format!(
@@ -66,6 +73,7 @@ pub fn run<E: Element>(c: &BwdContext<E>, workers: i64) -> Result<()> {
                 head: (block / tiles) % heads,
                 k_tile: block % tiles,
                 split: 0,
+                first_in_slot: false,
             };
             run_unit(c, &meta, &unit, DqWrite::Atomic)
         });
@@ -119,11 +127,33 @@ fn run_unit<E: Element>(c: &BwdContext<E>, meta: &MetadataView<'_>, unit: &WorkU
     let (b, hk) = (unit.batch, unit.head);
     let rows = c.sequences.rows(b as usize)?;
     let j0 = unit.k_tile * n0;
+    let store_first = match &write {
+        DqWrite::Owned { cu, owners } => {
+            owners.claim(unit, *cu)?;
+            unit.first_in_slot
+        }
+        DqWrite::Atomic => false,
+    };
+    let mask = s.mask.resolve(rows.sq, rows.sk);
+    let (i_lo, i_hi) = if rows.sk <= j0 {
+        (0, 0)
+    } else if s.masked() {
+        mask.query_range(j0, (j0 + n0).min(rows.sk))
+    } else {
+        (0, rows.sq)
+    };
+    // q tiles aligned to m0, as the GPU kernel iterates them: rows [i_start, i_hi) of every query head.
+    let i_start = if i_lo < i_hi { i_lo / m0 * m0 } else { i_hi };
+    let acc: DqAccBlock = c.kargs.layout.dq_acc_block(meta, c.seqstart_q.as_deref(), b as usize)?;
+    if store_first {
+        // The rows this unit does not visit, every query head's columns: zeros.
+        let zeros = vec![0f32; acc.hdim];
+        for i in (0..i_start).chain(i_hi.max(i_start)..rows.sq) {
+            c.dq_acc.write_from(acc.index(hk as usize, unit.split as usize, i as usize, 0), &zeros);
+        }
+    }
     if rows.sk <= j0 {
         return Ok(()); // tile beyond this batch's keys (padding or a shorter batch)
-    }
-    if let DqWrite::Owned { cu, owners } = &write {
-        owners.claim(unit, *cu)?;
     }
     let j1 = (j0 + n0).min(rows.sk);
     let n = (j1 - j0) as usize;
@@ -136,9 +166,6 @@ fn run_unit<E: Element>(c: &BwdContext<E>, meta: &MetadataView<'_>, unit: &WorkU
         c.v.read_row(b, hk, row, v_tile.row_mut(j), &mut staging);
     }
     let (mut dk_acc, mut dv_acc) = (Tile::new(n, dq), Tile::new(n, dv));
-    let mask = s.mask.resolve(rows.sq, rows.sk);
-    let (i_lo, i_hi) = if s.masked() { mask.query_range(j0, j1) } else { (0, rows.sq) };
-    let acc: DqAccBlock = c.kargs.layout.dq_acc_block(meta, c.seqstart_q.as_deref(), b as usize)?;
     let dtype = E::DTYPE;
     let m0u = m0 as usize;
     let (mut q_tile, mut do_tile, mut dq_part) = (Tile::new(m0u, dq), Tile::new(m0u, dv), Tile::new(m0u, dq));
@@ -146,8 +173,7 @@ fn run_unit<E: Element>(c: &BwdContext<E>, meta: &MetadataView<'_>, unit: &WorkU
 
     for g in 0..group {
         let h = hk * group + g;
-        // q tiles aligned to m0, as the GPU kernel iterates them.
-        let mut i0 = if i_lo < i_hi { i_lo / m0 * m0 } else { i_hi };
+        let mut i0 = i_start;
         while i0 < i_hi {
             let i1 = (i0 + m0).min(i_hi);
             let m = (i1 - i0) as usize;
@@ -185,6 +211,7 @@ fn run_unit<E: Element>(c: &BwdContext<E>, meta: &MetadataView<'_>, unit: &WorkU
                             c.dq_acc.atomic_add(start + col, *x);
                         }
                     }
+                    DqWrite::Owned { .. } if store_first => c.dq_acc.write_from(start, dq_i),
                     DqWrite::Owned { .. } => {
                         for (col, x) in dq_i.iter().enumerate() {
                             c.dq_acc.set(start + col, c.dq_acc.get(start + col) + *x);

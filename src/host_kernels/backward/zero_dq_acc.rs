@@ -1,7 +1,7 @@
-//! Zeroes the dq_acc elements this call accumulates into, before dq_dk_dv (dq_acc is accumulated
-//! with adds, so every call needs a clean slate). In deterministic group mode only the used prefix
-//! `offsets[batch]` is zeroed (CK's DqAccPrezeroKernel), elsewhere the whole reserved region, which
-//! is exactly what those modes use.
+//! Zeroes the dq_acc elements this call adds into without writing them first, before dq_dk_dv: the
+//! whole reserved region in non-deterministic mode (exactly what it uses); in deterministic group
+//! mode the used prefix `offsets[batch]` (CK's DqAccPrezeroKernel), for slots a head leaves unused;
+//! nothing in deterministic batch mode (`WorkspaceLayout::needs_zero_dq_acc`).
 
 use super::BwdContext;
 use crate::error::Result;
