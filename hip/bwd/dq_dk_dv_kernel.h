@@ -250,14 +250,14 @@ __device__ inline void accumulate_dq(const BackwardOperands& operands, float* sl
       const int col = col_group * Tile::kDqCols + n * 8 + 2 * t;
       if (col >= hdim_q) continue;
       const float x = dq[n][2 * r] * scale, y = dq[n][2 * r + 1] * scale;
-      // One vector reduction for the pair (sm_90), fire and forget. In deterministic mode the workgroup owns
+      // One vector reduction for the pair, fire and forget. In deterministic mode the workgroup owns
       // the slot and this thread the element (same tile position in every unit), so the store and
       // adds to it are one thread's, which apply in program order: the sum is reproducible without
       // the load-add-store round trip.
       if (store) {
         *reinterpret_cast<float2*>(row + col) = make_float2(x, y);
       } else {
-        atomicAdd(reinterpret_cast<float2*>(row + col), make_float2(x, y));
+        arch::reduce_add_2(row + col, x, y);
       }
     }
   }

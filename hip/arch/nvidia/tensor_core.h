@@ -36,6 +36,13 @@ __device__ inline void copy_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
+// *global += (x, y), one vector reduction in L2 (sm_90 `red.global.add.v2.f32`): nothing comes back, so
+// the warp does not wait for it. (atomicAdd on a float2 compiles to a generic-address ATOM, which
+// measured 4-5 % slower in the backward on an H200.)
+__device__ inline void reduce_add_2(float* global, float x, float y) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(global), "f"(x), "f"(y) : "memory");
+}
+
 // Starts moving the 128-byte line at `global` into L2 (no register, no wait).
 __device__ inline void prefetch_l2(const void* global) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(global)); }
 
