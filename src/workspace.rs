@@ -183,7 +183,9 @@ impl WorkspaceLayout {
     /// first unit in a split slot writes every row of it (see `WorkUnit::first_in_slot`), so batch
     /// mode zeroes nothing (convert_dq reads only the written slots, [`Self::summed_splits`]) and group
     /// mode zeroes only the used prefix, for the slots some head leaves unused
-    /// ([`WorkspaceLayout::zero_dq_acc_elements`]).
+    /// ([`WorkspaceLayout::zero_dq_acc_elements`]). This is the host executor's and the NVIDIA kernel's
+    /// rule; the AMD kernels keep CK's, zeroing before every run (`kFirstUnitWritesSlot` in
+    /// `hip/bwd/workspace_view.h`).
     pub fn needs_zero_dq_acc(&self) -> bool {
         !self.params.deterministic
     }

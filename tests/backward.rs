@@ -128,3 +128,27 @@ fn deterministic_backward_is_bitwise_reproducible() {
         assert_eq!(bits.dv, reference.dv, "dV differs between 1 and {cus} CUs");
     }
 }
+
+/// Deterministic batch mode, where no pass zeroes dq_acc: each worker's first unit in a split slot
+/// must write all of it (under a mask it does not visit every row), and convert_dq must sum only the
+/// slots some worker wrote. On the host backend with 4 CUs, 2 batches × 3 kv heads × 5 K tiles = 30
+/// units make 8 per worker and 2 slots per head, of which heads 0 and 4 write only the first; the
+/// workspace is garbage-filled, so a slot read unwritten would show.
+#[test]
+fn deterministic_batch_mode_writes_or_skips_every_slot() {
+    let _serial = common::CU_COUNT_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let mut rng = Rng::fresh();
+    eprintln!("seed {}", rng.0);
+    if fmha::runtime::ACTIVE_BACKEND == fmha::runtime::BackendKind::Host {
+        common::ok(fmha::ffi::runtime::fmha_host_set_cu_count(4));
+    }
+    for mask in [
+        Mask::NONE,
+        Mask::causal(MaskType::BottomRight),
+        Mask::causal(MaskType::TopLeft),
+        Mask { kind: MaskType::BottomRight, left: 70, right: 20 },
+    ] {
+        let case = Case::batch_mode(Dtype::Bf16, 2, 6, 3, (300, 600), (64, 64), mask);
+        check_backward_modes(&case, &[true], &mut rng);
+    }
+}

@@ -17,8 +17,9 @@
 // the unit's dq_acc split slot with atomics. Non-deterministic mode: one workgroup per unit, slot 0,
 // adds in any order. Deterministic mode: the persistent schedule gives every slot to one workgroup,
 // and every element of it to one lane (its position in the q tile, the same in every unit), whose adds
-// apply in program order; the workgroup's first unit in a slot stores instead, and zeroes the rows it
-// does not visit (no zeroing pass over the slots).
+// apply in program order. The slots are zeroed before the kernel (kFirstUnitWritesSlot is false here:
+// the deterministic variants hold 102-106 scalar registers, and the first-unit stores of the NVIDIA
+// kernel made them spill).
 // dK (scaled) and dV are stored once per unit. Fully masked q tiles are never visited. Rows and keys
 // past the batch's end and padding columns read as zeros (buffer loads past a tile's end): such rows
 // add nothing (their dO, D and so dS are 0), such keys are masked on the edge tiles they lie in.
@@ -313,13 +314,12 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, arch::lds_byte* lds
 }
 
 // The wave's 32x32 block of dQ = scale · dS·K for the q tile (after the barrier that completes dS),
-// added to the unit's dq_acc slot `slot` (element (row, col) at row · row_elements + col; stored, when
-// `store`: the slot's first unit): rows i0 + 32 q_block + 8 (r / 4) + 4 half + r % 4 of column `col`
-// (the lane's), those of the batch only.
+// added to the unit's dq_acc slot `slot` (element (row, col) at row · row_elements + col): rows
+// i0 + 32 q_block + 8 (r / 4) + 4 half + r % 4 of column `col` (the lane's), those of the batch only.
 template <typename Tile, typename T>
 __device__ inline void accumulate_dq(const UnitState<Tile>& st, const arch::lds_byte* lds, uint32_t ds, float* slot,
                                      int64_t row_elements, int64_t i0, int sq, int col, int hdim_q, float scale,
-                                     bool store, int q_block, int half) {
+                                     int q_block, int half) {
   using E = arch::Element<T>;
   arch::f32x16 dq = arch::zero_accumulator();
   // 16 keys per mma2: units 4 ks + half and 4 ks + 2 + half of the dS row (A), K steps 2 ks, 2 ks + 1 (B).
@@ -335,12 +335,7 @@ __device__ inline void accumulate_dq(const UnitState<Tile>& st, const arch::lds_
 #pragma unroll
   for (int r = 0; r < 16; ++r) {
     const int64_t i = i0 + 32 * q_block + 8 * (r / 4) + 4 * half + r % 4;
-    if (i >= sq) continue;
-    if (store) {
-      slot[i * stride + col] = dq[r] * scale;
-    } else {
-      arch::global_atomic_add(slot + i * stride + col, dq[r] * scale);
-    }
+    if (i < sq) arch::global_atomic_add(slot + i * stride + col, dq[r] * scale);
   }
 }
 
@@ -351,9 +346,6 @@ __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& schedu
   // values are the same in every lane (the buffer descriptors made from them must be scalar).
   const WorkUnit unit = arch::wave_uniform(scheduled);
   const UnitQTiles<M, N, kMasked> walk = arch::wave_uniform(UnitQTiles<M, N, kMasked>(p, unit));
-  const DqAccBlock acc = dq_acc_block(p, unit.batch);
-  float* const slot = dq_acc_region(p) + acc.index(unit.head, unit.split, 0, 0);  // + query head gh: gh · hdim_q
-  if (unit.first_in_slot) walk.template zero_unvisited_rows<Tile::kThreads>(slot, acc.row_elements);
   if (!walk.has_keys()) return;
   const BatchRows& rows = walk.rows;
   const int64_t batch = walk.batch, steps = walk.steps;
@@ -421,6 +413,8 @@ __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& schedu
   at.ds = swizzled<Tile::kKeyUnits>(32 * q_block + lane32, half);
   const int key_unit = (32 * wave + lane32) / 4, key_byte = 2 * (lane32 % 4);
   const IndexRange key_rows = rows_of_key<kMasked>(walk.mask, key, rows.sq, rows.sk);
+  const DqAccBlock acc = dq_acc_block(p, unit.batch);
+  float* const slot = dq_acc_region(p) + acc.index(hk, unit.split, 0, 0);  // + query head gh: gh · hdim_q
 
   if (steps > 0) {
     copy.store(lds);
@@ -439,7 +433,7 @@ __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& schedu
     if (more) copy.store(lds);
     const int gh = tile.h - walk.first_head;
     accumulate_dq<Tile, T>(st, lds, at.ds, slot + gh * p.hdim_q, acc.row_elements, tile.i0, rows.sq,
-                           32 * d_block + lane32, p.hdim_q, p.scale, unit.first_in_slot, q_block, half);
+                           32 * d_block + lane32, p.hdim_q, p.scale, q_block, half);
     arch::block_barrier();  // dS is read; the next q tile is in LDS
   }
 

@@ -109,10 +109,11 @@ struct UnitQTiles {
     return n;
   }
 
-  // A workgroup's first unit in its split slot (WorkUnit::first_in_slot) writes all of the slot: its
-  // steps store their dQ partials, and this zeroes the rows no step visits ([0, i_start) and the rows
-  // past the last tile, every query head's columns), so that no pass zeroes the slot beforehand.
-  // `slot` is row 0 of the unit's slot, rows of `row_elements` (16-byte aligned).
+  // A workgroup's first unit in its split slot (WorkUnit::first_in_slot) writes all of the slot where the
+  // arch kernel supports it (kFirstUnitWritesSlot): its steps store their dQ partials, and this zeroes
+  // the rows no step visits ([0, i_start) and the rows past the last tile, every query head's
+  // columns), so that no pass zeroes the slot beforehand. `slot` is row 0 of the unit's slot, rows of
+  // `row_elements` (16-byte aligned).
   template <int kThreads>
   __device__ void zero_unvisited_rows(float* slot, int64_t row_elements) const {
     const int end = i_start + tiles_per_head * kBlockM;

@@ -64,14 +64,25 @@ __device__ inline BatchState batch_state(const fmha_bwd_params& p, int32_t b) {
   return reinterpret_cast<const BatchState*>(metadata(p) + p.batch_state_offset)[b];
 }
 
+// Whether the deterministic dq_dk_dv kernel of this platform writes every row of a split slot in a
+// worker's first unit there (WorkUnit::first_in_slot), as the host executor does: the NVIDIA kernel.
+// The AMD kernel adds in every unit, into slots zeroed before it (CK's rule, §3.5).
+#if defined(FMHA_PLATFORM_NVIDIA)
+constexpr bool kFirstUnitWritesSlot = true;
+#else
+constexpr bool kFirstUnitWritesSlot = false;
+#endif
+
 // Elements of dq_acc a run zeroes before dq_dk_dv (WorkspaceLayout::needs_zero_dq_acc and
 // zero_dq_acc_elements): the whole region in non-deterministic mode, the used prefix in deterministic
-// group mode, none in deterministic batch mode (every slot convert_dq reads is written first).
-inline bool dq_acc_needs_zeroing(const fmha_bwd_params& p) { return !p.deterministic || p.group_mode; }
+// group mode, none in deterministic batch mode where first units write their slots (convert_dq reads
+// only written ones), the whole region otherwise.
+inline bool dq_acc_needs_zeroing(const fmha_bwd_params& p) {
+  return !p.deterministic || p.group_mode || !kFirstUnitWritesSlot;
+}
 
 __device__ inline int64_t dq_acc_elements_to_zero(const fmha_bwd_params& p) {
-  if (!p.deterministic) return p.dq_acc_elements;
-  if (!p.group_mode) return 0;
+  if (!p.deterministic || !p.group_mode) return !p.deterministic || !kFirstUnitWritesSlot ? p.dq_acc_elements : 0;
   const int64_t used = dq_acc_offset(p, p.batch);
   return used < p.dq_acc_elements ? used : p.dq_acc_elements;
 }
