@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "arch/platform.h"
+#include "arch/registers.h"
 #include "bwd/bwd_params.h"
 #include "bwd/prepare_workspace.h"
 
@@ -77,12 +78,13 @@ constexpr bool kFirstUnitWritesSlot = false;
 // zero_dq_acc_elements): the whole region in non-deterministic mode, the used prefix in deterministic
 // group mode, none in deterministic batch mode where first units write their slots (convert_dq reads
 // only written ones), the whole region otherwise.
-inline bool dq_acc_needs_zeroing(const fmha_bwd_params& p) {
+FMHA_HOST_DEVICE inline bool dq_acc_needs_zeroing(const fmha_bwd_params& p) {
   return !p.deterministic || p.group_mode || !kFirstUnitWritesSlot;
 }
 
 __device__ inline int64_t dq_acc_elements_to_zero(const fmha_bwd_params& p) {
-  if (!p.deterministic || !p.group_mode) return !p.deterministic || !kFirstUnitWritesSlot ? p.dq_acc_elements : 0;
+  if (!dq_acc_needs_zeroing(p)) return 0;
+  if (!(p.deterministic && p.group_mode)) return p.dq_acc_elements;
   const int64_t used = dq_acc_offset(p, p.batch);
   return used < p.dq_acc_elements ? used : p.dq_acc_elements;
 }
