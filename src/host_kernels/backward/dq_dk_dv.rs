@@ -148,7 +148,7 @@ fn run_unit<E: Element>(c: &BwdContext<E>, meta: &MetadataView<'_>, unit: &WorkU
     if store_first {
         // The rows this unit does not visit, every query head's columns: zeros.
         let zeros = vec![0f32; acc.hdim];
-        for i in (0..i_start).chain(i_hi.max(i_start)..rows.sq) {
+        for i in (0..i_start).chain(i_hi..rows.sq) {
             c.dq_acc.write_from(acc.index(hk as usize, unit.split as usize, i as usize, 0), &zeros);
         }
     }
