@@ -5,6 +5,7 @@
 //! - [`error`]: status codes and the error type.
 //! - [`runtime`]: the device runtime behind one trait (host, CUDA, ROCm).
 //! - [`problem`], [`mask`]: the attention problem (dtypes, strided tensors, shape, masks).
+//! - [`overlap`]: exact overlap tests for strided tensors (outputs must not share bytes).
 //! - [`fwd`], [`bwd`]: the forward and backward operations (traits, args, validation, launchers).
 //! - [`workspace`], [`schedule`]: the backward workspace layout and the deterministic persistent
 //!   schedule, one implementation for every backend.
@@ -18,6 +19,7 @@ pub mod ffi;
 pub mod fwd;
 pub mod host_kernels;
 pub mod mask;
+pub mod overlap;
 pub mod pinned;
 pub mod problem;
 pub mod reference;
