@@ -465,6 +465,15 @@ mod tests {
     use super::*;
     use crate::test_rng::Rng;
 
+    /// A region from `(count, stride)` pairs (at most three; the rest count 1).
+    fn region(base: u64, dims: &[(u64, u64)], run: u64) -> Region {
+        let mut all = [Dim::ONE; 3];
+        for (slot, &(count, stride)) in all.iter_mut().zip(dims) {
+            *slot = Dim { count, stride };
+        }
+        Region { base, dims: all, run }
+    }
+
     /// Every interval of `r` as `[start, end)`, one per index tuple (none when the run is 0).
     fn intervals(r: &Region) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
@@ -663,5 +672,327 @@ mod tests {
             let expect = (0..m).find(|y| (l..=r).contains(&(a * y % m)));
             assert_eq!(first_in_window(a, m, l, r).unwrap(), expect, "seed {seed} case {case}: {a} {m} {l} {r}");
         }
+    }
+
+    const F16: u64 = 2;
+
+    fn tensor(ptr: usize, batch_stride: i64, head_stride: i64, row_stride: i64) -> Tensor {
+        Tensor { ptr, batch_stride, head_stride, row_stride }
+    }
+
+    fn of(t: Tensor, mode: Mode, extents: (i64, i64, i64, i64), element_bytes: u64) -> Region {
+        Region::of_tensor("t", &t, mode, extents, element_bytes).unwrap()
+    }
+
+    /// Views of one `[batch, seq, Σ heads, dim]` fp16 buffer at `ptr` (flash-attn's packed qkv / dqkv,
+    /// and its GQA form `[batch, seq, hq + 2 hk, dim]`): group `g` has `heads[g]` heads and starts
+    /// `Σ heads[..g] * dim` elements in. Group mode drops the batch dimension (`rows` physical rows).
+    fn packed(ptr: usize, mode: Mode, (batch, rows, dim): (i64, i64, i64), heads: &[i64]) -> Vec<Region> {
+        let row_stride = heads.iter().sum::<i64>() * dim;
+        let mut first_head = 0;
+        let mut views = Vec::new();
+        for &h in heads {
+            let t = tensor(ptr + (first_head * dim) as usize * 2, rows * row_stride, dim, row_stride);
+            views.push(of(t, mode, (batch, h, rows, dim), F16));
+            first_head += h;
+        }
+        views
+    }
+
+    /// Every answer about `outputs` (pairwise, with each input, with themselves), checked against
+    /// `expect`: the number of questions and the most nodes one of them visited.
+    fn check_outputs(outputs: &[Region], inputs: &[Region], expect: Overlap, ctx: &str) -> (usize, u64) {
+        let (mut questions, mut most) = (0, 0);
+        for (i, o) in outputs.iter().enumerate() {
+            let (got, nodes) = self_overlap_counted(o);
+            assert_eq!(got, Overlap::Disjoint, "{ctx}: output {i} with itself: {o:?}");
+            most = most.max(nodes);
+            for (j, other) in outputs[i + 1..].iter().chain(inputs).enumerate() {
+                let (got, nodes) = overlap_counted(o, other);
+                assert_eq!(got, expect, "{ctx}: output {i} with {j}: {o:?} {other:?}");
+                most = most.max(nodes);
+                questions += 1;
+            }
+            questions += 1;
+        }
+        (questions, most)
+    }
+
+    #[test]
+    fn packed_dqkv_is_disjoint_and_matches_brute_force() {
+        for (batch, rows, dim, heads) in [(1, 1, 1, 1), (2, 3, 4, 3), (3, 5, 2, 2), (2, 4, 3, 1), (1, 7, 8, 2)] {
+            for mode in [Mode::Batch, Mode::Group] {
+                let views = packed(64, mode, (batch, rows, dim), &[heads; 3]);
+                let ctx = format!("{mode:?} batch {batch} rows {rows} dim {dim} heads {heads}");
+                check_outputs(&views, &[], Overlap::Disjoint, &ctx);
+                for (a, b) in [(0, 1), (0, 2), (1, 2)] {
+                    assert!(!brute_overlap(&views[a], &views[b]), "{ctx}");
+                }
+                // One element closer, the views share the boundary element of every row.
+                let mut shifted = views[1];
+                shifted.base -= F16;
+                assert_eq!(overlap(&views[0], &shifted), Overlap::Overlapping, "{ctx}");
+                assert_eq!(overlap(&shifted, &views[2]), Overlap::Disjoint, "{ctx}");
+            }
+        }
+    }
+
+    #[test]
+    fn identical_pointers_overlap_unless_empty() {
+        let t = tensor(4096, 4 * 8 * 64, 64, 8 * 64);
+        let a = of(t, Mode::Batch, (2, 8, 4, 64), F16);
+        assert_eq!(overlap(&a, &a), Overlap::Overlapping);
+        // Another layout from the same pointer (BHSD over BSHD) still shares the first row.
+        let bhsd = of(tensor(4096, 8 * 4 * 64, 4 * 64, 64), Mode::Batch, (2, 8, 4, 64), F16);
+        assert_eq!(overlap(&a, &bhsd), Overlap::Overlapping);
+        for extents in [(0, 8, 4, 64), (2, 0, 4, 64), (2, 8, 0, 64), (2, 8, 4, 0)] {
+            let empty = of(t, Mode::Batch, extents, F16);
+            assert!(empty.is_empty());
+            assert_eq!(overlap_counted(&empty, &a), (Overlap::Disjoint, 0), "{extents:?}");
+            assert_eq!(overlap(&a, &empty), Overlap::Disjoint, "{extents:?}");
+            assert_eq!(self_overlap(&empty), Overlap::Disjoint, "{extents:?}");
+        }
+    }
+
+    #[test]
+    fn bhsd_layouts() {
+        let (batch, heads, rows, dim) = (2, 4, 6, 8);
+        let elements = (batch * heads * rows * dim) as usize;
+        let bhsd = |ptr: usize, padded_rows: i64| {
+            let t = tensor(ptr, heads * padded_rows * dim, padded_rows * dim, dim);
+            of(t, Mode::Batch, (batch, heads, rows, dim), F16)
+        };
+        // Separate allocations: the byte ranges alone decide, without a search.
+        let (dq, dk) = (bhsd(1 << 20, rows), bhsd(2 << 20, rows));
+        assert_eq!(overlap_counted(&dq, &dk), (Overlap::Disjoint, 0));
+        // Consecutive in one allocation, exactly adjacent, and one element too close.
+        let (dk, dv) = (bhsd((1 << 20) + 2 * elements, rows), bhsd((1 << 20) + 4 * elements, rows));
+        check_outputs(&[dq, dk, dv], &[], Overlap::Disjoint, "consecutive");
+        assert_eq!(overlap(&dq, &bhsd((1 << 20) + 2 * elements - 2, rows)), Overlap::Overlapping);
+        // Rows padded to 9 per head; a second tensor living in the padding rows is disjoint.
+        let (padded, in_padding) = (bhsd(1 << 20, 9), bhsd((1 << 20) + (rows * dim) as usize * 2, 9));
+        assert_eq!(self_overlap(&padded), Overlap::Disjoint);
+        let mut one_row = in_padding;
+        one_row.dims[2].count = 3;
+        assert_eq!(overlap(&padded, &one_row), Overlap::Disjoint);
+        assert_eq!(overlap(&padded, &in_padding), Overlap::Overlapping); // 6 rows do not fit in 3
+                                                                         // A BSHD view of the same bytes overlaps.
+        let bshd = of(tensor(1 << 20, rows * heads * dim, dim, heads * dim), Mode::Batch, (2, 4, 6, 8), F16);
+        assert_eq!(overlap(&dq, &bshd), Overlap::Overlapping);
+    }
+
+    #[test]
+    fn one_row_shifts() {
+        let (heads, rows, dim) = (3, 5, 16);
+        let row = heads * dim;
+        for batch in [1, 2] {
+            let at = |ptr: usize| of(tensor(ptr, rows * row, dim, row), Mode::Batch, (batch, heads, rows, dim), F16);
+            let dq = at(1024);
+            assert_eq!(overlap(&dq, &at(1024 + 2 * row as usize)), Overlap::Overlapping, "batch {batch}");
+            // A whole batch further: the first batch of one meets the second batch of the other.
+            let next = at(1024 + 2 * (rows * row) as usize);
+            assert_eq!(overlap(&dq, &next), exact(batch > 1), "batch {batch}");
+            assert_eq!(overlap(&dq, &next), exact(brute_overlap(&dq, &next)), "batch {batch}");
+        }
+        // Rows interleaved: dq in the even row slots, dk in the odd ones.
+        let interleaved = |ptr: usize| of(tensor(ptr, 0, dim, 2 * row), Mode::Group, (1, heads, rows, dim), F16);
+        assert_eq!(overlap(&interleaved(1024), &interleaved(1024 + 2 * row as usize)), Overlap::Disjoint);
+        assert_eq!(overlap(&interleaved(1024), &interleaved(1024 + 2 * row as usize - 2)), Overlap::Overlapping);
+    }
+
+    #[test]
+    fn gqa_layouts() {
+        for mode in [Mode::Batch, Mode::Group] {
+            // [batch, seq, hq + 2 hk, dim]: dq, dk, dv in one buffer.
+            let views = packed(256, mode, (3, 10, 32), &[8, 2, 2]);
+            check_outputs(&views, &[], Overlap::Disjoint, &format!("{mode:?}"));
+            // dk claiming 3 heads runs into dv's first head, not into dq.
+            let mut dk3 = views[1];
+            dk3.dims[1].count = 3;
+            assert_eq!(overlap(&dk3, &views[2]), Overlap::Overlapping, "{mode:?}");
+            assert_eq!(overlap(&dk3, &views[0]), Overlap::Disjoint, "{mode:?}");
+            assert_eq!(self_overlap(&dk3), Overlap::Disjoint, "{mode:?}");
+        }
+        // Separate BSHD buffers with different head counts: ranges decide.
+        let dq = of(tensor(1 << 20, 10 * 8 * 64, 64, 8 * 64), Mode::Batch, (2, 8, 10, 64), F16);
+        let dk = of(tensor(2 << 20, 10 * 2 * 64, 64, 2 * 64), Mode::Batch, (2, 2, 10, 64), F16);
+        assert_eq!(overlap_counted(&dq, &dk), (Overlap::Disjoint, 0));
+    }
+
+    #[test]
+    fn zero_strides() {
+        // An output whose heads all land on one row overlaps itself; with one head it does not.
+        let broadcast = tensor(4096, 10 * 64, 0, 64);
+        assert_eq!(self_overlap(&of(broadcast, Mode::Batch, (2, 4, 10, 64), F16)), Overlap::Overlapping);
+        assert_eq!(self_overlap(&of(broadcast, Mode::Batch, (2, 1, 10, 64), F16)), Overlap::Disjoint);
+        assert_eq!(self_overlap(&of(tensor(4096, 0, 640, 64), Mode::Batch, (2, 1, 10, 64), F16)), Overlap::Overlapping);
+        // A broadcast input (k shared by every head) against outputs: the zero stride repeats an
+        // interval, it neither creates nor hides an overlap.
+        let k = of(tensor(4096, 10 * 64, 0, 64), Mode::Batch, (2, 8, 10, 64), F16);
+        let dq_elsewhere = of(tensor(8192, 10 * 64, 0, 64), Mode::Batch, (2, 1, 10, 64), F16);
+        assert_eq!(overlap(&dq_elsewhere, &k), Overlap::Disjoint);
+        let dq_inside = of(tensor(4096 + 640 * 2 + 128, 0, 0, 64), Mode::Batch, (1, 1, 1, 64), F16);
+        assert_eq!(overlap(&dq_inside, &k), Overlap::Overlapping);
+        // Two equal strides reach one offset twice.
+        let twice = region(0, &[(2, 128), (3, 128)], 16);
+        assert_eq!(self_overlap_counted(&twice), (Overlap::Overlapping, 0));
+    }
+
+    #[test]
+    fn colliding_and_padded_rows() {
+        let rows = |row_stride: i64, columns: i64| {
+            of(tensor(1 << 16, 0, 0, row_stride), Mode::Group, (1, 1, 12, columns), F16)
+        };
+        assert_eq!(self_overlap(&rows(63, 64)), Overlap::Overlapping);
+        assert_eq!(self_overlap(&rows(64, 64)), Overlap::Disjoint);
+        assert_eq!(self_overlap(&rows(72, 64)), Overlap::Disjoint);
+        // A narrow tensor living in the 8-column padding of the padded one.
+        let narrow = of(tensor((1 << 16) + 128, 0, 0, 72), Mode::Group, (1, 1, 12, 8), F16);
+        assert_eq!(overlap(&rows(72, 64), &narrow), Overlap::Disjoint);
+        assert_eq!(overlap(&rows(72, 65), &narrow), Overlap::Overlapping);
+        // Odd pitches: rows of 4 heads padded by 3 elements; a 3-column tensor in that padding is
+        // disjoint, a 4-column one reaches the next row.
+        let pitch = 4 * 64 + 3;
+        let odd = of(tensor(0x1000, 0, 64, pitch), Mode::Group, (1, 4, 9, 64), F16);
+        assert_eq!(self_overlap(&odd), Overlap::Disjoint);
+        let pad = |columns| of(tensor(0x1000 + 4 * 64 * 2, 0, 0, pitch), Mode::Group, (1, 1, 9, columns), F16);
+        assert_eq!(overlap(&odd, &pad(3)), Overlap::Disjoint);
+        assert_eq!(overlap(&odd, &pad(4)), Overlap::Overlapping);
+        // Transposed: heads inside rows (BSHD) against rows inside heads (BHSD), odd pitches, every shift.
+        let bshd = of(tensor(0x1000, 0, 67, 4 * 67 + 1), Mode::Group, (1, 4, 9, 64), F16);
+        for shift in 0..2400 {
+            let bhsd = of(tensor(0x1000 + shift, 0, 9 * 65 + 2, 65), Mode::Group, (1, 4, 9, 64), F16);
+            assert_eq!(overlap(&bshd, &bhsd), exact(brute_overlap(&bshd, &bhsd)), "shift {shift}");
+        }
+    }
+
+    #[test]
+    fn fp32_lse_and_d() {
+        let (batch, heads, rows) = (3, 4, 100);
+        // [batch, heads, rows] fp32, one column, then D right behind it.
+        let lse_at = |ptr: usize| of(tensor(ptr, heads * rows, rows, 1), Mode::Batch, (batch, heads, rows, 1), 4);
+        let lse = lse_at(1 << 12);
+        let d = lse_at((1 << 12) + (batch * heads * rows * 4) as usize);
+        check_outputs(&[lse, d], &[], Overlap::Disjoint, "lse, d");
+        assert_eq!(overlap(&lse, &lse_at((1 << 12) + 4 * 100)), Overlap::Overlapping);
+        // An fp16 output sharing the last two bytes of the lse.
+        let o =
+            of(tensor((1 << 12) + (batch * heads * rows * 4) as usize - 2, 0, 0, 8), Mode::Group, (1, 1, 1, 8), F16);
+        assert_eq!(overlap(&lse, &o), Overlap::Overlapping);
+        assert_eq!(overlap(&d, &o), Overlap::Overlapping);
+        // A broadcast lse row (row stride 0) writes one element per head many times.
+        let broadcast = of(tensor(1 << 12, heads, 1, 0), Mode::Batch, (batch, heads, rows, 1), 4);
+        assert_eq!(self_overlap(&broadcast), Overlap::Overlapping);
+    }
+
+    #[test]
+    fn group_mode_ignores_the_batch() {
+        // The batch and its stride are not used in group mode: not even an invalid stride is looked at.
+        let t = tensor(1 << 12, -1, 64, 3 * 64);
+        let r = of(t, Mode::Group, (1000, 3, 50, 64), F16);
+        assert_eq!(r.dims[0], Dim::ONE);
+        assert_eq!((r.dims[1], r.dims[2], r.run), (Dim { count: 3, stride: 128 }, Dim { count: 50, stride: 384 }, 128));
+        assert!(Region::of_tensor("dq", &t, Mode::Batch, (2, 3, 50, 64), F16)
+            .unwrap_err()
+            .message
+            .starts_with("dq.batch_stride"));
+        // Varlen packed [total, 3, heads, dim]: disjoint; one head too many overlaps.
+        let views = packed(1 << 20, Mode::Group, (7, 300, 64), &[5, 5, 5]);
+        check_outputs(&views, &[], Overlap::Disjoint, "group");
+        let mut wide = views[0];
+        wide.dims[1].count = 6;
+        assert_eq!(overlap(&wide, &views[1]), Overlap::Overlapping);
+    }
+
+    #[test]
+    fn of_tensor_errors_name_the_field() {
+        let t = tensor(1 << 12, 100, 10, 1);
+        let err = |t: Tensor, extents| Region::of_tensor("dk", &t, Mode::Batch, extents, 4).unwrap_err().message;
+        assert!(err(tensor(1 << 12, 100, -10, 1), (1, 1, 1, 1)).starts_with("dk.head_stride: -10 is negative"));
+        assert!(err(t, (1, -2, 1, 1)).starts_with("dk: -2 heads is negative"));
+        assert!(err(tensor(1 << 12, 100, 10, i64::MAX), (1, 1, 1, 1)).starts_with("dk.row_stride"));
+        assert!(err(t, (1, 1, 1, i64::MAX)).starts_with("dk.columns"));
+    }
+
+    #[test]
+    fn huge_values_give_up_instead_of_overflowing() {
+        let huge = region(u64::MAX - 1, &[(u64::MAX, u64::MAX), (u64::MAX, u64::MAX - 1), (2, 1 << 63)], u64::MAX);
+        let small = region(0, &[(4, 16)], 8);
+        assert_eq!(overlap(&huge, &small), Overlap::Unknown);
+        assert_eq!(overlap(&small, &huge), Overlap::Unknown);
+        assert_eq!(overlap(&huge, &huge), Overlap::Unknown);
+        assert_eq!(self_overlap(&huge), Overlap::Unknown);
+        // At the top of the address space with sane sizes, the answers stay exact.
+        let top = region(u64::MAX - 4096, &[(16, 256)], 128);
+        let next = region(u64::MAX - 4096 + 128, &[(16, 256)], 128);
+        assert_eq!(overlap(&top, &next), Overlap::Disjoint);
+        assert_eq!(self_overlap(&top), Overlap::Disjoint);
+    }
+
+    /// Six distinct strides that differ by little: the sums fall near multiples of 10^6, the target lies
+    /// half way between, and the bounds of the later terms cannot see the gaps.
+    #[test]
+    fn adversarial_strides_give_up_at_the_limit() {
+        let strides = |count: u64| {
+            let a = region(0, &[(count, 1_000_000), (count, 999_999), (count, 999_998)], 1);
+            let b = region(500_000, &[(count, 999_997), (count, 999_996), (count, 999_995)], 1);
+            (a, b)
+        };
+        let (a, b) = strides(50);
+        assert_eq!(overlap_counted(&a, &b), (Overlap::Unknown, NODE_LIMIT + 1));
+        // With fewer rows the same problem is answered, exactly.
+        let (a, b) = strides(6);
+        assert_eq!(overlap(&a, &b), Overlap::Disjoint);
+        assert!(!brute_overlap(&a, &b));
+    }
+
+    /// The layouts attention passes, at the largest sizes the library takes: every question is answered
+    /// exactly in a few nodes.
+    #[test]
+    fn realistic_layouts_visit_few_nodes() {
+        let (mut questions, mut most) = (0, 0);
+        let mut check = |outputs: &[Region], inputs: &[Region], ctx: &str| {
+            let (asked, nodes) = check_outputs(outputs, inputs, Overlap::Disjoint, ctx);
+            questions += asked;
+            most = most.max(nodes);
+        };
+        for batch in [1, 7, 1024] {
+            for rows in [1, 129, 1 << 20] {
+                for (hq, hk) in [(1, 1), (32, 32), (32, 4), (256, 256), (256, 1)] {
+                    for dim in [64, 128, 256] {
+                        let mode = if batch == 7 { Mode::Group } else { Mode::Batch };
+                        let ctx = format!("batch {batch} rows {rows} heads {hq}/{hk} dim {dim}");
+                        let groups = [hq, hk, hk];
+                        let bytes = (batch * rows * (hq + 2 * hk) * dim * 2) as usize;
+                        // Packed qkv in, packed dqkv out (plus o, BSHD, and the fp32 lse and D).
+                        let qkv = packed(1 << 30, mode, (batch, rows, dim), &groups);
+                        let dqkv = packed((1 << 30) + bytes, mode, (batch, rows, dim), &groups);
+                        let o_at = (1 << 30) + 2 * bytes;
+                        let o = of(tensor(o_at, rows * hq * dim, dim, hq * dim), mode, (batch, hq, rows, dim), F16);
+                        let lse_at = o_at + (batch * rows * hq * dim * 2) as usize;
+                        let lse_at = |k| lse_at + k * (batch * hq * rows * 4) as usize;
+                        let lse = |k| of(tensor(lse_at(k), hq * rows, rows, 1), mode, (batch, hq, rows, 1), 4);
+                        let (lse, d) = (lse(0), lse(1));
+                        let mut inputs = qkv.clone();
+                        inputs.extend([o, lse]);
+                        let mut outputs = dqkv.clone();
+                        outputs.push(d);
+                        check(&outputs, &inputs, &ctx);
+                        check(&[o, lse], &qkv, &ctx);
+                        // BHSD, dq, dk, dv consecutive in one buffer.
+                        let bhsd = |ptr: usize, heads: i64| {
+                            let t = tensor(ptr, heads * rows * dim, rows * dim, dim);
+                            of(t, mode, (batch, heads, rows, dim), F16)
+                        };
+                        let dq = bhsd(1 << 30, hq);
+                        let dk = bhsd((1 << 30) + (batch * hq * rows * dim * 2) as usize, hk);
+                        let dv = bhsd((1 << 30) + (batch * (hq + hk) * rows * dim * 2) as usize, hk);
+                        check(&[dq, dk, dv], &[], &ctx);
+                    }
+                }
+            }
+        }
+        println!("realistic layouts: {questions} questions, at most {most} nodes");
+        assert!(most <= 8, "{most} nodes");
     }
 }
