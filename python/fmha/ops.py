@@ -666,15 +666,18 @@ def attention(
 # --- flash-attn compatible entry points ----------------------------------------------------------------
 
 
-def _flash_mask(causal, window_size, seqlen_k_bound):
-    """flash-attn's (causal, window_size) → fmha (mask_type, left, right).
+def _flash_mask(causal, window_size, seqlen_q_bound, seqlen_k_bound):
+    """flash-attn's (causal, window_size) → fmha (mask_type, left, right), aligned to the bottom-right corner.
 
-    As flash-attn: a side < 0 or >= seqlen_k (varlen: max_seqlen_k) is unbounded; causal sets right = 0;
-    the window is aligned to the bottom-right corner; no mask when both sides are unbounded.
+    A side < 0 is unbounded; causal sets right = 0. A bounded side that nevertheless covers every key of
+    every row is dropped too, so that such a window runs the unmasked kernel: with bottom-right alignment
+    row i sees keys up to i + sk - sq + right and from i + sk - sq - left, so the left side covers all keys
+    when left >= sk - 1 and the right side when right >= sq - 1 (varlen: with the maxima, which bound
+    every sequence's lengths). No mask when both sides are unbounded.
     """
     left, right = (int(w) for w in window_size)
-    left = -1 if left < 0 or left >= seqlen_k_bound else left
-    right = -1 if right < 0 or right >= seqlen_k_bound else right
+    left = -1 if left < 0 or left >= seqlen_k_bound - 1 else left
+    right = -1 if right < 0 or right >= seqlen_q_bound - 1 else right
     if causal:
         right = 0
     if left == -1 and right == -1:
@@ -701,25 +704,26 @@ def flash_attn_func(
     softmax_scale=None,
     causal=False,
     window_size=(-1, -1),
-    deterministic=False,
-    return_attn_probs=False,
-    *,
     softcap=0.0,
     alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
 ):
-    """flash-attn's ``flash_attn_func``: q ``[b, s_q, h, d]``, k/v ``[b, s_k, h_k, d]`` (``h % h_k == 0``).
+    """flash-attn's ``flash_attn_func``, same parameters in the same order: q ``[b, s_q, h, d]``, k/v
+    ``[b, s_k, h_k, d]`` (``h % h_k == 0``).
 
     ``causal`` is aligned to the bottom-right corner (flash-attn's convention); ``window_size = (left,
     right)`` with -1 = unbounded, combined with causal as flash-attn does. Returns ``out`` ``[b, s_q, h,
     d_v]``, or ``(out, lse, None)`` with ``return_attn_probs=True`` (``lse`` ``[b, h, s_q]`` fp32 natural log;
     a fully masked row has ``lse = -inf`` where flash-attn reports ``+inf``). ``deterministic`` selects the
-    bitwise reproducible backward. dK/dV come back with ``h_k`` heads.
+    bitwise reproducible backward. dK/dV come back with ``h_k`` heads. ``dropout_p > 0``, ``softcap != 0``
+    and ``alibi_slopes`` raise ``NotImplementedError``.
     """
     _refuse_unsupported(dropout_p, softcap, alibi_slopes)
     if not isinstance(q, torch.Tensor) or q.dim() != 4 or not isinstance(k, torch.Tensor) or k.dim() != 4:
         raise ValueError("fmha: flash_attn_func takes q [batch, seqlen_q, heads, head_dim] and k/v [batch, "
                          "seqlen_k, heads_k, head_dim]")
-    mask_type, left, right = _flash_mask(causal, window_size, k.shape[1])
+    mask_type, left, right = _flash_mask(causal, window_size, q.shape[1], k.shape[1])
     out, lse = FmhaAttnFunc.apply(
         q, k, v, None, None, None, None, softmax_scale, mask_type, left, right, bool(deterministic)
     )
@@ -738,21 +742,24 @@ def flash_attn_varlen_func(
     softmax_scale=None,
     causal=False,
     window_size=(-1, -1),
-    deterministic=False,
-    return_attn_probs=False,
-    *,
     softcap=0.0,
     alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    block_table=None,
 ):
-    """flash-attn's ``flash_attn_varlen_func``: q ``[total_q, h, d]``, k/v ``[total_k, h_k, d]``, int32
-    ``cu_seqlens_q/k`` ``[batch + 1]`` on the tensors' device (``cu_seqlens[-1]`` must equal the total rows),
-    ``max_seqlen_q/k`` host ints (upper bounds of the per-sequence lengths). Zero-length sequences are
-    allowed. Returns ``out`` ``[total_q, h, d_v]`` or ``(out, lse, None)`` with ``lse`` ``[h, total_q]`` fp32.
-    Masks per sequence as :func:`flash_attn_func`. The backward prepares its workspace on the current
-    stream from the device cu_seqlens: no host synchronization.
+    """flash-attn's ``flash_attn_varlen_func``, same parameters in the same order: q ``[total_q, h, d]``,
+    k/v ``[total_k, h_k, d]``, int32 ``cu_seqlens_q/k`` ``[batch + 1]`` on the tensors' device
+    (``cu_seqlens[-1]`` must equal the total rows), ``max_seqlen_q/k`` host ints (upper bounds of the
+    per-sequence lengths). Zero-length sequences are allowed. Returns ``out`` ``[total_q, h, d_v]`` or
+    ``(out, lse, None)`` with ``lse`` ``[h, total_q]`` fp32. Masks per sequence as :func:`flash_attn_func`.
+    The backward prepares its workspace on the current stream from the device cu_seqlens: no host
+    synchronization. ``block_table`` (a paged KV cache) raises ``NotImplementedError``.
     """
     _refuse_unsupported(dropout_p, softcap, alibi_slopes)
-    mask_type, left, right = _flash_mask(causal, window_size, int(max_seqlen_k))
+    if block_table is not None:
+        raise NotImplementedError("fmha: block_table (a paged KV cache) is not supported by flash_attn_varlen_func yet")
+    mask_type, left, right = _flash_mask(causal, window_size, int(max_seqlen_q), int(max_seqlen_k))
     out, lse = FmhaAttnFunc.apply(
         q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), softmax_scale, mask_type, left,
         right, bool(deterministic)

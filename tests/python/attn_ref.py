@@ -54,12 +54,14 @@ def keep_mask(sq, sk, kind, left, right, device=DEVICE):
     return keep
 
 
-def flash_mask(causal, window_size, seqlen_k_bound):
-    """flash-attn's (causal, window_size) as (kind, left, right): sides < 0 or >= seqlen_k (varlen:
-    max_seqlen_k) are unbounded, causal sets right = 0, bottom-right aligned, no mask if unbounded both."""
+def flash_mask(causal, window_size, seqlen_k_bound=None):
+    """flash-attn's (causal, window_size) as (kind, left, right), its semantics taken literally: a side < 0
+    is unbounded, any other value is a window side however large (it may cover every key), causal sets
+    right = 0, bottom-right aligned, no mask if both sides are unbounded. (`seqlen_k_bound` is unused; the
+    binding may drop a side that covers everything, which `keep_mask` shows to be the same mask.)"""
     left, right = window_size
-    left = -1 if left < 0 or left >= seqlen_k_bound else left
-    right = -1 if right < 0 or right >= seqlen_k_bound else right
+    left = -1 if left < 0 else left
+    right = -1 if right < 0 else right
     if causal:
         right = 0
     if left == -1 and right == -1:

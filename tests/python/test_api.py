@@ -2,6 +2,7 @@
 handling, refused features, launcher caching and concurrent use."""
 
 import ctypes
+import inspect
 import threading
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 import fmha
 from fmha import _lib, ops
 
-from attn_ref import DEVICE, GPU, HOST, call_or_skip, cu_seqlens, randn
+from attn_ref import BOTTOM_RIGHT, DEVICE, GPU, HOST, attention_ref, call_or_skip, cu_seqlens, keep_mask, randn
 
 
 def test_version_backend_registry():
@@ -99,6 +100,62 @@ def test_dropout_softcap_alibi_refused():
     out = call_or_skip(lambda: fmha.flash_attn_func(q, q, q, dropout_p=0.0), op="fwd", dtype=q.dtype, hdim_q=64,
                        hdim_v=64, masked=False)
     assert out.shape == q.shape
+
+
+# flash-attn 2.7's public signatures (flash_attn/flash_attn_interface.py): name, default (EMPTY: none), in order.
+EMPTY = inspect.Parameter.empty
+FLASH_ATTN_SIGNATURES = {
+    "flash_attn_func": [
+        ("q", EMPTY), ("k", EMPTY), ("v", EMPTY), ("dropout_p", 0.0), ("softmax_scale", None), ("causal", False),
+        ("window_size", (-1, -1)), ("softcap", 0.0), ("alibi_slopes", None), ("deterministic", False),
+        ("return_attn_probs", False),
+    ],
+    "flash_attn_varlen_func": [
+        ("q", EMPTY), ("k", EMPTY), ("v", EMPTY), ("cu_seqlens_q", EMPTY), ("cu_seqlens_k", EMPTY),
+        ("max_seqlen_q", EMPTY), ("max_seqlen_k", EMPTY), ("dropout_p", 0.0), ("softmax_scale", None),
+        ("causal", False), ("window_size", (-1, -1)), ("softcap", 0.0), ("alibi_slopes", None),
+        ("deterministic", False), ("return_attn_probs", False), ("block_table", None),
+    ],
+}
+
+
+@pytest.mark.parametrize("name", sorted(FLASH_ATTN_SIGNATURES))
+def test_signatures_match_flash_attn(name):
+    """Names, order, defaults and kinds: a caller passing flash-attn's arguments positionally gets the same
+    meaning (a positional softcap must not land on `deterministic`)."""
+    params = list(inspect.signature(getattr(fmha, name)).parameters.values())
+    assert [(p.name, p.default) for p in params] == FLASH_ATTN_SIGNATURES[name]
+    assert all(p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
+
+
+def test_positional_softcap_is_softcap():
+    q = randn(1, 8, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="softcap"):
+        fmha.flash_attn_func(q, q, q, 0.0, None, False, (-1, -1), 30.0)
+    cu = cu_seqlens([8])
+    with pytest.raises(NotImplementedError, match="softcap"):
+        fmha.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 8, 8, 0.0, None, False, (-1, -1), 30.0)
+    with pytest.raises(NotImplementedError, match="block_table"):
+        fmha.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 8, 8, block_table=cu)
+
+
+def test_flash_window_mapping_keeps_large_but_bounded_sides():
+    """A window side >= seqlen_k is not unbounded when seqlen_q > seqlen_k: with bottom-right alignment
+    rows 0..649 of sq 777, sk 63, window (300, 64) see no key at all (out 0, lse -inf)."""
+    assert ops._flash_mask(False, (300, 64), 777, 63) == (fmha.MASK_BOTTOM_RIGHT, -1, 64)
+    assert ops._flash_mask(False, (62, 776), 777, 63) == (fmha.MASK_NONE, -1, -1)
+    assert ops._flash_mask(False, (61, 775), 777, 63) == (fmha.MASK_BOTTOM_RIGHT, 61, 775)
+    assert ops._flash_mask(True, (5000, 5000), 10, 10) == (fmha.MASK_BOTTOM_RIGHT, -1, 0)
+    q = randn(1, 777, 2, 64, dtype=torch.bfloat16)
+    k = randn(1, 63, 2, 64, dtype=torch.bfloat16)
+    res = call_or_skip(lambda: fmha.flash_attn_func(q, k, k, window_size=(300, 64), return_attn_probs=True),
+                       op="fwd", dtype=q.dtype, hdim_q=64, hdim_v=64, masked=True)
+    out, lse, _ = res
+    assert torch.all(out[0, :650] == 0)
+    assert torch.all(lse[0, :, :650] == float("-inf"))
+    assert torch.isfinite(lse[0, :, 650:]).all() and out[0, 650:].abs().amax() > 0
+    ref, _ = attention_ref(q, k, k, keep_mask(777, 63, BOTTOM_RIGHT, 300, 64), 64 ** -0.5)
+    assert (out.double() - ref).abs().amax() < 2e-2
 
 
 def test_return_attn_probs_shapes():
