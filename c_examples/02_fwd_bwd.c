@@ -128,6 +128,7 @@ int main(void) {
     bwd_args.dk = bshd(dev[6], SEQ_K, HEADS_K);
     bwd_args.dv = bshd(dev[7], SEQ_K, HEADS_K);
     bwd_args.workspace = workspace;
+    bwd_args.workspace_size = workspace_size;
     bwd_args.seqstart_q = bwd_args.seqstart_k = bwd_args.seqlen_q_ptr = bwd_args.seqlen_k_ptr = NULL;
     bwd_args.batch = BATCH;
     bwd_args.seqlen_q = bwd_args.max_seqlen_q = SEQ_Q;

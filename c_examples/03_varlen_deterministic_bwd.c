@@ -142,6 +142,7 @@ int main(void) {
     bwd_args.dk = thd(dev[6], HEADS_K);
     bwd_args.dv = thd(dev[7], HEADS_K);
     bwd_args.workspace = workspace;
+    bwd_args.workspace_size = workspace_size;
     bwd_args.seqstart_q = fwd_args.seqstart_q;
     bwd_args.seqstart_k = fwd_args.seqstart_k;
     bwd_args.seqlen_q_ptr = bwd_args.seqlen_k_ptr = NULL;

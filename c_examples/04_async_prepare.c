@@ -211,6 +211,7 @@ int main(void) {
             if (!workspace) TRY(fmha_device_malloc(&workspace, workspace_size));
         }
         bwd_args.workspace = workspace;
+        bwd_args.workspace_size = workspace_size;
         /* Everything below is queued on the stream: no host synchronization. */
         TRY(fmha_bwd_launcher_prepare_workspace_async(launcher, workspace, workspace_size, fwd_args.seqstart_q,
                                                       fwd_args.seqstart_k, stream, call == 1 ? &allocator : NULL,

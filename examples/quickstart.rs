@@ -246,6 +246,7 @@ fn main() {
         scale: 0.0,
         window_size_left: -1,
         window_size_right: 0,
+        workspace_size,
     };
     check(fmha_bwd_launcher_run(launcher, &bwd_args, stream), "fmha_bwd_launcher_run");
     check(fmha_stream_synchronize(stream), "fmha_stream_synchronize");

@@ -14,6 +14,13 @@
 extern "C" {
 #endif
 
+// Loads each translation unit's code module onto the current device (one kernel of each; the rest of a
+// loaded module's kernels load without waiting for the device). Returns the first error code, or 0.
+int32_t fmha_hip_load_fill(void);
+int32_t fmha_hip_load_prepare(void);
+int32_t fmha_hip_load_forward(void);
+int32_t fmha_hip_load_backward(void);
+
 // Sets `count` 32-bit words at `dst` to `value`.
 int32_t fmha_hip_fill_u32(void* dst, uint32_t value, uint64_t count, void* stream);
 

@@ -58,10 +58,12 @@
 
 #define FMHA_BACKEND_ROCM 2
 
-// A backward launcher (opaque).
+// A backward launcher (opaque). The handle is a checked id, not an address: a destroyed or foreign
+// handle is FMHA_ERR_INVALID_ARGUMENT naming the argument.
 typedef struct fmha_bwd_launcher fmha_bwd_launcher;
 
-// A pinned-host releaser (opaque): a worker thread that frees buffers handed to it.
+// A pinned-host releaser (opaque): a worker thread that frees buffers handed to it. The handle is a
+// checked id, not an address: a destroyed or foreign handle is FMHA_ERR_INVALID_ARGUMENT.
 typedef struct fmha_pinned_releaser fmha_pinned_releaser;
 
 // Result of every fallible function (`FMHA_OK` = 0). Values are fixed and never renumbered.
@@ -80,13 +82,17 @@ typedef struct fmha_fwd_traits {
   int32_t mask_type;
   // `FMHA_BIAS_*`.
   int32_t bias_type;
-  // Nonzero requests dropout (not supported yet).
+  // 1 requests dropout (not supported yet: answers FMHA_ERR_UNSUPPORTED); 0 or 1.
   int32_t has_dropout;
 } fmha_fwd_traits;
 
 // A strided tensor `[batch][head][row][column]` in device memory, columns contiguous, strides in
-// elements. In group (varlen) mode `batch_stride` is unused: batch b starts at row `seqstart[b]`.
-// This struct is frozen (embedded in others); it never grows.
+// elements and non-negative (0 broadcasts an input along that dimension). In group (varlen) mode
+// `batch_stride` is ignored: batch b starts at row `seqstart[b]`. The elements the shape covers must
+// lie in one allocation: `data` plus the extent in bytes may not overflow the address space. Output
+// tensors may not share an element with each other or with an input (they may interleave, e.g. as
+// views of one packed buffer), nor overlap themselves. This struct is frozen (embedded in others);
+// it never grows.
 typedef struct fmha_tensor {
   void *data;
   int64_t batch_stride;
@@ -155,13 +161,14 @@ typedef struct fmha_bwd_traits {
   int32_t mask_type;
   // `FMHA_BIAS_*` (only NONE is supported so far).
   int32_t bias_type;
-  // Nonzero: bias gradient (not supported yet).
+  // The flags below are 0 or 1; any other value is FMHA_ERR_INVALID_ARGUMENT.
+  // 1: bias gradient (not supported yet: FMHA_ERR_UNSUPPORTED).
   int32_t has_dbias;
-  // Nonzero: dropout (not supported yet).
+  // 1: dropout (not supported yet: FMHA_ERR_UNSUPPORTED).
   int32_t has_dropout;
-  // Nonzero: store dropout random values (not supported yet).
+  // 1: store dropout random values (not supported yet: FMHA_ERR_UNSUPPORTED).
   int32_t is_store_randval;
-  // Nonzero: bitwise reproducible dQ (persistent schedule, per-CU split slots, ordered reduction).
+  // 1: bitwise reproducible dQ (persistent schedule, per-CU split slots, ordered reduction).
   int32_t is_deterministic;
 } fmha_bwd_traits;
 
@@ -181,7 +188,9 @@ typedef struct fmha_bwd_args {
   struct fmha_tensor dq;
   struct fmha_tensor dk;
   struct fmha_tensor dv;
-  // The workspace this launcher prepared.
+  // A workspace prepared for these sequence starts by a launcher with these traits (16-byte
+  // aligned). One workspace serves one run at a time, like any buffer: runs that overlap in time
+  // (other streams, other threads) need workspaces of their own.
   void *workspace;
   const int32_t *seqstart_q;
   const int32_t *seqstart_k;
@@ -202,6 +211,9 @@ typedef struct fmha_bwd_args {
   float scale;
   int32_t window_size_left;
   int32_t window_size_right;
+  // Added in 0.2: the bytes at `workspace`; checked against `fmha_bwd_launcher_workspace_size`. 0 (and
+  // callers of 0.1, whose `struct_size` ends before this field) skips the check.
+  size_t workspace_size;
 } fmha_bwd_args;
 
 // Allocates `bytes` of page-locked host memory into `*ptr`; returns `FMHA_OK` or an error status.
@@ -213,7 +225,8 @@ typedef void (*fmha_pinned_free_fn)(void *user_data, void *ptr);
 
 // A caller's pinned host allocator (e.g. a framework's caching host allocator). Extensible: set
 // `struct_size = sizeof(fmha_pinned_allocator)`. `user_data` is passed back to both functions,
-// which must be callable from any thread.
+// which must be callable from any thread. A releaser only frees: it needs `free`, and `allocate` may
+// be NULL there; an asynchronous prepare needs both.
 typedef struct fmha_pinned_allocator {
   size_t struct_size;
   void *user_data;
@@ -263,17 +276,21 @@ fmha_status fmha_registry_json(char *buffer, size_t length, size_t *required);
 fmha_status fmha_bwd_launcher_create(const struct fmha_bwd_traits *traits,
                                      struct fmha_bwd_launcher **launcher);
 
-// Destroys a launcher (NULL is a no-op). Work it already queued is unaffected.
+// Destroys a launcher (NULL is a no-op). Work it already queued is unaffected, and a call using it
+// on another thread finishes first. A destroyed handle (destroying it again included) is
+// FMHA_ERR_INVALID_ARGUMENT.
 fmha_status fmha_bwd_launcher_destroy(struct fmha_bwd_launcher *launcher);
 
 // The workspace bytes `run` needs with this launcher (metadata region + dq_acc upper bound).
 fmha_status fmha_bwd_launcher_workspace_size(const struct fmha_bwd_launcher *launcher,
                                              size_t *bytes);
 
-// Prepares `workspace` (at least `workspace_size` bytes of device memory) for the given sequence
-// starts: group mode passes the host copies of `seqstart_q/k` (`[batch + 1]` int32), batch mode
-// passes NULL. Synchronous. The launcher remembers the workspace; `run` initializes its dq_acc region
-// itself, so one prepare serves any number of runs with the same sequence starts.
+// Prepares `workspace` (at least `workspace_size` bytes of device memory, 16-byte aligned) for the
+// given sequence starts: group mode passes the host copies of `seqstart_q/k` (`[batch + 1]` int32),
+// batch mode passes NULL for both. Synchronous. The workspace then describes itself (its header
+// records what it was prepared for): any launcher with the same traits may run with it, on any
+// stream, and `run` initializes its dq_acc region itself, so one prepare serves any number of runs
+// with the same sequence starts.
 fmha_status fmha_bwd_launcher_prepare_workspace(struct fmha_bwd_launcher *launcher,
                                                 void *workspace,
                                                 size_t workspace_size,
@@ -281,6 +298,11 @@ fmha_status fmha_bwd_launcher_prepare_workspace(struct fmha_bwd_launcher *launch
                                                 const int32_t *seqstart_k);
 
 // Enqueues the backward on `stream`: dot_do_o → dq_dk_dv → convert_dq. Returns once queued.
+//
+// The kernels check that `args.workspace` was prepared for these sequence starts and traits (the
+// header's fingerprint); when it was not, nothing is computed: the host backend reports
+// FMHA_ERR_WORKSPACE_NOT_PREPARED at the stream's next synchronize, and on a GPU dq, dk and dv are left
+// unwritten (a kernel has no error channel).
 fmha_status fmha_bwd_launcher_run(const struct fmha_bwd_launcher *launcher,
                                   const struct fmha_bwd_args *args,
                                   fmha_stream_t stream);
@@ -290,19 +312,19 @@ fmha_status fmha_bwd_launcher_run(const struct fmha_bwd_launcher *launcher,
 fmha_status fmha_bwd_workspace_size_upper_bound(const struct fmha_bwd_traits *traits,
                                                 size_t *bytes);
 
-// Prepares `workspace` on `stream` and returns at once: nothing blocks the host. `seqstart_q/k` are
-// the device arrays (group mode; NULL in batch mode).
+// Prepares `workspace` (16-byte aligned) on `stream` and returns at once: nothing blocks the host,
+// on the first call too. `seqstart_q/k` are the device arrays (group mode; NULL in batch mode).
 //
-// `method`: `FMHA_PREPARE_HOST` copies the seqstarts to pinned memory, packs the metadata in a
-// stream host function and copies it back (the staging buffer lives until the stream consumed it,
-// even if the launcher is destroyed first); `FMHA_PREPARE_DEVICE` builds the same bytes in a
-// single-thread kernel (no host function, no pinned memory: safe under stream/graph capture);
-// `FMHA_PREPARE_AUTO` picks the device kernel in batch mode (whose metadata needs no
-// device data) and when the stream is capturing, the host path otherwise (group mode: it checks the
-// device seqstarts and reports invalid ones).
-// `allocator` supplies the host path's pinned memory (NULL: the backend's pinned allocation).
-// A failure on the stream (e.g. invalid seqstarts) is reported by the launcher's next call as
-// `FMHA_ERR_ASYNC_FAILURE`.
+// `method`: `FMHA_PREPARE_DEVICE` builds the metadata in a single-thread kernel (no host function, no
+// pinned memory: safe under stream/graph capture); `FMHA_PREPARE_HOST` copies the seqstarts to pinned
+// memory, packs the metadata in a stream host function and copies it back (the staging buffer lives
+// until the stream consumed it, even if the launcher is destroyed first); `FMHA_PREPARE_AUTO` is the
+// device kernel. Both check the device seqstarts (from 0, non-decreasing, within the launcher's
+// bounds): invalid ones leave the workspace unprepared, so a run with it computes nothing (see
+// `fmha_bwd_launcher_run`), and the cause, naming the field, becomes the stream's error, reported by
+// the next `fmha_stream_synchronize` of `stream` or `fmha_device_synchronize` — on the host backend
+// for both methods, on a GPU for the host method (a kernel has no error channel).
+// `allocator` supplies the host method's pinned memory (NULL: the library's pooled pinned buffers).
 fmha_status fmha_bwd_launcher_prepare_workspace_async(struct fmha_bwd_launcher *launcher,
                                                       void *workspace,
                                                       size_t workspace_size,
@@ -313,17 +335,22 @@ fmha_status fmha_bwd_launcher_prepare_workspace_async(struct fmha_bwd_launcher *
                                                       int32_t method);
 
 // Creates a releaser into `*releaser`. With `allocator == NULL` it frees with the backend's pinned
-// free (memory from `fmha_host_malloc_pinned`); otherwise with `allocator->free`.
+// free (memory from `fmha_host_malloc_pinned`); otherwise with `allocator->free` (`allocate` is not
+// used and may be NULL).
 fmha_status fmha_pinned_releaser_create(const struct fmha_pinned_allocator *allocator,
                                         struct fmha_pinned_releaser **releaser);
 
 // Hands `ptr` to the releaser's thread to be freed. Callable from any thread, including stream host
 // functions and runtime callbacks. `releaser == NULL` uses the library's process-wide releaser
-// (which frees with the backend's pinned free). NULL `ptr` is ignored.
+// (which frees with the backend's pinned free). NULL `ptr` is ignored. A release that returns
+// `FMHA_OK` frees `ptr` exactly once; one that fails (the releaser was destroyed) leaves it to the
+// caller.
 fmha_status fmha_pinned_releaser_release(const struct fmha_pinned_releaser *releaser, void *ptr);
 
-// Frees everything queued, stops the thread and destroys the releaser (NULL is a no-op). Releases
-// racing with destroy are still freed exactly once; none may start after destroy returned.
+// Destroys a releaser (NULL is a no-op): waits for the releases in flight on other threads, frees
+// everything queued and stops the thread. Releases racing with destroy either are freed exactly once
+// (`FMHA_OK`) or fail with `FMHA_ERR_INVALID_ARGUMENT` and free nothing; no call touches freed memory.
+// Destroying it again is `FMHA_ERR_INVALID_ARGUMENT`.
 fmha_status fmha_pinned_releaser_destroy(struct fmha_pinned_releaser *releaser);
 
 // Allocates `bytes` of device memory into `*ptr` (256-byte aligned).

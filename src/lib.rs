@@ -17,6 +17,7 @@ pub mod bwd;
 pub mod error;
 pub mod ffi;
 pub mod fwd;
+pub mod host_buffer;
 pub mod host_kernels;
 pub mod mask;
 pub mod overlap;

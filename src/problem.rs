@@ -3,6 +3,7 @@
 
 use crate::error::{ensure, Error, Result};
 use crate::mask::{Mask, MaskType};
+use crate::overlap::{overlap, self_overlap, Overlap, Region};
 
 /// Input element type (`fmha_dtype`; values are ABI).
 #[repr(i32)]
@@ -86,6 +87,49 @@ impl Mode {
     }
 }
 
+/// Attention bias kinds (`fmha_bias_type`; values are ABI). Named so callers can ask; no kernel
+/// supports them yet, and asking answers "unsupported".
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BiasType {
+    None = 0,
+    Elementwise = 1,
+    Alibi = 2,
+}
+
+impl BiasType {
+    pub fn from_i32(value: i32) -> Result<BiasType> {
+        match value {
+            0 => Ok(BiasType::None),
+            1 => Ok(BiasType::Elementwise),
+            2 => Ok(BiasType::Alibi),
+            _ => {
+                Err(Error::invalid("bias_type", format!("{value} is not a bias type (0 none, 1 elementwise, 2 alibi)")))
+            }
+        }
+    }
+
+    /// Bias and ALiBi are named in the traits but not implemented: refuse clearly, never ignore.
+    pub fn require_none(self) -> Result<()> {
+        match self {
+            BiasType::None => Ok(()),
+            BiasType::Elementwise => {
+                Err(Error::unsupported("bias_type: elementwise attention bias is not supported yet"))
+            }
+            BiasType::Alibi => Err(Error::unsupported("bias_type: ALiBi is not supported yet")),
+        }
+    }
+}
+
+/// Refuses dropout, which is named in the traits but not implemented.
+pub fn require_no_dropout(has_dropout: bool) -> Result<()> {
+    if has_dropout {
+        Err(Error::unsupported("has_dropout: dropout is not supported yet (pass 0)"))
+    } else {
+        Ok(())
+    }
+}
+
 /// Largest head dimension any instance supports.
 pub const MAX_HEAD_DIM: i64 = 256;
 
@@ -102,10 +146,24 @@ pub struct Tensor {
 
 impl Tensor {
     /// Number of elements from the base to one past the last element the tensor covers for the
-    /// given extents (0 when any extent is 0). Strides must be non-negative.
-    pub fn extent(&self, field: &str, mode: Mode, batch: i64, heads: i64, rows: i64, columns: i64) -> Result<usize> {
+    /// given extents (0 when any extent is 0), after checking that the description is addressable:
+    /// strides non-negative (the batch stride only in batch mode; group mode ignores it), `ptr`
+    /// aligned to the element, the extent in bytes below 2^63, and `ptr` plus that extent inside the
+    /// address space.
+    #[allow(clippy::too_many_arguments)]
+    pub fn extent(
+        &self,
+        field: &str,
+        mode: Mode,
+        batch: i64,
+        heads: i64,
+        rows: i64,
+        columns: i64,
+        element_bytes: usize,
+    ) -> Result<usize> {
+        let batch_stride = if mode == Mode::Batch { Some(("batch_stride", self.batch_stride)) } else { None };
         for (name, stride) in
-            [("batch_stride", self.batch_stride), ("head_stride", self.head_stride), ("row_stride", self.row_stride)]
+            batch_stride.into_iter().chain([("head_stride", self.head_stride), ("row_stride", self.row_stride)])
         {
             ensure(stride >= 0, &format!("{field}.{name}"), || format!("{stride} is negative"))?;
         }
@@ -115,13 +173,34 @@ impl Tensor {
         if self.ptr == 0 {
             return Err(Error::null(&format!("{field}.data")));
         }
+        ensure(self.ptr % element_bytes == 0, &format!("{field}.data"), || {
+            format!("{:#x} is not aligned to its {element_bytes}-byte elements", self.ptr)
+        })?;
         let batch_span = if mode == Mode::Batch { (batch - 1).checked_mul(self.batch_stride) } else { Some(0) };
         let last = batch_span
             .and_then(|b| (heads - 1).checked_mul(self.head_stride).and_then(|h| h.checked_add(b)))
             .and_then(|x| (rows - 1).checked_mul(self.row_stride).and_then(|r| r.checked_add(x)))
             .and_then(|x| x.checked_add(columns));
-        last.and_then(|x| usize::try_from(x).ok())
-            .ok_or_else(|| Error::invalid(field, "the strides and shape overflow the address space"))
+        let elements = last.and_then(|x| usize::try_from(x).ok());
+        let bytes = elements.and_then(|e| e.checked_mul(element_bytes)).filter(|&b| b <= isize::MAX as usize);
+        match (elements, bytes) {
+            (Some(elements), Some(bytes)) if self.ptr.checked_add(bytes).is_some() => Ok(elements),
+            (Some(elements), Some(bytes)) => Err(Error::invalid(
+                field,
+                format!(
+                    "{elements} elements ({bytes} bytes) from data = {:#x} run past the end of the address space",
+                    self.ptr
+                ),
+            )),
+            _ => Err(Error::invalid(
+                field,
+                format!(
+                    "the strides (batch {}, head {}, row {}) and the shape (batch {batch}, heads {heads}, rows \
+                     {rows}, columns {columns}) span 2^63 bytes or more",
+                    self.batch_stride, self.head_stride, self.row_stride
+                ),
+            )),
+        }
     }
 
     /// Element offset of `(batch, head, row)`, where in group mode `row` is the physical row.
@@ -129,6 +208,127 @@ impl Tensor {
         let batch_part = if mode == Mode::Batch { batch * self.batch_stride } else { 0 };
         (batch_part + head * self.head_stride + row * self.row_stride) as usize
     }
+}
+
+/// Checks the sequence arrays against the mode: group mode needs `seqstart_q/k` (`[batch + 1]`) and
+/// may pass logical lengths `seqlen_q/k_ptr` (`[batch]`); batch mode must not pass any of them (they
+/// would be silently ignored otherwise). Each array is checked as a device array of int32.
+pub fn check_sequence_arrays(
+    shape: &Shape,
+    seqstart_q: usize,
+    seqstart_k: usize,
+    lens_q: usize,
+    lens_k: usize,
+) -> Result<()> {
+    let arrays =
+        [("seqstart_q", seqstart_q), ("seqstart_k", seqstart_k), ("seqlen_q_ptr", lens_q), ("seqlen_k_ptr", lens_k)];
+    match shape.mode {
+        Mode::Group => {
+            for (name, ptr) in &arrays[..2] {
+                ensure(*ptr != 0, name, || "must not be null in group mode".into())?;
+            }
+            let batch = shape.batch as usize;
+            for (i, (name, ptr)) in arrays.into_iter().enumerate() {
+                check_device_array(ptr, if i < 2 { batch + 1 } else { batch }, 4, name)?;
+            }
+        }
+        Mode::Batch => {
+            for (name, ptr) in arrays {
+                ensure(ptr == 0, name, || "must be null in batch mode (set is_group_mode for varlen)".into())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// LSE (and the backward's D) must have unit stride along q: kernels index them as packed rows.
+pub fn check_lse_layout(lse: &Tensor, field: &str) -> Result<()> {
+    if lse.row_stride != 1 {
+        return Err(Error::invalid(
+            &format!("{field}.row_stride"),
+            format!("{} must be 1 (LSE is [batch][nhead_q][seqlen_q] fp32 with unit stride along q)", lse.row_stride),
+        ));
+    }
+    Ok(())
+}
+
+/// One memory argument of a call, for [`check_memory_overlap`]: its C field, the bytes it covers, and
+/// whether the call writes it.
+#[derive(Debug, Clone, Copy)]
+pub struct Operand<'a> {
+    pub field: &'a str,
+    pub region: Region,
+    pub written: bool,
+}
+
+impl<'a> Operand<'a> {
+    /// The bytes `tensor` covers with the given extents; `written` for outputs.
+    pub fn tensor(
+        field: &'a str,
+        tensor: &Tensor,
+        mode: Mode,
+        extents: (i64, i64, i64, i64),
+        element_bytes: u64,
+        written: bool,
+    ) -> Result<Operand<'a>> {
+        Ok(Operand { field, region: Region::of_tensor(field, tensor, mode, extents, element_bytes)?, written })
+    }
+
+    /// `bytes` contiguous bytes at `ptr` (a workspace).
+    pub fn bytes(field: &'a str, ptr: usize, bytes: usize, written: bool) -> Operand<'a> {
+        let one = crate::overlap::Dim::ONE;
+        Operand { field, region: Region { base: ptr as u64, dims: [one; 3], run: bytes as u64 }, written }
+    }
+}
+
+/// Refuses a written argument that shares memory with another argument, or whose own elements share
+/// memory (a zero stride on a dimension longer than 1): the kernels write it in parallel, so the
+/// result would depend on timing. Inputs may alias each other freely (broadcasts, packed qkv), and
+/// outputs may interleave as views of one buffer (packed dqkv) as long as no byte is shared. Layouts
+/// too irregular for the exact test ([`Overlap::Unknown`]) are accepted.
+pub fn check_memory_overlap(operands: &[Operand<'_>]) -> Result<()> {
+    for (i, a) in operands.iter().enumerate() {
+        if !a.written || a.region.is_empty() {
+            continue;
+        }
+        if self_overlap(&a.region) == Overlap::Overlapping {
+            return Err(Error::invalid(
+                a.field,
+                "its strides map two of its elements to the same memory (e.g. a zero stride on a dimension \
+                 longer than 1); an output needs an element of its own for every index",
+            ));
+        }
+        for (j, b) in operands.iter().enumerate() {
+            if j == i || (b.written && j < i) || b.region.is_empty() {
+                continue; // each pair of outputs once
+            }
+            if overlap(&a.region, &b.region) == Overlap::Overlapping {
+                let what = if b.written { "the output" } else { "the input" };
+                return Err(Error::invalid(
+                    a.field,
+                    format!(
+                        "shares memory with {what} {} (outputs may interleave with other arguments, not overlap them)",
+                        b.field
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks a device array argument of `count` elements of `element_bytes` bytes (seqstarts, logical
+/// lengths): aligned to its elements, and its bytes inside the address space. A null `ptr` passes
+/// (whether the array is required is the caller's rule).
+pub fn check_device_array(ptr: usize, count: usize, element_bytes: usize, field: &str) -> Result<()> {
+    if ptr == 0 {
+        return Ok(());
+    }
+    ensure(ptr % element_bytes == 0, field, || {
+        format!("{ptr:#x} is not aligned to its {element_bytes}-byte elements")
+    })?;
+    let end = count.checked_mul(element_bytes).and_then(|bytes| ptr.checked_add(bytes));
+    ensure(end.is_some(), field, || format!("{count} elements from {ptr:#x} run past the end of the address space"))
 }
 
 /// The validated shape of one attention call, shared by forward and backward.

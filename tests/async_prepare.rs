@@ -6,7 +6,7 @@
 mod common;
 
 use common::attention::{bwd_traits, check_gradients, forward_and_expected, Buffers, Case, DeviceArray, Dtype, Rng};
-use common::{expect_error, last_error, ok};
+use common::{expect_error, ok};
 use fmha::ffi::backward::*;
 use fmha::ffi::pinned::*;
 use fmha::ffi::runtime::*;
@@ -51,6 +51,7 @@ impl Gate {
                 while !*open {
                     open = changed.wait(open).unwrap();
                 }
+                Ok(())
             }),
         )
         .unwrap();
@@ -250,7 +251,7 @@ fn one_launcher_and_workspace_reused_over_a_hundred_varlen_calls() {
 }
 
 #[test]
-fn failures_on_the_stream_are_reported_by_the_next_call() {
+fn failures_on_the_stream_are_reported_by_its_next_synchronize() {
     let _shared = not_gated();
     let mut rng = Rng::fresh();
     let case = varlen_case(vec![(20, 30), (13, 47)], false);
@@ -261,55 +262,44 @@ fn failures_on_the_stream_are_reported_by_the_next_call() {
     // in parallel.
     let mut stream = null_mut();
     ok(fmha_stream_create(&mut stream));
-    // Non-monotone device seqstarts: the host function fails; prepare itself returned at once.
     let bad = DeviceArray::new(&[0, 40, 33]);
-    ok(fmha_bwd_launcher_prepare_workspace_async(
-        launcher.raw,
-        launcher.workspace,
-        launcher.size,
-        bad.as_ptr(),
-        fwd.seqstart_k.as_ptr(),
-        stream,
-        null(),
-        FMHA_PREPARE_HOST,
-    ));
-    ok(fmha_stream_synchronize(stream));
-    expect_error(
-        fmha_bwd_launcher_run(launcher.raw, &args, stream),
-        FMHA_ERR_ASYNC_FAILURE,
-        &["seqstart_q", "prepare_workspace_async"],
-    );
-    // Reported once; a good prepare then works.
-    ok(launcher.prepare_async(&fwd, stream, FMHA_PREPARE_HOST));
+    let prepare = |seqstart_q: *const i32, method: i32| {
+        fmha_bwd_launcher_prepare_workspace_async(
+            launcher.raw,
+            launcher.workspace,
+            launcher.size,
+            seqstart_q,
+            fwd.seqstart_k.as_ptr(),
+            stream,
+            null(),
+            method,
+        )
+    };
     bwd.poison(&case);
+    let poisoned = bwd.bits();
+    // Non-monotone device seqstarts, host method: prepare returned at once; the host function fails,
+    // and its cause is the stream's error (on every backend), reported once.
+    ok(prepare(bad.as_ptr(), FMHA_PREPARE_HOST));
+    expect_error(fmha_stream_synchronize(stream), FMHA_ERR_ASYNC_FAILURE, &["seqstart_q", "prepare_workspace_async"]);
+    ok(fmha_stream_synchronize(stream));
+    // The workspace was left unprepared: a run with it computes nothing (the host backend says so at
+    // the synchronize; a GPU kernel has no error channel).
+    ok(fmha_bwd_launcher_run(launcher.raw, &args, stream));
+    common::expect_stream_error(fmha_stream_synchronize(stream), FMHA_ERR_WORKSPACE_NOT_PREPARED, &["workspace"]);
+    assert_eq!(bwd.bits(), poisoned, "a run on an unprepared workspace wrote gradients");
+    // A good prepare then works.
+    ok(launcher.prepare_async(&fwd, stream, FMHA_PREPARE_HOST));
     ok(fmha_bwd_launcher_run(launcher.raw, &args, stream));
     ok(fmha_stream_synchronize(stream));
     check_gradients(&case, &bwd, &expected);
     // The device method writes an unprepared (all-zero) region for bad seqstarts: the run is refused
-    // instead of computing garbage. The host backend reports both at the stream's synchronize; a GPU
-    // kernel has no error channel, so there the run's kernels find the header cleared and write nothing.
-    ok(fmha_bwd_launcher_prepare_workspace_async(
-        launcher.raw,
-        launcher.workspace,
-        launcher.size,
-        bad.as_ptr(),
-        fwd.seqstart_k.as_ptr(),
-        stream,
-        null(),
-        FMHA_PREPARE_DEVICE,
-    ));
-    let status = fmha_stream_synchronize(stream);
+    // instead of computing garbage. The host backend reports both at the stream's synchronize.
+    ok(prepare(bad.as_ptr(), FMHA_PREPARE_DEVICE));
+    common::expect_stream_error(fmha_stream_synchronize(stream), FMHA_ERR_INVALID_ARGUMENT, &["seqstart_q"]);
     bwd.poison(&case);
     let poisoned = bwd.bits();
-    if gpu_build() {
-        ok(status);
-        ok(fmha_bwd_launcher_run(launcher.raw, &args, stream));
-        ok(fmha_stream_synchronize(stream));
-    } else {
-        assert_eq!(status, FMHA_ERR_INVALID_ARGUMENT, "{}", last_error());
-        ok(fmha_bwd_launcher_run(launcher.raw, &args, stream));
-        expect_error(fmha_stream_synchronize(stream), FMHA_ERR_WORKSPACE_NOT_PREPARED, &["workspace"]);
-    }
+    ok(fmha_bwd_launcher_run(launcher.raw, &args, stream));
+    common::expect_stream_error(fmha_stream_synchronize(stream), FMHA_ERR_WORKSPACE_NOT_PREPARED, &["workspace"]);
     assert_eq!(bwd.bits(), poisoned, "a run on an unprepared workspace wrote gradients");
     // Seqstarts other than the prepared ones: the GPU kernels' fingerprint check (host: the run's
     // check) refuses them too.
@@ -318,12 +308,7 @@ fn failures_on_the_stream_are_reported_by_the_next_call() {
     let other = DeviceArray::new(&[0, 21, 33]);
     let other_args = fmha_bwd_args { seqstart_q: other.as_ptr(), ..args };
     ok(fmha_bwd_launcher_run(launcher.raw, &other_args, stream));
-    let status = fmha_stream_synchronize(stream);
-    if gpu_build() {
-        ok(status);
-    } else {
-        assert_eq!(status, FMHA_ERR_WORKSPACE_NOT_PREPARED, "{}", last_error());
-    }
+    common::expect_stream_error(fmha_stream_synchronize(stream), FMHA_ERR_WORKSPACE_NOT_PREPARED, &["workspace"]);
     assert_eq!(bwd.bits(), poisoned, "a run with seqstarts the workspace was not prepared for wrote gradients");
     ok(fmha_stream_destroy(stream));
 }
@@ -403,6 +388,37 @@ fn bad_inputs_of_prepare_async() {
         ),
         FMHA_ERR_INVALID_ARGUMENT,
         &["seqstart_q", "batch mode"],
+    );
+    // Only seqstart_k given: the message names seqstart_k.
+    expect_error(
+        fmha_bwd_launcher_prepare_workspace_async(
+            batch_launcher.raw,
+            batch_launcher.workspace,
+            batch_launcher.size,
+            null(),
+            k,
+            null_mut(),
+            null(),
+            0,
+        ),
+        FMHA_ERR_INVALID_ARGUMENT,
+        &["seqstart_k", "batch mode"],
+    );
+    // A workspace that is not 16-byte aligned, for every method.
+    let skewed = (launcher.workspace as usize + 4) as *mut c_void;
+    for method in [FMHA_PREPARE_AUTO, FMHA_PREPARE_HOST, FMHA_PREPARE_DEVICE] {
+        expect_error(
+            call(skewed, launcher.size - 4, q, k, null(), method),
+            FMHA_ERR_INVALID_ARGUMENT,
+            &["workspace", "aligned"],
+        );
+    }
+    // Misaligned seqstarts (device int32 arrays).
+    let skewed_q = (q as usize + 2) as *const i32;
+    expect_error(
+        call(launcher.workspace, launcher.size, skewed_q, k, null(), 0),
+        FMHA_ERR_INVALID_ARGUMENT,
+        &["seqstart_q", "aligned"],
     );
 }
 
@@ -524,7 +540,8 @@ fn releaser_c_api() {
         rt.launch_host_func(
             Stream(stream as usize),
             Box::new(move || {
-                fmha_pinned_releaser_release(handle as *const _, (1_000_000 + i) as *mut c_void);
+                ok(fmha_pinned_releaser_release(handle as *const _, (1_000_000 + i) as *mut c_void));
+                Ok(())
             }),
         )
         .unwrap();
@@ -664,8 +681,8 @@ fn one_launcher_serves_varlen_batches_within_its_bounds() {
 }
 
 #[test]
-fn auto_method_takes_the_host_path_only_for_group_mode() {
-    // An allocator that always fails shows which path ran: only the host path allocates staging.
+fn auto_method_never_touches_pinned_memory() {
+    // An allocator that always fails shows which path ran: only the host method allocates staging.
     let _shared = not_gated();
     unsafe extern "C" fn refuse(_user: *mut c_void, _bytes: usize, _ptr: *mut *mut c_void) -> fmha_status {
         FMHA_ERR_OUT_OF_MEMORY
@@ -677,7 +694,7 @@ fn auto_method_takes_the_host_path_only_for_group_mode() {
         allocate: Some(refuse),
         free: Some(never_called),
     };
-    let prepare = |case: &Case, (q, k): (*const i32, *const i32)| {
+    let prepare = |case: &Case, (q, k): (*const i32, *const i32), method: i32| {
         let launcher = Launcher::new(case);
         let status = fmha_bwd_launcher_prepare_workspace_async(
             launcher.raw,
@@ -687,16 +704,17 @@ fn auto_method_takes_the_host_path_only_for_group_mode() {
             k,
             null_mut(),
             &allocator,
-            FMHA_PREPARE_AUTO,
+            method,
         );
         ok(fmha_stream_synchronize(null_mut()));
         status
     };
-    // Batch mode: the device kernel, whatever the allocator.
     let batch = Case::batch_mode(Dtype::Bf16, 2, 4, 2, (70, 90), (64, 64), Mask::causal(MaskType::BottomRight));
-    assert_eq!(prepare(&batch, (null(), null())), FMHA_OK);
-    // Group mode outside capture: the host path, which checks the device seqstarts.
     let group = varlen_case(vec![(20, 30), (13, 47)], true);
     let (fwd, _, _) = forward_and_expected(&group, &mut Rng::fresh());
-    assert_eq!(prepare(&group, fwd.fwd_args_for_prepare()), FMHA_ERR_OUT_OF_MEMORY);
+    // Batch and group mode: the device kernel, whatever the allocator.
+    assert_eq!(prepare(&batch, (null(), null()), FMHA_PREPARE_AUTO), FMHA_OK);
+    assert_eq!(prepare(&group, fwd.fwd_args_for_prepare(), FMHA_PREPARE_AUTO), FMHA_OK);
+    // The host method does use it.
+    assert_eq!(prepare(&group, fwd.fwd_args_for_prepare(), FMHA_PREPARE_HOST), FMHA_ERR_OUT_OF_MEMORY);
 }

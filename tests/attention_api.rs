@@ -10,6 +10,7 @@ use fmha::ffi::backward::*;
 use fmha::ffi::runtime::*;
 use fmha::ffi::status::*;
 use fmha::mask::{Mask, MaskType};
+use std::ffi::c_void;
 use std::ptr::{null, null_mut};
 
 fn small_case(group: bool) -> Case {
@@ -205,11 +206,13 @@ fn backward_launcher_rejects_bad_inputs() {
     let mut workspace = null_mut();
     ok(fmha_device_malloc(&mut workspace, size));
     let args = bwd.args(&case, &fwd, workspace);
-    expect_error(
-        fmha_bwd_launcher_run(launcher, &args, null_mut()),
-        FMHA_ERR_WORKSPACE_NOT_PREPARED,
-        &["never prepared"],
-    );
+    // Never prepared: the run is refused by the stream (the workspace describes itself; a GPU kernel
+    // finds no header and computes nothing). A stream of the test's own: errors on it are sticky.
+    let mut stream = null_mut();
+    ok(fmha_stream_create(&mut stream));
+    ok(fmha_memset(workspace, 0x5A, size));
+    ok(fmha_bwd_launcher_run(launcher, &args, stream));
+    common::expect_stream_error(fmha_stream_synchronize(stream), FMHA_ERR_WORKSPACE_NOT_PREPARED, &["workspace"]);
     let (sq, sk) = ([0i32, 20, 33], [0i32, 30, 77]);
     expect_error(
         fmha_bwd_launcher_prepare_workspace(launcher, workspace, size - 1, sq.as_ptr(), sk.as_ptr()),
@@ -246,8 +249,6 @@ fn backward_launcher_rejects_bad_inputs() {
     // Prepared for other lengths than the args carry: the run is refused by the stream.
     let other = [0i32, 21, 33];
     ok(fmha_bwd_launcher_prepare_workspace(launcher, workspace, size, other.as_ptr(), sk.as_ptr()));
-    let mut stream = null_mut();
-    ok(fmha_stream_create(&mut stream));
     ok(fmha_bwd_launcher_run(launcher, &args, stream));
     common::expect_stream_error(
         fmha_stream_synchronize(stream),
@@ -263,7 +264,19 @@ fn backward_launcher_rejects_bad_inputs() {
     expect_error(run(fmha_bwd_args { nhead_k: 4, ..args }), FMHA_ERR_INVALID_ARGUMENT, &["nhead_k", "traits"]);
     expect_error(run(fmha_bwd_args { seqlen_q: 34, ..args }), FMHA_ERR_INVALID_ARGUMENT, &["seqlen_q", "traits"]);
     expect_error(run(fmha_bwd_args { hdim_v: 32, ..args }), FMHA_ERR_INVALID_ARGUMENT, &["hdim_v", "traits"]);
-    expect_error(run(fmha_bwd_args { workspace: null_mut(), ..args }), FMHA_ERR_WORKSPACE_NOT_PREPARED, &["workspace"]);
+    expect_error(run(fmha_bwd_args { workspace: null_mut(), ..args }), FMHA_ERR_NULL_POINTER, &["workspace"]);
+    let skewed = (workspace as usize + 8) as *mut c_void;
+    expect_error(
+        run(fmha_bwd_args { workspace: skewed, ..args }),
+        FMHA_ERR_INVALID_ARGUMENT,
+        &["workspace", "aligned"],
+    );
+    expect_error(
+        run(fmha_bwd_args { workspace_size: size - 1, ..args }),
+        FMHA_ERR_WORKSPACE_TOO_SMALL,
+        &["workspace_size"],
+    );
+    ok(run(fmha_bwd_args { workspace_size: size, ..args }));
     expect_error(run(fmha_bwd_args { window_size_left: -5, ..args }), FMHA_ERR_INVALID_ARGUMENT, &["window_size_left"]);
     expect_error(run(fmha_bwd_args { scale: f32::INFINITY, ..args }), FMHA_ERR_INVALID_ARGUMENT, &["scale"]);
     expect_error(run(fmha_bwd_args { seqstart_q: null(), ..args }), FMHA_ERR_INVALID_ARGUMENT, &["seqstart_q"]);

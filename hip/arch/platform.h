@@ -43,5 +43,40 @@ hipError_t __hipPushCallConfiguration(dim3 grid, dim3 block, size_t shared_bytes
 hipError_t __hipPopCallConfiguration(dim3* grid, dim3* block, size_t* shared_bytes, hipStream_t* stream);
 hipError_t hipLaunchKernel(const void* function, dim3 grid, dim3 block, void** args, size_t shared_bytes,
                            hipStream_t stream);
+// HIP's definition (hip_runtime_api.h), for load_module below.
+typedef struct hipFuncAttributes {
+  int binaryVersion;
+  int cacheModeCA;
+  size_t constSizeBytes;
+  size_t localSizeBytes;
+  int maxDynamicSharedSizeBytes;
+  int maxThreadsPerBlock;
+  int numRegs;
+  int preferredShmemCarveout;
+  int ptxVersion;
+  size_t sharedSizeBytes;
+} hipFuncAttributes;
+hipError_t hipFuncGetAttributes(hipFuncAttributes* attributes, const void* function);
 }
 #endif
+
+namespace fmha {
+namespace arch {
+
+// Loads the code module holding `kernel` onto the current device now. The runtimes load a module when
+// one of its kernels is first used, and that load can wait for the work queued on the device (measured
+// on an H200: a first launch of a never-used translation unit's kernel blocked the host until a busy
+// stream drained, docs/perf.md): the library loads its modules once per device before its first launch.
+template <typename Kernel>
+inline int32_t load_module(Kernel kernel) {
+#if defined(FMHA_PLATFORM_NVIDIA)
+  cudaFuncAttributes attributes;
+  return static_cast<int32_t>(cudaFuncGetAttributes(&attributes, kernel));
+#else
+  hipFuncAttributes attributes;
+  return static_cast<int32_t>(hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(kernel)));
+#endif
+}
+
+}  // namespace arch
+}  // namespace fmha

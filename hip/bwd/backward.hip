@@ -121,3 +121,5 @@ extern "C" int32_t fmha_hip_bwd(const fmha_bwd_params* params, void* stream) {
   const hipStream_t s = static_cast<hipStream_t>(stream);
   return params->dtype == 0 ? fmha::backward<false>(*params, s) : fmha::backward<true>(*params, s);
 }
+
+extern "C" int32_t fmha_hip_load_backward(void) { return fmha::arch::load_module(fmha::dot_do_o_kernel<true>); }

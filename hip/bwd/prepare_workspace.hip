@@ -32,3 +32,5 @@ extern "C" int32_t fmha_hip_prepare_workspace(void* workspace, const int32_t* se
       static_cast<uint8_t*>(workspace), seqstart_q, seqstart_k, *params_host);
   return static_cast<int32_t>(hipGetLastError());
 }
+
+extern "C" int32_t fmha_hip_load_prepare(void) { return fmha::arch::load_module(fmha::prepare_workspace_kernel); }

@@ -27,3 +27,5 @@ extern "C" int32_t fmha_hip_fill_u32(void* dst, uint32_t value, uint64_t count, 
       static_cast<uint32_t*>(dst), value, count, blocks * fmha::kFillBlock);
   return static_cast<int32_t>(hipGetLastError());
 }
+
+extern "C" int32_t fmha_hip_load_fill(void) { return fmha::arch::load_module(fmha::fill_u32_kernel); }

@@ -49,6 +49,11 @@ extern "C" int32_t fmha_hip_fwd(const fmha_fwd_params* params, void* stream) {
                             : fmha::dispatch_forward<__nv_bfloat16>(*params, s);
 }
 
+extern "C" int32_t fmha_hip_load_forward(void) {
+  using Tile = fmha::ForwardTile<__half, 64, 1, 128, false>;
+  return fmha::arch::load_module(fmha::forward_kernel<Tile, __half>);
+}
+
 #else
 #include "fwd/forward_kernel_amd.h"
 
@@ -92,6 +97,10 @@ extern "C" int32_t fmha_hip_fwd(const fmha_fwd_params* params, void* stream) {
   const hipStream_t s = static_cast<hipStream_t>(stream);
   return params->dtype == 0 ? fmha::dispatch_forward<fmha::arch::Half>(*params, s)
                             : fmha::dispatch_forward<fmha::arch::BFloat16>(*params, s);
+}
+
+extern "C" int32_t fmha_hip_load_forward(void) {
+  return fmha::arch::load_module(fmha::forward_kernel_amd<fmha::arch::Half, 64, false>);
 }
 
 #endif

@@ -211,6 +211,7 @@ class fmha_bwd_args(_Extensible):
         ("scale", c_float),
         ("window_size_left", c_int32),
         ("window_size_right", c_int32),
+        ("workspace_size", c_size_t),
     ]
 
 
@@ -235,7 +236,7 @@ _EXPECTED_SIZES = {
     fmha_fwd_traits: 40,
     fmha_fwd_args: 240,
     fmha_bwd_traits: 80,
-    fmha_bwd_args: 416,
+    fmha_bwd_args: 424,
     fmha_pinned_allocator: 32,
 }
 

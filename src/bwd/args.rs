@@ -3,9 +3,8 @@
 use super::kargs::BwdExtents;
 use super::traits::BwdTraits;
 use crate::error::{ensure, Result};
-use crate::fwd::args::{check_lse_layout, check_sequence_arrays};
 use crate::mask::Mask;
-use crate::problem::{Shape, Tensor};
+use crate::problem::{check_lse_layout, check_memory_overlap, check_sequence_arrays, Operand, Shape, Tensor};
 
 /// Pointers, strides (elements), lengths and scalars of one backward call.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -21,6 +20,8 @@ pub struct BwdArgs {
     pub dk: Tensor,
     pub dv: Tensor,
     pub workspace: usize,
+    /// Bytes at `workspace`, or 0 when the caller did not say (checked against the launcher's size).
+    pub workspace_size: usize,
     pub seqstart_q: usize,
     pub seqstart_k: usize,
     pub seqlen_q_ptr: usize,
@@ -88,8 +89,29 @@ impl BwdArgs {
         if self.scale != 0.0 {
             shape.scale = self.scale;
         }
-        check_sequence_arrays(shape.mode, self.seqstart_q, self.seqstart_k, self.seqlen_q_ptr, self.seqlen_k_ptr)?;
+        check_sequence_arrays(&shape, self.seqstart_q, self.seqstart_k, self.seqlen_q_ptr, self.seqlen_k_ptr)?;
         Ok(shape)
+    }
+
+    /// Refuses outputs (dq, dk, dv, the D scratch, the workspace of `workspace_bytes`) that share
+    /// memory with each other or with an input.
+    pub fn check_overlap(&self, s: &Shape, workspace_bytes: usize) -> Result<()> {
+        let (m, b) = (s.mode, s.batch);
+        let (q, k) = ((b, s.nhead_q, s.seqlen_q), (b, s.nhead_k, s.seqlen_k));
+        let with = |(b, h, r): (i64, i64, i64), columns: i64| (b, h, r, columns);
+        check_memory_overlap(&[
+            Operand::tensor("q", &self.q, m, with(q, s.hdim_q), 2, false)?,
+            Operand::tensor("k", &self.k, m, with(k, s.hdim_q), 2, false)?,
+            Operand::tensor("v", &self.v, m, with(k, s.hdim_v), 2, false)?,
+            Operand::tensor("o", &self.o, m, with(q, s.hdim_v), 2, false)?,
+            Operand::tensor("lse", &self.lse, m, with(q, 1), 4, false)?,
+            Operand::tensor("do", &self.d_o, m, with(q, s.hdim_v), 2, false)?,
+            Operand::tensor("d", &self.d, m, with(q, 1), 4, true)?,
+            Operand::tensor("dq", &self.dq, m, with(q, s.hdim_q), 2, true)?,
+            Operand::tensor("dk", &self.dk, m, with(k, s.hdim_q), 2, true)?,
+            Operand::tensor("dv", &self.dv, m, with(k, s.hdim_v), 2, true)?,
+            Operand::bytes("workspace", self.workspace, workspace_bytes, true),
+        ])
     }
 
     /// Element extents of every tensor (and the checks of their layouts).
@@ -101,16 +123,16 @@ impl BwdArgs {
             ensure(t.ptr != 0 || s.seqlen_q == 0, &format!("{name}.data"), || "must not be null".into())?;
         }
         Ok(BwdExtents {
-            q: self.q.extent("q", m, b, s.nhead_q, s.seqlen_q, s.hdim_q)?,
-            k: self.k.extent("k", m, b, s.nhead_k, s.seqlen_k, s.hdim_q)?,
-            v: self.v.extent("v", m, b, s.nhead_k, s.seqlen_k, s.hdim_v)?,
-            o: self.o.extent("o", m, b, s.nhead_q, s.seqlen_q, s.hdim_v)?,
-            lse: self.lse.extent("lse", m, b, s.nhead_q, s.seqlen_q, 1)?,
-            d_o: self.d_o.extent("do", m, b, s.nhead_q, s.seqlen_q, s.hdim_v)?,
-            d: self.d.extent("d", m, b, s.nhead_q, s.seqlen_q, 1)?,
-            dq: self.dq.extent("dq", m, b, s.nhead_q, s.seqlen_q, s.hdim_q)?,
-            dk: self.dk.extent("dk", m, b, s.nhead_k, s.seqlen_k, s.hdim_q)?,
-            dv: self.dv.extent("dv", m, b, s.nhead_k, s.seqlen_k, s.hdim_v)?,
+            q: self.q.extent("q", m, b, s.nhead_q, s.seqlen_q, s.hdim_q, 2)?,
+            k: self.k.extent("k", m, b, s.nhead_k, s.seqlen_k, s.hdim_q, 2)?,
+            v: self.v.extent("v", m, b, s.nhead_k, s.seqlen_k, s.hdim_v, 2)?,
+            o: self.o.extent("o", m, b, s.nhead_q, s.seqlen_q, s.hdim_v, 2)?,
+            lse: self.lse.extent("lse", m, b, s.nhead_q, s.seqlen_q, 1, 4)?,
+            d_o: self.d_o.extent("do", m, b, s.nhead_q, s.seqlen_q, s.hdim_v, 2)?,
+            d: self.d.extent("d", m, b, s.nhead_q, s.seqlen_q, 1, 4)?,
+            dq: self.dq.extent("dq", m, b, s.nhead_q, s.seqlen_q, s.hdim_q, 2)?,
+            dk: self.dk.extent("dk", m, b, s.nhead_k, s.seqlen_k, s.hdim_q, 2)?,
+            dv: self.dv.extent("dv", m, b, s.nhead_k, s.seqlen_k, s.hdim_v, 2)?,
         })
     }
 }

@@ -1,27 +1,22 @@
 //! The backward launcher: created from traits, it owns the kernel selection and the workspace
 //! layout; `prepare_workspace` writes the metadata for a set of sequence starts; `run` enqueues the
 //! stages on a stream.
+//!
+//! A launcher holds no state about workspaces: a prepared workspace describes itself (its header's
+//! fingerprint covers the layout parameters and the sequence starts), and the kernels check it against
+//! each run's arguments. So any number of workspaces can be used with one launcher, from any threads
+//! and streams, and a workspace prepared by one launcher serves every launcher with the same traits.
 
 use super::args::BwdArgs;
 use super::kargs::BwdKargs;
-use super::prepare_async::AsyncErrorSlot;
 use super::traits::BwdTraits;
-use crate::error::{Error, Result, Status};
+use crate::error::{ensure, Error, Result, Status};
+use crate::host_buffer::AlignedBytes;
 use crate::problem::{Mode, Shape};
 use crate::registry::{Instance, Operation, Request};
 use crate::runtime::{self, Arch, CopyKind, Stream};
 use crate::schedule::XcdRemap;
-use crate::workspace::{self, WorkspaceLayout, WorkspaceParams};
-use std::sync::Mutex;
-
-/// What the last prepare was given, so `run` can refuse a workspace it never saw. (Whether the
-/// metadata matches the run's sequence starts is checked by the kernels, from the header's
-/// fingerprint: after an asynchronous prepare the host never sees the device seqstarts.)
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Prepared {
-    workspace: usize,
-    bytes: usize,
-}
+use crate::workspace::{self, WorkspaceLayout, WorkspaceParams, SECTION_ALIGNMENT};
 
 #[derive(Debug)]
 pub struct BwdLauncher {
@@ -29,8 +24,6 @@ pub struct BwdLauncher {
     shape: Shape,
     instance: Instance,
     layout: WorkspaceLayout,
-    prepared: Mutex<Option<Prepared>>,
-    async_errors: AsyncErrorSlot,
 }
 
 /// The workspace parameters of a problem for a dq_dk_dv instance on `num_cus` compute units.
@@ -87,14 +80,7 @@ impl BwdLauncher {
         let arch = rt.arch()?;
         let instance = select(&traits, &shape, arch)?;
         let layout = WorkspaceLayout::new(&workspace_params(&traits, &instance, rt.cu_count()?, arch))?;
-        Ok(BwdLauncher {
-            traits,
-            shape,
-            instance,
-            layout,
-            prepared: Mutex::new(None),
-            async_errors: AsyncErrorSlot::default(),
-        })
+        Ok(BwdLauncher { traits, shape, instance, layout })
     }
 
     pub fn traits(&self) -> &BwdTraits {
@@ -114,12 +100,21 @@ impl BwdLauncher {
         self.layout.workspace_size()
     }
 
-    pub(crate) fn check_workspace(&self, workspace: usize, bytes: usize) -> Result<()> {
+    /// Checks a workspace argument: not null, [`SECTION_ALIGNMENT`]-aligned (the kernels read its
+    /// sections as aligned structs), and — when the caller says how large it is (`bytes > 0`, or always
+    /// with `size_required`) — at least [`workspace_size`](Self::workspace_size) bytes.
+    pub(crate) fn check_workspace(&self, workspace: usize, bytes: usize, size_required: bool) -> Result<()> {
         if workspace == 0 {
             return Err(Error::null("workspace"));
         }
+        let misalign = workspace % SECTION_ALIGNMENT;
+        ensure(misalign == 0, "workspace", || {
+            format!(
+                "{workspace:#x} is not {SECTION_ALIGNMENT}-byte aligned (address mod {SECTION_ALIGNMENT} = {misalign})"
+            )
+        })?;
         let need = self.workspace_size();
-        if bytes < need {
+        if (size_required || bytes > 0) && bytes < need {
             return Err(Error::new(
                 Status::WorkspaceTooSmall,
                 format!("workspace_size: {bytes} bytes given, this launcher needs {need} (fmha_bwd_launcher_workspace_size)"),
@@ -128,26 +123,26 @@ impl BwdLauncher {
         Ok(())
     }
 
-    /// Host seqstarts → metadata bytes, built on the host.
-    pub fn metadata(&self, seqstart_q: Option<&[i32]>, seqstart_k: Option<&[i32]>) -> Result<Vec<u8>> {
+    /// Checks the seqstart arguments of a prepare against the mode: both in group mode, neither in
+    /// batch mode (naming the one that is wrong).
+    pub(crate) fn check_prepare_seqstarts(&self, seqstart_q: bool, seqstart_k: bool) -> Result<()> {
         match self.traits.mode {
-            Mode::Group => {
-                if seqstart_q.is_none() {
-                    return Err(Error::null("seqstart_q"));
-                }
-                if seqstart_k.is_none() {
-                    return Err(Error::null("seqstart_k"));
-                }
-            }
+            Mode::Group if !seqstart_q => Err(Error::null("seqstart_q")),
+            Mode::Group if !seqstart_k => Err(Error::null("seqstart_k")),
+            Mode::Group => Ok(()),
             Mode::Batch => {
-                if seqstart_q.is_some() || seqstart_k.is_some() {
-                    return Err(Error::invalid("seqstart_q", "must be null in batch mode"));
-                }
+                ensure(!seqstart_q, "seqstart_q", || "must be null in batch mode".into())?;
+                ensure(!seqstart_k, "seqstart_k", || "must be null in batch mode".into())
             }
         }
-        let mut bytes = AlignedBytes::new(self.layout.metadata_bytes);
+    }
+
+    /// Host seqstarts → metadata bytes, built on the host.
+    pub fn metadata(&self, seqstart_q: Option<&[i32]>, seqstart_k: Option<&[i32]>) -> Result<AlignedBytes> {
+        self.check_prepare_seqstarts(seqstart_q.is_some(), seqstart_k.is_some())?;
+        let mut bytes = AlignedBytes::new(self.layout.metadata_bytes, 0, "batch")?;
         workspace::prepare_metadata(&self.layout, seqstart_q, seqstart_k, bytes.as_mut_slice())?;
-        Ok(bytes.as_mut_slice().to_vec())
+        Ok(bytes)
     }
 
     /// Writes the metadata for these (host) sequence starts into the workspace and waits for the copy.
@@ -158,26 +153,15 @@ impl BwdLauncher {
         seqstart_q: Option<&[i32]>,
         seqstart_k: Option<&[i32]>,
     ) -> Result<()> {
-        self.take_async_error()?;
-        self.check_workspace(workspace, bytes)?;
+        self.check_workspace(workspace, bytes, true)?;
         let metadata = self.metadata(seqstart_q, seqstart_k)?;
         let rt = runtime::current()?;
-        rt.memcpy(workspace, metadata.as_ptr() as usize, metadata.len(), CopyKind::HostToDevice)?;
-        self.set_prepared(workspace, bytes);
-        Ok(())
-    }
-
-    pub(crate) fn set_prepared(&self, workspace: usize, bytes: usize) {
-        *self.prepared.lock().unwrap_or_else(|p| p.into_inner()) = Some(Prepared { workspace, bytes });
-    }
-
-    pub(crate) fn async_errors(&self) -> AsyncErrorSlot {
-        std::sync::Arc::clone(&self.async_errors)
+        let region = metadata.as_slice();
+        rt.memcpy(workspace, region.as_ptr() as usize, region.len(), CopyKind::HostToDevice)
     }
 
     /// Validates `args` against the traits and the prepared workspace, and enqueues the backward.
     pub fn run(&self, args: &BwdArgs, stream: Stream) -> Result<()> {
-        self.take_async_error()?;
         let shape = args.shape(&self.traits)?;
         let extents = args.extents(&shape)?;
         // (field, tensor, loaded by the kernels' tiles)
@@ -196,22 +180,8 @@ impl BwdLauncher {
                 self.instance.check_input_rows(field, tensor)?;
             }
         }
-        let prepared = self.prepared.lock().unwrap_or_else(|p| p.into_inner()).ok_or_else(|| {
-            Error::new(
-                Status::WorkspaceNotPrepared,
-                "workspace: never prepared by this launcher (call fmha_bwd_launcher_prepare_workspace first)",
-            )
-        })?;
-        if args.workspace != prepared.workspace {
-            return Err(Error::new(
-                Status::WorkspaceNotPrepared,
-                format!(
-                    "workspace: {:#x} is not the buffer this launcher prepared ({:#x})",
-                    args.workspace, prepared.workspace
-                ),
-            ));
-        }
-        self.check_workspace(args.workspace, prepared.bytes)?;
+        self.check_workspace(args.workspace, args.workspace_size, false)?;
+        args.check_overlap(&shape, self.workspace_size())?;
         let kargs = BwdKargs {
             shape,
             instance: self.instance,
@@ -239,23 +209,5 @@ impl BwdLauncher {
 
     pub fn shape(&self) -> &Shape {
         &self.shape
-    }
-}
-
-/// A byte buffer whose start is 16-byte aligned (the metadata sections are read as aligned structs).
-pub(crate) struct AlignedBytes {
-    storage: Vec<u8>,
-    offset: usize,
-    len: usize,
-}
-
-impl AlignedBytes {
-    pub(crate) fn new(len: usize) -> AlignedBytes {
-        let storage = vec![0u8; len + workspace::SECTION_ALIGNMENT];
-        let offset = storage.as_ptr().align_offset(workspace::SECTION_ALIGNMENT);
-        AlignedBytes { storage, offset, len }
-    }
-    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
-        &mut self.storage[self.offset..self.offset + self.len]
     }
 }

@@ -2,10 +2,8 @@
 //! workspace is sized for; `run` refuses args that disagree with it.
 
 use crate::error::{Error, Result};
-use crate::fwd::traits::require_no_dropout;
-use crate::fwd::BiasType;
 use crate::mask::{Mask, MaskType};
-use crate::problem::{Dtype, Mode, Shape};
+use crate::problem::{require_no_dropout, BiasType, Dtype, Mode, Shape};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BwdTraits {

@@ -1,10 +1,10 @@
 //! Types shared by the forward and backward C APIs, and the forward entry point.
 
-use super::{boundary, check_struct_size, fmha_status, read_in};
+use super::{boundary, flag, fmha_status, read_extensible, Extensible};
 use crate::error::{Error, Result};
-use crate::fwd::{BiasType, FwdArgs, FwdTraits};
+use crate::fwd::{FwdArgs, FwdTraits};
 use crate::mask::MaskType;
-use crate::problem::{Dtype, Mode, Tensor};
+use crate::problem::{BiasType, Dtype, Mode, Tensor};
 use crate::runtime::Stream;
 use std::ffi::{c_char, c_void};
 
@@ -25,8 +25,12 @@ pub const FMHA_BIAS_ELEMENTWISE: i32 = 1;
 pub const FMHA_BIAS_ALIBI: i32 = 2;
 
 /// A strided tensor `[batch][head][row][column]` in device memory, columns contiguous, strides in
-/// elements. In group (varlen) mode `batch_stride` is unused: batch b starts at row `seqstart[b]`.
-/// This struct is frozen (embedded in others); it never grows.
+/// elements and non-negative (0 broadcasts an input along that dimension). In group (varlen) mode
+/// `batch_stride` is ignored: batch b starts at row `seqstart[b]`. The elements the shape covers must
+/// lie in one allocation: `data` plus the extent in bytes may not overflow the address space. Output
+/// tensors may not share an element with each other or with an input (they may interleave, e.g. as
+/// views of one packed buffer), nor overlap themselves. This struct is frozen (embedded in others);
+/// it never grows.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct fmha_tensor {
@@ -62,8 +66,13 @@ pub struct fmha_fwd_traits {
     pub mask_type: i32,
     /// `FMHA_BIAS_*`.
     pub bias_type: i32,
-    /// Nonzero requests dropout (not supported yet).
+    /// 1 requests dropout (not supported yet: answers FMHA_ERR_UNSUPPORTED); 0 or 1.
     pub has_dropout: i32,
+}
+
+// SAFETY: repr(C), begins with `struct_size`, every field is an integer.
+unsafe impl Extensible for fmha_fwd_traits {
+    const FIRST_VERSION_SIZE: usize = 40;
 }
 
 /// Forward arguments. Extensible: set `struct_size = sizeof(fmha_fwd_args)`.
@@ -100,13 +109,17 @@ pub struct fmha_fwd_args {
     pub window_size_right: i32,
 }
 
+// SAFETY: repr(C), begins with `struct_size`, every field is an integer, a float or a raw pointer.
+unsafe impl Extensible for fmha_fwd_args {
+    const FIRST_VERSION_SIZE: usize = 240;
+}
+
 pub(crate) fn mask_type(value: i32) -> Result<MaskType> {
     MaskType::from_i32(value)
 }
 
 impl fmha_fwd_traits {
     pub(crate) fn to_traits(self) -> Result<FwdTraits> {
-        check_struct_size(self.struct_size, std::mem::size_of::<Self>(), std::mem::size_of::<Self>(), "traits")?;
         Ok(FwdTraits {
             dtype: Dtype::from_i32(self.dtype, "dtype")?,
             hdim_q: i64::from(self.hdim_q),
@@ -114,14 +127,13 @@ impl fmha_fwd_traits {
             mode: Mode::from_flag(self.is_group_mode, "is_group_mode")?,
             mask_type: mask_type(self.mask_type)?,
             bias_type: BiasType::from_i32(self.bias_type)?,
-            has_dropout: self.has_dropout != 0,
+            has_dropout: flag(self.has_dropout, "has_dropout")?,
         })
     }
 }
 
 impl fmha_fwd_args {
     pub(crate) fn to_args(self) -> Result<FwdArgs> {
-        check_struct_size(self.struct_size, std::mem::size_of::<Self>(), std::mem::size_of::<Self>(), "args")?;
         Ok(FwdArgs {
             q: self.q.to_tensor(),
             k: self.k.to_tensor(),
@@ -155,8 +167,8 @@ pub extern "C" fn fmha_fwd(
     stream: fmha_stream_t,
 ) -> fmha_status {
     boundary(|| {
-        let traits = read_in(traits, "traits")?.to_traits()?;
-        let args = read_in(args, "args")?.to_args()?;
+        let traits = read_extensible(traits, "traits")?.to_traits()?;
+        let args = read_extensible(args, "args")?.to_args()?;
         crate::fwd::run(&traits, &args, Stream(stream as usize))
     })
 }

@@ -1,14 +1,15 @@
 //! The backward C API: the launcher handle and its functions.
 
 use super::attention::{fmha_tensor, mask_type};
+use super::handle::HandleTable;
 use super::runtime::fmha_stream_t;
-use super::{boundary, check_struct_size, fmha_status, read_in, read_slice, write_out};
+use super::{boundary, flag, fmha_status, read_extensible, read_slice, write_out, Extensible};
 use crate::bwd::{launcher, BwdArgs, BwdLauncher, BwdTraits};
 use crate::error::{Error, Result};
-use crate::fwd::BiasType;
-use crate::problem::{Dtype, Mode};
+use crate::problem::{BiasType, Dtype, Mode};
 use crate::runtime::Stream;
 use std::ffi::c_void;
+use std::sync::Arc;
 
 /// Backward dispatch key and problem shape (the workspace is sized from it). Extensible: set
 /// `struct_size = sizeof(fmha_bwd_traits)`.
@@ -37,14 +38,20 @@ pub struct fmha_bwd_traits {
     pub mask_type: i32,
     /// `FMHA_BIAS_*` (only NONE is supported so far).
     pub bias_type: i32,
-    /// Nonzero: bias gradient (not supported yet).
+    /// The flags below are 0 or 1; any other value is FMHA_ERR_INVALID_ARGUMENT.
+    /// 1: bias gradient (not supported yet: FMHA_ERR_UNSUPPORTED).
     pub has_dbias: i32,
-    /// Nonzero: dropout (not supported yet).
+    /// 1: dropout (not supported yet: FMHA_ERR_UNSUPPORTED).
     pub has_dropout: i32,
-    /// Nonzero: store dropout random values (not supported yet).
+    /// 1: store dropout random values (not supported yet: FMHA_ERR_UNSUPPORTED).
     pub is_store_randval: i32,
-    /// Nonzero: bitwise reproducible dQ (persistent schedule, per-CU split slots, ordered reduction).
+    /// 1: bitwise reproducible dQ (persistent schedule, per-CU split slots, ordered reduction).
     pub is_deterministic: i32,
+}
+
+// SAFETY: repr(C), begins with `struct_size`, every field is an integer.
+unsafe impl Extensible for fmha_bwd_traits {
+    const FIRST_VERSION_SIZE: usize = 80;
 }
 
 /// Backward arguments. Extensible: set `struct_size = sizeof(fmha_bwd_args)`. dK and dV have
@@ -65,7 +72,9 @@ pub struct fmha_bwd_args {
     pub dq: fmha_tensor,
     pub dk: fmha_tensor,
     pub dv: fmha_tensor,
-    /// The workspace this launcher prepared.
+    /// A workspace prepared for these sequence starts by a launcher with these traits (16-byte
+    /// aligned). One workspace serves one run at a time, like any buffer: runs that overlap in time
+    /// (other streams, other threads) need workspaces of their own.
     pub workspace: *mut c_void,
     pub seqstart_q: *const i32,
     pub seqstart_k: *const i32,
@@ -86,24 +95,29 @@ pub struct fmha_bwd_args {
     pub scale: f32,
     pub window_size_left: i32,
     pub window_size_right: i32,
+    /// Added in 0.2: the bytes at `workspace`; checked against `fmha_bwd_launcher_workspace_size`. 0 (and
+    /// callers of 0.1, whose `struct_size` ends before this field) skips the check.
+    pub workspace_size: usize,
 }
 
-/// A backward launcher (opaque).
-pub struct fmha_bwd_launcher {
-    inner: BwdLauncher,
+// SAFETY: repr(C), begins with `struct_size`, every field is an integer, a float or a raw pointer.
+unsafe impl Extensible for fmha_bwd_args {
+    /// 0.1's struct, up to `window_size_right`.
+    const FIRST_VERSION_SIZE: usize = 416;
 }
+
+/// A backward launcher (opaque). The handle is a checked id, not an address: a destroyed or foreign
+/// handle is FMHA_ERR_INVALID_ARGUMENT naming the argument.
+pub struct fmha_bwd_launcher {
+    _opaque: [u8; 0],
+}
+
+/// The live launchers.
+static LAUNCHERS: HandleTable<BwdLauncher> = HandleTable::new(0x4C41, "fmha_bwd_launcher");
 
 impl fmha_bwd_traits {
-    /// The traits, validated field by field (struct size, enum values, flags).
+    /// The traits, validated field by field (enum values, flags).
     pub fn to_traits(self) -> Result<BwdTraits> {
-        check_struct_size(self.struct_size, std::mem::size_of::<Self>(), std::mem::size_of::<Self>(), "traits")?;
-        let flag = |value: i32, field: &str| -> Result<bool> {
-            match value {
-                0 => Ok(false),
-                1 => Ok(true),
-                _ => Err(Error::invalid(field, format!("{value} is not 0 or 1"))),
-            }
-        };
         Ok(BwdTraits {
             dtype: Dtype::from_i32(self.dtype, "dtype")?,
             mode: Mode::from_flag(self.is_group_mode, "is_group_mode")?,
@@ -128,7 +142,6 @@ impl fmha_bwd_traits {
 
 impl fmha_bwd_args {
     pub(crate) fn to_args(self) -> Result<BwdArgs> {
-        check_struct_size(self.struct_size, std::mem::size_of::<Self>(), std::mem::size_of::<Self>(), "args")?;
         Ok(BwdArgs {
             q: self.q.to_tensor(),
             k: self.k.to_tensor(),
@@ -141,6 +154,7 @@ impl fmha_bwd_args {
             dk: self.dk.to_tensor(),
             dv: self.dv.to_tensor(),
             workspace: self.workspace as usize,
+            workspace_size: self.workspace_size,
             seqstart_q: self.seqstart_q as usize,
             seqstart_k: self.seqstart_k as usize,
             seqlen_q_ptr: self.seqlen_q_ptr as usize,
@@ -161,8 +175,8 @@ impl fmha_bwd_args {
     }
 }
 
-fn launcher_ref<'a>(launcher: *const fmha_bwd_launcher) -> Result<&'a BwdLauncher> {
-    read_in(launcher, "launcher").map(|l| &l.inner)
+fn launcher_ref(launcher: *const fmha_bwd_launcher) -> Result<Arc<BwdLauncher>> {
+    LAUNCHERS.get(launcher as usize, "launcher")
 }
 
 /// Creates a backward launcher for `traits` on the current device into `*launcher`: selects the
@@ -176,20 +190,20 @@ pub extern "C" fn fmha_bwd_launcher_create(
         if launcher.is_null() {
             return Err(Error::null("launcher"));
         }
-        let traits = read_in(traits, "traits")?.to_traits()?;
-        let created = Box::new(fmha_bwd_launcher { inner: BwdLauncher::new(traits)? });
-        write_out(launcher, "launcher", Box::into_raw(created))
+        let traits = read_extensible(traits, "traits")?.to_traits()?;
+        let handle = LAUNCHERS.insert(BwdLauncher::new(traits)?)?;
+        write_out(launcher, "launcher", handle as *mut fmha_bwd_launcher)
     })
 }
 
-/// Destroys a launcher (NULL is a no-op). Work it already queued is unaffected.
+/// Destroys a launcher (NULL is a no-op). Work it already queued is unaffected, and a call using it
+/// on another thread finishes first. A destroyed handle (destroying it again included) is
+/// FMHA_ERR_INVALID_ARGUMENT.
 #[no_mangle]
 pub extern "C" fn fmha_bwd_launcher_destroy(launcher: *mut fmha_bwd_launcher) -> fmha_status {
     boundary(|| {
         if !launcher.is_null() {
-            // SAFETY: a non-null launcher comes from `fmha_bwd_launcher_create` (Box::into_raw) and the
-            // caller destroys it once.
-            drop(unsafe { Box::from_raw(launcher) });
+            drop(LAUNCHERS.remove(launcher as usize, "launcher")?);
         }
         Ok(())
     })
@@ -207,10 +221,12 @@ pub extern "C" fn fmha_bwd_launcher_workspace_size(
     })
 }
 
-/// Prepares `workspace` (at least `workspace_size` bytes of device memory) for the given sequence
-/// starts: group mode passes the host copies of `seqstart_q/k` (`[batch + 1]` int32), batch mode
-/// passes NULL. Synchronous. The launcher remembers the workspace; `run` initializes its dq_acc region
-/// itself, so one prepare serves any number of runs with the same sequence starts.
+/// Prepares `workspace` (at least `workspace_size` bytes of device memory, 16-byte aligned) for the
+/// given sequence starts: group mode passes the host copies of `seqstart_q/k` (`[batch + 1]` int32),
+/// batch mode passes NULL for both. Synchronous. The workspace then describes itself (its header
+/// records what it was prepared for): any launcher with the same traits may run with it, on any
+/// stream, and `run` initializes its dq_acc region itself, so one prepare serves any number of runs
+/// with the same sequence starts.
 #[no_mangle]
 pub extern "C" fn fmha_bwd_launcher_prepare_workspace(
     launcher: *mut fmha_bwd_launcher,
@@ -235,6 +251,11 @@ pub extern "C" fn fmha_bwd_launcher_prepare_workspace(
 }
 
 /// Enqueues the backward on `stream`: dot_do_o → dq_dk_dv → convert_dq. Returns once queued.
+///
+/// The kernels check that `args.workspace` was prepared for these sequence starts and traits (the
+/// header's fingerprint); when it was not, nothing is computed: the host backend reports
+/// FMHA_ERR_WORKSPACE_NOT_PREPARED at the stream's next synchronize, and on a GPU dq, dk and dv are left
+/// unwritten (a kernel has no error channel).
 #[no_mangle]
 pub extern "C" fn fmha_bwd_launcher_run(
     launcher: *const fmha_bwd_launcher,
@@ -243,7 +264,7 @@ pub extern "C" fn fmha_bwd_launcher_run(
 ) -> fmha_status {
     boundary(|| {
         let launcher = launcher_ref(launcher)?;
-        let args = read_in(args, "args")?.to_args()?;
+        let args = read_extensible(args, "args")?.to_args()?;
         launcher.run(&args, Stream(stream as usize))
     })
 }
@@ -256,7 +277,7 @@ pub extern "C" fn fmha_bwd_workspace_size_upper_bound(
     bytes: *mut usize,
 ) -> fmha_status {
     boundary(|| {
-        let traits = read_in(traits, "traits")?.to_traits()?;
+        let traits = read_extensible(traits, "traits")?.to_traits()?;
         let size = launcher::workspace_size_upper_bound(&traits)?;
         write_out(bytes, "bytes", size)
     })
@@ -267,19 +288,19 @@ pub const FMHA_PREPARE_AUTO: i32 = 0;
 pub const FMHA_PREPARE_HOST: i32 = 1;
 pub const FMHA_PREPARE_DEVICE: i32 = 2;
 
-/// Prepares `workspace` on `stream` and returns at once: nothing blocks the host. `seqstart_q/k` are
-/// the device arrays (group mode; NULL in batch mode).
+/// Prepares `workspace` (16-byte aligned) on `stream` and returns at once: nothing blocks the host,
+/// on the first call too. `seqstart_q/k` are the device arrays (group mode; NULL in batch mode).
 ///
-/// `method`: `FMHA_PREPARE_HOST` copies the seqstarts to pinned memory, packs the metadata in a
-/// stream host function and copies it back (the staging buffer lives until the stream consumed it,
-/// even if the launcher is destroyed first); `FMHA_PREPARE_DEVICE` builds the same bytes in a
-/// single-thread kernel (no host function, no pinned memory: safe under stream/graph capture);
-/// `FMHA_PREPARE_AUTO` picks the device kernel in batch mode (whose metadata needs no
-/// device data) and when the stream is capturing, the host path otherwise (group mode: it checks the
-/// device seqstarts and reports invalid ones).
-/// `allocator` supplies the host path's pinned memory (NULL: the backend's pinned allocation).
-/// A failure on the stream (e.g. invalid seqstarts) is reported by the launcher's next call as
-/// `FMHA_ERR_ASYNC_FAILURE`.
+/// `method`: `FMHA_PREPARE_DEVICE` builds the metadata in a single-thread kernel (no host function, no
+/// pinned memory: safe under stream/graph capture); `FMHA_PREPARE_HOST` copies the seqstarts to pinned
+/// memory, packs the metadata in a stream host function and copies it back (the staging buffer lives
+/// until the stream consumed it, even if the launcher is destroyed first); `FMHA_PREPARE_AUTO` is the
+/// device kernel. Both check the device seqstarts (from 0, non-decreasing, within the launcher's
+/// bounds): invalid ones leave the workspace unprepared, so a run with it computes nothing (see
+/// `fmha_bwd_launcher_run`), and the cause, naming the field, becomes the stream's error, reported by
+/// the next `fmha_stream_synchronize` of `stream` or `fmha_device_synchronize` — on the host backend
+/// for both methods, on a GPU for the host method (a kernel has no error channel).
+/// `allocator` supplies the host method's pinned memory (NULL: the library's pooled pinned buffers).
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub extern "C" fn fmha_bwd_launcher_prepare_workspace_async(
@@ -298,7 +319,7 @@ pub extern "C" fn fmha_bwd_launcher_prepare_workspace_async(
         let allocator = if allocator.is_null() {
             None
         } else {
-            Some(super::pinned::CallerAllocator::new(read_in(allocator, "allocator")?)?.into_allocator())
+            Some(super::pinned::CallerAllocator::new(&read_extensible(allocator, "allocator")?)?.into_allocator())
         };
         launcher.prepare_workspace_async(
             workspace as usize,

@@ -9,6 +9,7 @@
 
 pub mod attention;
 pub mod backward;
+mod handle;
 pub mod pinned;
 pub mod runtime;
 pub mod status;
@@ -61,11 +62,34 @@ pub(crate) fn write_out<T>(out: *mut T, field: &str, value: T) -> Result<()> {
     unsafe { out.write(value) };
     Ok(())
 }
-/// Borrows a caller-provided input struct.
-pub(crate) fn read_in<'a, T>(ptr: *const T, field: &str) -> Result<&'a T> {
-    // SAFETY: the C caller passes a pointer to an initialised `T` that outlives the call (the
-    // documented contract of every input struct); null is turned into an error by `as_ref`.
-    unsafe { ptr.as_ref() }.ok_or_else(|| Error::null(field))
+/// An extensible struct of the C ABI: it begins with `size_t struct_size`, and fields appended by later
+/// versions take their defaults (zero) when an older caller's `struct_size` does not cover them.
+///
+/// # Safety
+/// Implementors are `#[repr(C)]`, begin with a `usize` `struct_size`, and all-zero bytes are a valid
+/// value of them (fields are integers, floats, raw pointers and `Option<fn>`).
+pub(crate) unsafe trait Extensible: Copy {
+    /// `sizeof` of the struct's first version: the smallest `struct_size` accepted.
+    const FIRST_VERSION_SIZE: usize;
+}
+
+/// Reads a caller's extensible struct as docs/abi.md promises: `struct_size` first, then exactly that
+/// many bytes over a zeroed struct, so a caller compiled against an older (smaller) header is never
+/// read past its struct. Sizes below the first version or above this library's are refused.
+pub(crate) fn read_extensible<T: Extensible>(ptr: *const T, field: &str) -> Result<T> {
+    if ptr.is_null() {
+        return Err(Error::null(field));
+    }
+    // SAFETY: every extensible struct begins with `size_t struct_size` (the trait's contract), which any
+    // caller's struct, of any version, holds; unaligned because nothing else is known of the address.
+    let size = unsafe { ptr.cast::<usize>().read_unaligned() };
+    check_struct_size(size, T::FIRST_VERSION_SIZE, std::mem::size_of::<T>(), field)?;
+    // SAFETY: all-zero bytes are a valid `T` (the trait's contract).
+    let mut value: T = unsafe { std::mem::zeroed() };
+    // SAFETY: the caller provides `struct_size` readable bytes at `ptr` (the ABI contract of extensible
+    // structs), and `size <= size_of::<T>()` (checked above), so the copy stays inside `value`.
+    unsafe { std::ptr::copy_nonoverlapping(ptr.cast::<u8>(), (&mut value as *mut T).cast::<u8>(), size) };
+    Ok(value)
 }
 
 /// Borrows a caller-provided host array of `len` elements (null allowed only when `len == 0`).
@@ -82,10 +106,22 @@ pub(crate) fn read_slice<'a, T>(ptr: *const T, len: usize, field: &str) -> Resul
 
 /// Checks the `struct_size` field that begins every extensible struct: a caller compiled against an
 /// older header passes a smaller size, and the fields it does not know keep their defaults.
-pub(crate) fn check_struct_size(struct_size: usize, minimum: usize, maximum: usize, field: &str) -> Result<()> {
+fn check_struct_size(struct_size: usize, minimum: usize, maximum: usize, field: &str) -> Result<()> {
     crate::error::ensure((minimum..=maximum).contains(&struct_size), field, || {
-        format!("struct_size is {struct_size}, expected between {minimum} and {maximum} (set it to sizeof(the struct))")
+        format!(
+            "struct_size is {struct_size}, expected between {minimum} (the struct's first version) and {maximum} \
+             (this library's version; set it to sizeof(the struct))"
+        )
     })
+}
+
+/// A flag field of a C struct: 0 or 1; anything else is refused, naming the field.
+pub(crate) fn flag(value: i32, field: &str) -> Result<bool> {
+    match value {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(Error::invalid(field, format!("{value} is not 0 or 1"))),
+    }
 }
 
 /// Copies `text` into a caller buffer of `length` bytes as a NUL-terminated string, truncated to

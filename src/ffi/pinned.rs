@@ -1,6 +1,7 @@
 //! Pinned host memory: the caller-provided allocator struct and the pinned-host releaser.
 
-use super::{boundary, check_struct_size, fmha_status, read_in, write_out};
+use super::handle::HandleTable;
+use super::{boundary, fmha_status, read_extensible, write_out, Extensible};
 use crate::error::{Error, Result};
 use crate::pinned::{self, Freer, PinnedReleaser};
 use std::ffi::c_void;
@@ -15,7 +16,8 @@ pub type fmha_pinned_free_fn = Option<unsafe extern "C" fn(user_data: *mut c_voi
 
 /// A caller's pinned host allocator (e.g. a framework's caching host allocator). Extensible: set
 /// `struct_size = sizeof(fmha_pinned_allocator)`. `user_data` is passed back to both functions,
-/// which must be callable from any thread.
+/// which must be callable from any thread. A releaser only frees: it needs `free`, and `allocate` may
+/// be NULL there; an asynchronous prepare needs both.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct fmha_pinned_allocator {
@@ -25,10 +27,19 @@ pub struct fmha_pinned_allocator {
     pub free: fmha_pinned_free_fn,
 }
 
-/// A pinned-host releaser (opaque): a worker thread that frees buffers handed to it.
-pub struct fmha_pinned_releaser {
-    inner: PinnedReleaser,
+// SAFETY: repr(C), begins with `struct_size`; a raw pointer and two `Option<fn>` (zero is `None`).
+unsafe impl Extensible for fmha_pinned_allocator {
+    const FIRST_VERSION_SIZE: usize = 32;
 }
+
+/// A pinned-host releaser (opaque): a worker thread that frees buffers handed to it. The handle is a
+/// checked id, not an address: a destroyed or foreign handle is FMHA_ERR_INVALID_ARGUMENT.
+pub struct fmha_pinned_releaser {
+    _opaque: [u8; 0],
+}
+
+/// The live releasers.
+static RELEASERS: HandleTable<PinnedReleaser> = HandleTable::new(0x524C, "fmha_pinned_releaser");
 
 /// A validated caller allocator, shareable with the releaser thread.
 #[derive(Clone, Copy)]
@@ -39,9 +50,8 @@ pub(crate) struct CallerAllocator {
 }
 
 impl CallerAllocator {
+    /// Both functions of a caller's allocator (what the asynchronous prepare's staging needs).
     pub(crate) fn new(allocator: &fmha_pinned_allocator) -> Result<CallerAllocator> {
-        let size = std::mem::size_of::<fmha_pinned_allocator>();
-        check_struct_size(allocator.struct_size, size, size, "allocator")?;
         Ok(CallerAllocator {
             user_data: allocator.user_data as usize,
             allocate: allocator.allocate.ok_or_else(|| Error::null("allocator.allocate"))?,
@@ -68,23 +78,21 @@ impl CallerAllocator {
     }
 
     pub(crate) fn freer(self) -> Freer {
-        Arc::new(move |ptr| {
-            // SAFETY: `ptr` came from this allocator's allocate; the releaser frees it exactly once.
-            unsafe { (self.free)(self.user_data as *mut c_void, ptr as *mut c_void) }
-        })
+        caller_freer(self.user_data, self.free)
     }
 }
 
-fn releaser_or_default<'a>(releaser: *const fmha_pinned_releaser) -> Result<&'a PinnedReleaser> {
-    if releaser.is_null() {
-        pinned::default_releaser()
-    } else {
-        read_in(releaser, "releaser").map(|r| &r.inner)
-    }
+/// Frees through a caller's free function.
+fn caller_freer(user_data: usize, free: unsafe extern "C" fn(*mut c_void, *mut c_void)) -> Freer {
+    Arc::new(move |ptr| {
+        // SAFETY: `ptr` came from the caller's matching allocation; the releaser frees it exactly once.
+        unsafe { free(user_data as *mut c_void, ptr as *mut c_void) }
+    })
 }
 
 /// Creates a releaser into `*releaser`. With `allocator == NULL` it frees with the backend's pinned
-/// free (memory from `fmha_host_malloc_pinned`); otherwise with `allocator->free`.
+/// free (memory from `fmha_host_malloc_pinned`); otherwise with `allocator->free` (`allocate` is not
+/// used and may be NULL).
 #[no_mangle]
 pub extern "C" fn fmha_pinned_releaser_create(
     allocator: *const fmha_pinned_allocator,
@@ -97,33 +105,54 @@ pub extern "C" fn fmha_pinned_releaser_create(
         let free = if allocator.is_null() {
             pinned::runtime_freer()
         } else {
-            CallerAllocator::new(read_in(allocator, "allocator")?)?.freer()
+            let allocator = read_extensible(allocator, "allocator")?;
+            let free = allocator.free.ok_or_else(|| Error::null("allocator.free"))?;
+            caller_freer(allocator.user_data as usize, free)
         };
-        let created = Box::new(fmha_pinned_releaser { inner: PinnedReleaser::new(free)? });
-        write_out(releaser, "releaser", Box::into_raw(created))
+        let handle = RELEASERS.insert(PinnedReleaser::new(free)?)?;
+        write_out(releaser, "releaser", handle as *mut fmha_pinned_releaser)
     })
 }
 
 /// Hands `ptr` to the releaser's thread to be freed. Callable from any thread, including stream host
 /// functions and runtime callbacks. `releaser == NULL` uses the library's process-wide releaser
-/// (which frees with the backend's pinned free). NULL `ptr` is ignored.
+/// (which frees with the backend's pinned free). NULL `ptr` is ignored. A release that returns
+/// `FMHA_OK` frees `ptr` exactly once; one that fails (the releaser was destroyed) leaves it to the
+/// caller.
 #[no_mangle]
 pub extern "C" fn fmha_pinned_releaser_release(releaser: *const fmha_pinned_releaser, ptr: *mut c_void) -> fmha_status {
     boundary(|| {
-        releaser_or_default(releaser)?.release(ptr as usize);
+        if releaser.is_null() {
+            pinned::default_releaser()?.release(ptr as usize);
+        } else {
+            RELEASERS.get(releaser as usize, "releaser")?.release(ptr as usize);
+        }
         Ok(())
     })
 }
 
-/// Frees everything queued, stops the thread and destroys the releaser (NULL is a no-op). Releases
-/// racing with destroy are still freed exactly once; none may start after destroy returned.
+/// Destroys a releaser (NULL is a no-op): waits for the releases in flight on other threads, frees
+/// everything queued and stops the thread. Releases racing with destroy either are freed exactly once
+/// (`FMHA_OK`) or fail with `FMHA_ERR_INVALID_ARGUMENT` and free nothing; no call touches freed memory.
+/// Destroying it again is `FMHA_ERR_INVALID_ARGUMENT`.
 #[no_mangle]
 pub extern "C" fn fmha_pinned_releaser_destroy(releaser: *mut fmha_pinned_releaser) -> fmha_status {
     boundary(|| {
         if !releaser.is_null() {
-            // SAFETY: a non-null releaser comes from `fmha_pinned_releaser_create` (Box::into_raw) and
-            // is destroyed once; dropping it drains the queue and joins the thread.
-            drop(unsafe { Box::from_raw(releaser) });
+            let releaser = RELEASERS.remove(releaser as usize, "releaser")?;
+            // New releases are refused from here; the ones in flight hold their own reference and only
+            // push to the queue, so this wait is short. Then dropping the last reference drains the
+            // queue on the worker and joins it.
+            let mut releaser = releaser;
+            loop {
+                match Arc::try_unwrap(releaser) {
+                    Ok(last) => break drop(last),
+                    Err(shared) => {
+                        releaser = shared;
+                        std::thread::yield_now();
+                    }
+                }
+            }
         }
         Ok(())
     })

@@ -1,10 +1,12 @@
 //! The forward's runtime arguments and their validation against the traits.
 
 use super::kargs::{FwdExtents, FwdKargs};
-use super::traits::{require_no_dropout, FwdTraits};
-use crate::error::{ensure, Error, Result};
+use super::traits::FwdTraits;
+use crate::error::Result;
 use crate::mask::Mask;
-use crate::problem::{Mode, Shape, Tensor};
+use crate::problem::{
+    check_lse_layout, check_memory_overlap, check_sequence_arrays, require_no_dropout, Operand, Shape, Tensor,
+};
 use crate::registry::{Operation, Request};
 use crate::runtime::Arch;
 
@@ -32,34 +34,6 @@ pub struct FwdArgs {
     pub window_size_right: i32,
 }
 
-/// Checks the sequence arrays against the mode: group mode needs `seqstart_q/k`, batch mode must
-/// not pass them (they would be silently ignored otherwise).
-pub fn check_sequence_arrays(
-    mode: Mode,
-    seqstart_q: usize,
-    seqstart_k: usize,
-    lens_q: usize,
-    lens_k: usize,
-) -> Result<()> {
-    match mode {
-        Mode::Group => {
-            ensure(seqstart_q != 0, "seqstart_q", || "must not be null in group mode".into())?;
-            ensure(seqstart_k != 0, "seqstart_k", || "must not be null in group mode".into())?;
-        }
-        Mode::Batch => {
-            for (name, ptr) in [
-                ("seqstart_q", seqstart_q),
-                ("seqstart_k", seqstart_k),
-                ("seqlen_q_ptr", lens_q),
-                ("seqlen_k_ptr", lens_k),
-            ] {
-                ensure(ptr == 0, name, || "must be null in batch mode (set is_group_mode for varlen)".into())?;
-            }
-        }
-    }
-    Ok(())
-}
-
 impl FwdArgs {
     /// Validates the args against the traits and selects the kernel instance for `arch`.
     pub fn validate(&self, traits: &FwdTraits, arch: Arch) -> Result<FwdKargs> {
@@ -77,20 +51,31 @@ impl FwdArgs {
             self.scale,
             mask,
         )?;
-        check_sequence_arrays(shape.mode, self.seqstart_q, self.seqstart_k, self.seqlen_q_ptr, self.seqlen_k_ptr)?;
+        check_sequence_arrays(&shape, self.seqstart_q, self.seqstart_k, self.seqlen_q_ptr, self.seqlen_k_ptr)?;
         let (b, mode) = (shape.batch, shape.mode);
         let extents = FwdExtents {
-            q: self.q.extent("q", mode, b, shape.nhead_q, shape.seqlen_q, shape.hdim_q)?,
-            k: self.k.extent("k", mode, b, shape.nhead_k, shape.seqlen_k, shape.hdim_q)?,
-            v: self.v.extent("v", mode, b, shape.nhead_k, shape.seqlen_k, shape.hdim_v)?,
-            o: self.o.extent("o", mode, b, shape.nhead_q, shape.seqlen_q, shape.hdim_v)?,
+            q: self.q.extent("q", mode, b, shape.nhead_q, shape.seqlen_q, shape.hdim_q, 2)?,
+            k: self.k.extent("k", mode, b, shape.nhead_k, shape.seqlen_k, shape.hdim_q, 2)?,
+            v: self.v.extent("v", mode, b, shape.nhead_k, shape.seqlen_k, shape.hdim_v, 2)?,
+            o: self.o.extent("o", mode, b, shape.nhead_q, shape.seqlen_q, shape.hdim_v, 2)?,
             lse: if self.lse.ptr == 0 {
                 0
             } else {
                 check_lse_layout(&self.lse, "lse")?;
-                self.lse.extent("lse", mode, b, shape.nhead_q, shape.seqlen_q, 1)?
+                self.lse.extent("lse", mode, b, shape.nhead_q, shape.seqlen_q, 1, 4)?
             },
         };
+        let (q_rows, k_rows) = (shape.seqlen_q, shape.seqlen_k);
+        let mut operands = vec![
+            Operand::tensor("q", &self.q, mode, (b, shape.nhead_q, q_rows, shape.hdim_q), 2, false)?,
+            Operand::tensor("k", &self.k, mode, (b, shape.nhead_k, k_rows, shape.hdim_q), 2, false)?,
+            Operand::tensor("v", &self.v, mode, (b, shape.nhead_k, k_rows, shape.hdim_v), 2, false)?,
+            Operand::tensor("o", &self.o, mode, (b, shape.nhead_q, q_rows, shape.hdim_v), 2, true)?,
+        ];
+        if self.lse.ptr != 0 {
+            operands.push(Operand::tensor("lse", &self.lse, mode, (b, shape.nhead_q, q_rows, 1), 4, true)?);
+        }
+        check_memory_overlap(&operands)?;
         let instance = crate::registry::select(
             arch,
             &Request {
@@ -126,15 +111,4 @@ impl FwdArgs {
             seqlen_k_ptr: self.seqlen_k_ptr,
         })
     }
-}
-
-/// LSE (and the backward's D) must have unit stride along q: kernels index them as packed rows.
-pub fn check_lse_layout(lse: &Tensor, field: &str) -> Result<()> {
-    if lse.row_stride != 1 {
-        return Err(Error::invalid(
-            &format!("{field}.row_stride"),
-            format!("{} must be 1 (LSE is [batch][nhead_q][seqlen_q] fp32 with unit stride along q)", lse.row_stride),
-        ));
-    }
-    Ok(())
 }

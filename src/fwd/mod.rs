@@ -8,4 +8,4 @@ pub mod traits;
 pub use args::FwdArgs;
 pub use kargs::FwdKargs;
 pub use launcher::run;
-pub use traits::{BiasType, FwdTraits};
+pub use traits::FwdTraits;

@@ -9,7 +9,7 @@ use super::rocm as api;
 use super::{Arch, BackendKind, CopyKind, Event, HostFunc, Runtime, Stream, ACTIVE_BACKEND};
 use crate::error::{Error, Result, Status};
 use std::ffi::{c_int, c_void, CStr};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 pub struct GpuRuntime {
     _private: (),
@@ -86,18 +86,58 @@ fn event_ptr(event: Event) -> api::RawEvent {
     event.0 as api::RawEvent
 }
 
-/// Trampoline for host functions: the boxed closure travels as the user-data pointer.
+/// Errors of host functions, by stream handle: the GPU runtime's own sticky error has no slot for them,
+/// so the library keeps them and reports them from its synchronize calls. (A callback may only lock
+/// this, never call the runtime.)
+static STICKY: Mutex<Vec<(usize, Error)>> = Mutex::new(Vec::new());
+
+fn sticky() -> std::sync::MutexGuard<'static, Vec<(usize, Error)>> {
+    // Critical sections push or remove whole entries: a poisoned lock holds consistent data.
+    STICKY.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Takes the host-function errors recorded for `stream` (for every stream when `None`) and reports the
+/// first.
+fn take_sticky(stream: Option<Stream>) -> Result<()> {
+    let mut errors = sticky();
+    let mut first = None;
+    errors.retain(|(s, e)| {
+        let taken = stream.map_or(true, |stream| *s == stream.0);
+        if taken && first.is_none() {
+            first = Some(e.clone());
+        }
+        !taken
+    });
+    first.map_or(Ok(()), Err)
+}
+
+/// What travels to the trampoline: the closure and the stream it runs on.
+struct HostCall {
+    func: HostFunc,
+    stream: Stream,
+}
+
+/// Trampoline for host functions: the boxed [`HostCall`] travels as the user-data pointer.
 unsafe extern "C" fn run_host_func(user_data: *mut c_void) {
-    // SAFETY: `user_data` came from `Box::into_raw(Box<HostFunc>)` in `launch_host_func` and the
+    // SAFETY: `user_data` came from `Box::into_raw(Box<HostCall>)` in `launch_host_func` and the
     // runtime calls this trampoline exactly once.
-    let func = unsafe { Box::from_raw(user_data as *mut HostFunc) };
+    let call = unsafe { Box::from_raw(user_data as *mut HostCall) };
+    let stream = call.stream;
     // Never unwind into the driver's callback thread.
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(func));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(call.func)).unwrap_or_else(|panic| {
+        Err(Error::internal(format!("a host function panicked: {}", crate::error::panic_message(&*panic))))
+    });
+    if let Err(e) = outcome {
+        sticky().push((stream.0, e));
+    }
 }
 
 impl Runtime for GpuRuntime {
     fn kind(&self) -> BackendKind {
         ACTIVE_BACKEND
+    }
+    fn device(&self) -> Result<i32> {
+        current_device()
     }
     fn arch(&self) -> Result<Arch> {
         let major = attribute(api::ATTRIBUTE_ARCH_MAJOR, "query device architecture")?;
@@ -169,7 +209,8 @@ impl Runtime for GpuRuntime {
     }
     fn stream_synchronize(&self, stream: Stream) -> Result<()> {
         // SAFETY: as above.
-        check(unsafe { api::stream_synchronize(stream_ptr(stream)) }, "stream synchronize")
+        check(unsafe { api::stream_synchronize(stream_ptr(stream)) }, "stream synchronize")?;
+        take_sticky(Some(stream))
     }
     fn stream_is_capturing(&self, stream: Stream) -> Result<bool> {
         let mut status: c_int = 0;
@@ -178,12 +219,12 @@ impl Runtime for GpuRuntime {
         Ok(status != 0)
     }
     fn launch_host_func(&self, stream: Stream, func: HostFunc) -> Result<()> {
-        let user_data = Box::into_raw(Box::new(func)) as *mut c_void;
+        let user_data = Box::into_raw(Box::new(HostCall { func, stream })) as *mut c_void;
         // SAFETY: the trampoline takes ownership of `user_data` when the runtime calls it.
         let code = unsafe { api::launch_host_func(stream_ptr(stream), run_host_func, user_data) };
         if code != api::SUCCESS {
             // SAFETY: the runtime refused the callback, so ownership stayed here; free it once.
-            drop(unsafe { Box::from_raw(user_data as *mut HostFunc) });
+            drop(unsafe { Box::from_raw(user_data as *mut HostCall) });
         }
         check(code, "launch host function")
     }
@@ -215,6 +256,7 @@ impl Runtime for GpuRuntime {
 
     fn device_synchronize(&self) -> Result<()> {
         // SAFETY: no arguments.
-        check(unsafe { api::device_synchronize() }, "device synchronize")
+        check(unsafe { api::device_synchronize() }, "device synchronize")?;
+        take_sticky(None)
     }
 }

@@ -87,16 +87,32 @@ impl HostStream {
         progress.completed == progress.submitted
     }
 
+    /// Waits for the work queued before the call; the stream's error, if any, is taken (reported once).
     fn synchronize(&self) -> Result<()> {
+        let mut progress = self.wait_for_queued();
+        match progress.error.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for the work queued before the call and returns the stream's error without taking it: a
+    /// destroyed stream's error goes to every device synchronize that waited for its work.
+    fn wait_and_peek(&self) -> Option<Error> {
+        self.wait_for_queued().error.clone()
+    }
+
+    fn wait_for_queued(&self) -> MutexGuard<'_, Progress> {
         let mut progress = lock(&self.progress);
         let target = progress.submitted;
         while progress.completed < target {
             progress = self.done.wait(progress).unwrap_or_else(|p| p.into_inner());
         }
-        match progress.error.take() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        progress
+    }
+
+    fn has_error(&self) -> bool {
+        lock(&self.progress).error.is_some()
     }
 }
 
@@ -119,8 +135,10 @@ pub struct HostRuntime {
     cu_count: AtomicI64,
     default_stream: OnceLock<Arc<HostStream>>,
     streams: Mutex<HashMap<usize, Arc<HostStream>>>,
-    /// Destroyed streams whose queued work may still be running: `device_synchronize` waits for them
-    /// too, as cudaDeviceSynchronize does.
+    /// Destroyed streams whose queued work may still be running, or whose failure no device synchronize
+    /// has reported yet: `device_synchronize` waits for them too, as cudaDeviceSynchronize does. A
+    /// stream leaves the list once a device synchronize saw it finished; every device synchronize that
+    /// started before then waits for it and reports its error.
     draining: Mutex<Vec<Arc<HostStream>>>,
     events: Mutex<HashMap<usize, Arc<HostEvent>>>,
     allocations: Mutex<HashMap<usize, Layout>>,
@@ -241,6 +259,9 @@ impl Runtime for HostRuntime {
     fn kind(&self) -> BackendKind {
         BackendKind::Host
     }
+    fn device(&self) -> Result<i32> {
+        Ok(0)
+    }
     fn arch(&self) -> Result<Arch> {
         Ok(Arch::Host)
     }
@@ -301,7 +322,7 @@ impl Runtime for HostRuntime {
         // Like cudaStreamDestroy: returns at once; queued work still runs, then the worker exits.
         lock(&removed.sender).take();
         let mut draining = lock(&self.draining);
-        draining.retain(|s| !s.is_idle());
+        draining.retain(|s| !s.is_idle() || s.has_error());
         draining.push(removed);
         Ok(())
     }
@@ -312,10 +333,7 @@ impl Runtime for HostRuntime {
         self.stream(stream).map(|_| false)
     }
     fn launch_host_func(&self, stream: Stream, func: HostFunc) -> Result<()> {
-        self.enqueue(stream, move || {
-            func();
-            Ok(())
-        })
+        self.enqueue(stream, func)
     }
 
     fn event_create(&self) -> Result<Event> {
@@ -370,10 +388,24 @@ impl Runtime for HostRuntime {
     }
 
     fn device_synchronize(&self) -> Result<()> {
-        let mut streams: Vec<Arc<HostStream>> = lock(&self.streams).values().cloned().collect();
-        streams.extend(self.default_stream.get().cloned());
-        streams.extend(lock(&self.draining).drain(..));
-        streams.iter().try_for_each(|s| s.synchronize())
+        let mut live: Vec<Arc<HostStream>> = lock(&self.streams).values().cloned().collect();
+        live.extend(self.default_stream.get().cloned());
+        // A snapshot, not a drain: a concurrent caller must wait for the same destroyed streams.
+        let destroyed: Vec<Arc<HostStream>> = lock(&self.draining).clone();
+        let mut first_error = None;
+        for stream in &live {
+            if let Err(e) = stream.synchronize() {
+                first_error.get_or_insert(e);
+            }
+        }
+        for stream in &destroyed {
+            if let Some(e) = stream.wait_and_peek() {
+                first_error.get_or_insert(e);
+            }
+        }
+        // Destroyed streams take no new work, so the ones waited for are finished for good.
+        lock(&self.draining).retain(|s| !destroyed.iter().any(|d| Arc::ptr_eq(d, s)));
+        first_error.map_or(Ok(()), Err)
     }
 }
 

@@ -5,6 +5,7 @@ use super::Stream;
 use crate::bwd::BwdKargs;
 use crate::error::{Error, Result};
 use crate::fwd::FwdKargs;
+use crate::host_buffer::AlignedBytes;
 use crate::workspace::{PrepareParams, WorkspaceLayout, SECTION_ALIGNMENT};
 
 #[cfg(any(feature = "cuda", feature = "rocm"))]
@@ -13,6 +14,10 @@ mod stubs {
     // Prototypes from hip/launch.h. Each stub launches one kernel on `stream` and returns the
     // runtime's error code of the launch (0 = success).
     extern "C" {
+        pub fn fmha_hip_load_fill() -> i32;
+        pub fn fmha_hip_load_prepare() -> i32;
+        pub fn fmha_hip_load_forward() -> i32;
+        pub fn fmha_hip_load_backward() -> i32;
         pub fn fmha_hip_fill_u32(dst: *mut c_void, value: u32, count: u64, stream: *mut c_void) -> i32;
         pub fn fmha_hip_prepare_workspace(
             workspace: *mut c_void,
@@ -41,11 +46,39 @@ mod cpu_stubs {
     }
 }
 
+/// Loads the library's kernel modules onto the current device before its first launch there. A module
+/// the runtime loads on first use can wait for all work queued on the device, which would make the
+/// first call of a new kernel (a new shape, a new mode) block the host (docs/perf.md, 2026-11-23): so
+/// all of them load together, once per device, at the first launch. (Devices past 64 load every time;
+/// loading a loaded module is a lookup.)
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+fn load_kernel_modules() -> Result<()> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LOADED: AtomicU64 = AtomicU64::new(0);
+    let device = super::current()?.device()?;
+    let bit = if (0..64).contains(&device) { 1u64 << device } else { 0 };
+    if bit != 0 && LOADED.load(Ordering::Acquire) & bit != 0 {
+        return Ok(());
+    }
+    let loads: [(&str, unsafe extern "C" fn() -> i32); 4] = [
+        ("fill", stubs::fmha_hip_load_fill),
+        ("prepare", stubs::fmha_hip_load_prepare),
+        ("forward", stubs::fmha_hip_load_forward),
+        ("backward", stubs::fmha_hip_load_backward),
+    ];
+    for (module, load) in loads {
+        // SAFETY: the loader only asks the runtime for a kernel's attributes on the current device.
+        launch_result(&format!("module load {module}"), unsafe { load() })?;
+    }
+    LOADED.fetch_or(bit, Ordering::AcqRel);
+    Ok(())
+}
+
 /// Sets `count` 32-bit words at device address `dst` to `value`, on `stream`.
 pub fn fill_u32(dst: usize, value: u32, count: usize, stream: Stream) -> Result<()> {
     #[cfg(any(feature = "cuda", feature = "rocm"))]
     {
-        super::current()?; // fails cleanly with NoDevice before touching the driver
+        load_kernel_modules()?; // fails cleanly with NoDevice before touching the driver
         if count > 0 && dst == 0 {
             return Err(crate::error::Error::null("dst"));
         }
@@ -62,15 +95,6 @@ pub fn fill_u32(dst: usize, value: u32, count: usize, stream: Stream) -> Result<
             Ok(())
         })
     }
-}
-
-/// A buffer of `fill` bytes with a [`SECTION_ALIGNMENT`]-aligned window of `len` bytes starting at the
-/// returned index, in safe code (the metadata sections are read as aligned structs, so every prepare
-/// wants an aligned start).
-fn aligned_buffer(len: usize, fill: u8) -> (Vec<u8>, usize) {
-    let buffer = vec![fill; len + SECTION_ALIGNMENT];
-    let start = (SECTION_ALIGNMENT - buffer.as_ptr() as usize % SECTION_ALIGNMENT) % SECTION_ALIGNMENT;
-    (buffer, start)
 }
 
 /// Runs the C++ workspace prepare (`hip/bwd/prepare_workspace.h`, the code of the device-side prepare
@@ -103,9 +127,9 @@ fn prepare_workspace_cpu_status(
     }
     let params = PrepareParams::new(layout);
     // Poisoned, so that a byte the routine does not write shows up in the comparison.
-    let (mut buffer, start) = aligned_buffer(len, 0xA5);
+    let mut buffer = AlignedBytes::new(len, 0xA5, "metadata").expect("test-sized metadata fits in memory");
     let pointer = |s: Option<&[i32]>| s.map_or(std::ptr::null(), <[i32]>::as_ptr);
-    let region = &mut buffer[start..start + len];
+    let region = buffer.as_mut_slice();
     // SAFETY: `region` is `len` writable bytes, and the routine writes at most `params.metadata_bytes`
     // = `len` bytes; each seqstart pointer is null or holds `batch + 1` readable entries (checked above);
     // `params` lives across the call; nothing is retained after it returns.
@@ -147,7 +171,7 @@ pub fn prepare_workspace_device(
     })?;
     #[cfg(any(feature = "cuda", feature = "rocm"))]
     {
-        super::current()?; // fails cleanly with NoDevice before touching the driver
+        load_kernel_modules()?; // fails cleanly with NoDevice before touching the driver
         let params = PrepareParams::new(layout);
         // SAFETY: the stub copies `params` into the launch before returning. The kernel writes
         // `layout.metadata_bytes` bytes at `workspace` and reads `batch + 1` entries of each non-null
@@ -167,6 +191,7 @@ pub fn prepare_workspace_device(
     #[cfg(not(any(feature = "cuda", feature = "rocm")))]
     {
         use super::host::DeviceSlice;
+        use crate::host_buffer::try_filled;
         let out = DeviceSlice::<u8>::new(workspace, layout.metadata_bytes, "workspace")?;
         let entries = layout.params.batch as usize + 1;
         let seqstart = |address: usize, field: &str| {
@@ -175,16 +200,17 @@ pub fn prepare_workspace_device(
         let (q, k) = (seqstart(seqstart_q_dev, "seqstart_q")?, seqstart(seqstart_k_dev, "seqstart_k")?);
         let layout = *layout;
         super::host::runtime().enqueue(stream, move || {
-            let read = |s: Option<DeviceSlice<i32>>| {
+            let read = |s: Option<DeviceSlice<i32>>, field: &str| -> Result<Option<Vec<i32>>> {
                 s.map(|s| {
-                    let mut host = vec![0; s.len()];
+                    let mut host = try_filled(s.len(), 0, field)?;
                     s.read_into(0, &mut host);
-                    host
+                    Ok(host)
                 })
+                .transpose()
             };
-            let (q, k) = (read(q), read(k));
-            let (mut buffer, start) = aligned_buffer(layout.metadata_bytes, 0);
-            let region = &mut buffer[start..start + layout.metadata_bytes];
+            let (q, k) = (read(q, "seqstart_q")?, read(k, "seqstart_k")?);
+            let mut buffer = AlignedBytes::new(layout.metadata_bytes, 0, "batch")?;
+            let region = buffer.as_mut_slice();
             let outcome = crate::workspace::prepare_metadata(&layout, q.as_deref(), k.as_deref(), region);
             if outcome.is_err() {
                 region.fill(0); // as the GPU kernel leaves it: "not prepared", no work
@@ -199,6 +225,7 @@ pub fn prepare_workspace_device(
 pub fn forward(kargs: FwdKargs, stream: Stream) -> Result<()> {
     #[cfg(any(feature = "cuda", feature = "rocm"))]
     {
+        load_kernel_modules()?;
         let params = crate::fwd::kargs::FwdParams::new(&kargs);
         // SAFETY: the parameter block describes tensors validated against their shapes and strides
         // (FwdArgs::validate) for an instance this build compiled; the stub copies the block into the
@@ -221,6 +248,7 @@ pub fn forward(kargs: FwdKargs, stream: Stream) -> Result<()> {
 pub fn backward(kargs: BwdKargs, stream: Stream) -> Result<()> {
     #[cfg(any(feature = "cuda", feature = "rocm"))]
     {
+        load_kernel_modules()?;
         let params = crate::bwd::kargs::BwdParams::new(&kargs)?;
         // SAFETY: the parameter block describes tensors validated against their shapes and strides
         // (BwdArgs::extents, Instance::check_tensor) and a workspace of at least the launcher's size,

@@ -101,12 +101,16 @@ pub struct Stream(pub usize);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Event(pub usize);
 
-/// Work run on a stream's timeline by the host (a `hipLaunchHostFunc` callback on GPUs).
-pub type HostFunc = Box<dyn FnOnce() + Send + 'static>;
+/// Work run on a stream's timeline by the host (a `hipLaunchHostFunc` callback on GPUs). An error it
+/// returns becomes the stream's sticky error, reported by the stream's next synchronize (or the next
+/// device synchronize), as a failed kernel's would be.
+pub type HostFunc = Box<dyn FnOnce() -> Result<()> + Send + 'static>;
 
 /// Memory, streams, host functions, events and device properties of one backend.
 pub trait Runtime: Send + Sync {
     fn kind(&self) -> BackendKind;
+    /// The ordinal of the calling thread's current device (0 on the host backend).
+    fn device(&self) -> Result<i32>;
     /// The architecture of the current device.
     fn arch(&self) -> Result<Arch>;
     /// Compute units (AMD CUs, NVIDIA SMs, host logical CUs) the persistent scheduler plans for.
@@ -129,7 +133,8 @@ pub trait Runtime: Send + Sync {
     /// avoided by the library).
     fn stream_is_capturing(&self, stream: Stream) -> Result<bool>;
     /// Runs `func` on the host once all earlier work on `stream` is done; later work waits for it.
-    /// `func` must not call the runtime (on GPUs it runs on the driver's callback thread).
+    /// `func` must not call the runtime (on GPUs it runs on the driver's callback thread). Its error is
+    /// the stream's sticky error (see [`HostFunc`]).
     fn launch_host_func(&self, stream: Stream, func: HostFunc) -> Result<()>;
 
     fn event_create(&self) -> Result<Event>;
@@ -139,6 +144,8 @@ pub trait Runtime: Send + Sync {
     /// Milliseconds between two recorded events.
     fn event_elapsed_ms(&self, start: Event, end: Event) -> Result<f32>;
 
+    /// Waits for all work queued on the device before the call, on every stream, including streams
+    /// destroyed while their work was still queued; reports the first error of that work.
     fn device_synchronize(&self) -> Result<()>;
 }
 

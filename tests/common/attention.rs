@@ -667,6 +667,7 @@ impl BackwardBuffers {
             scale: f.scale,
             window_size_left: f.window_size_left,
             window_size_right: f.window_size_right,
+            workspace_size: 0,
         }
     }
 

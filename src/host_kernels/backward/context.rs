@@ -3,6 +3,7 @@
 
 use crate::bwd::BwdKargs;
 use crate::error::Result;
+use crate::host_buffer::try_filled;
 use crate::host_kernels::sequence::Sequences;
 use crate::host_kernels::tensor_view::TensorView;
 use crate::problem::{Element, Mode};
@@ -31,7 +32,7 @@ pub struct BwdContext<E> {
 
 fn read_i32s(ptr: usize, len: usize, field: &str) -> Result<Vec<i32>> {
     let slice = DeviceSlice::<i32>::new(ptr, len, field)?;
-    let mut out = vec![0; len];
+    let mut out = try_filled(len, 0, field)?;
     slice.read_into(0, &mut out);
     Ok(out)
 }
@@ -43,7 +44,7 @@ impl<E: Element> BwdContext<E> {
         let (m, x) = (s.mode, &kargs.extents);
         let layout = &kargs.layout;
         let metadata_slice = DeviceSlice::<u8>::new(kargs.workspace, layout.metadata_bytes, "workspace")?;
-        let mut metadata = vec![0u8; layout.metadata_bytes];
+        let mut metadata = try_filled(layout.metadata_bytes, 0u8, "workspace")?;
         metadata_slice.read_into(0, &mut metadata);
         let batch = s.batch as usize;
         let (seqstart_q, seqstart_k) = match m {

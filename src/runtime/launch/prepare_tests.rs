@@ -3,7 +3,8 @@
 //! region with the same status wherever the Rust prepare fails, and the stream-ordered
 //! `prepare_workspace_device` path end to end.
 
-use super::{aligned_buffer, prepare_workspace_cpu, prepare_workspace_cpu_status, prepare_workspace_device};
+use super::{prepare_workspace_cpu, prepare_workspace_cpu_status, prepare_workspace_device};
+use crate::host_buffer::AlignedBytes;
 use crate::runtime::{current, BackendKind, CopyKind, ACTIVE_BACKEND};
 use crate::schedule::XcdRemap;
 use crate::workspace::{prepare_metadata, PrepareParams, WorkspaceLayout, WorkspaceParams};
@@ -93,10 +94,9 @@ fn random_case(rng: &mut Rng, group_mode: bool, deterministic: bool) -> Case {
 
 /// The Rust prepare's region, or its error.
 fn rust_region(layout: &WorkspaceLayout, q: Option<&[i32]>, k: Option<&[i32]>) -> crate::Result<Vec<u8>> {
-    let (mut buffer, start) = aligned_buffer(layout.metadata_bytes, 0x3C);
-    let region = &mut buffer[start..start + layout.metadata_bytes];
-    prepare_metadata(layout, q, k, region)?;
-    Ok(region.to_vec())
+    let mut buffer = AlignedBytes::new(layout.metadata_bytes, 0x3C, "metadata")?;
+    prepare_metadata(layout, q, k, buffer.as_mut_slice())?;
+    Ok(buffer.as_slice().to_vec())
 }
 
 /// Where two regions first differ, named by section, for failure messages.
