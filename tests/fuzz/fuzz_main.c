@@ -131,6 +131,53 @@ static void child_run_case(const options *o, long index) {
 
 /* ---- judging ------------------------------------------------------------------------------------- */
 
+/* Random failures are many and alike: they are grouped by verdict, the field the classifier blamed
+ * and the judged call (or the failing step); the first few of each group are printed in full. */
+#define MAX_GROUPS 400
+#define PRINT_PER_GROUP 3
+typedef struct {
+    int verdict;
+    char key[200];
+    long count;
+    long first_case;
+} group;
+static group groups[MAX_GROUPS];
+static int ngroups;
+
+static int group_of(int v, const case_record *r, const char *why, long index) {
+    char key[200], call[80] = "", reason[100] = "allowed by the classifier";
+    const char *j = strstr(r->note, "judged: "), *c = strstr(r->note, "classifier: ");
+    int i;
+    if (j) {
+        size_t n = strcspn(j + 8, ";");
+        snprintf(call, sizeof call, "%.*s", (int)(n < 79 ? n : 79), j + 8);
+    }
+    if (c && (c = strchr(c, '(')) != NULL) {
+        size_t n = strcspn(c + 1, ")");
+        snprintf(reason, sizeof reason, "%.*s", (int)(n < 99 ? n : 99), c + 1);
+    }
+    snprintf(key, sizeof key, "%s | %s | %s", call[0] ? call : "-", reason, why);
+    for (i = 0; i < ngroups; ++i)
+        if (groups[i].verdict == v && strcmp(groups[i].key, key) == 0) return ++groups[i].count > PRINT_PER_GROUP ? 0 : 1;
+    if (ngroups < MAX_GROUPS) {
+        groups[ngroups].verdict = v;
+        snprintf(groups[ngroups].key, sizeof groups[ngroups].key, "%s", key);
+        groups[ngroups].count = 1;
+        groups[ngroups].first_case = index;
+        ngroups++;
+    }
+    return 1;
+}
+
+static void print_groups(void) {
+    int i, any = 0;
+    for (i = 0; i < ngroups; ++i) {
+        if (!any) printf("random-case failures by group (verdict: count | judged call | the classifier's reason | outcome; first case):\n");
+        any = 1;
+        printf("  %s: %ld | %s; first case %ld\n", verdict_names[groups[i].verdict], groups[i].count, groups[i].key, groups[i].first_case);
+    }
+}
+
 static void print_detail(const options *o, const job *j, int v, const char *why) {
     const case_record *r = &j->rec;
     printf("[%s] case %ld: %s\n", verdict_names[v], j->index, j->have_rec ? r->desc : "(no record: the child died before describing the case)");
@@ -223,7 +270,14 @@ static void judge(options *o, job *j) {
     }
     o->counts[v]++;
     o->run++;
-    if (v != V_CLEAN || o->verbose > 1) print_detail(o, j, v, why);
+    if (v != V_CLEAN && v != V_UNNAMED && r->expect == EXPECT_ANY && j->have_rec && !o->verbose) {
+        /* a shortened outcome keeps the groups few (addresses and counts vary) */
+        char short_why[80];
+        snprintf(short_why, sizeof short_why, "%s", v == V_SILENT ? "FMHA_OK" : v == V_CRASH || v == V_OOB || v == V_HANG ? verdict_names[v] : why);
+        if (group_of(v, r, short_why, j->index)) print_detail(o, j, v, why);
+    } else if (v != V_CLEAN || o->verbose > 1) {
+        print_detail(o, j, v, why);
+    }
     fflush(stdout);
 }
 
@@ -576,6 +630,7 @@ int main(int argc, char **argv) {
             if (n > nt) run_cases(&o, list + nt, n - nt, stop_at);
         }
         free(list);
+        print_groups();
         printf("cases: %ld run in %.1f s (%ld targeted available); random calls judged forbidden %ld, allowed %ld\n", o.run,
                now() - started, targeted, o.random_forbidden, o.random_allowed);
     }
@@ -585,7 +640,7 @@ int main(int argc, char **argv) {
         for (i = 0; i < o.exit_repeats; ++i) {
             char what[64];
             snprintf(what, sizeof what, "exit under load, trial %d", i);
-            o.exit_failed += run_child(&o, exit_child, i, 20.0, what, 0);
+            o.exit_failed += run_child(&o, exit_child, i, 20.0, what, o.verbose);
             o.exit_ran++;
         }
         printf("exit under load: %d/%d trials exited cleanly (status 0) in %.1f s\n", o.exit_ran - o.exit_failed, o.exit_ran,

@@ -168,7 +168,7 @@ static void check_tensor(const rctx *r, int group, int64_t batch, tview *v, cls 
     v->checked = 1;
     if (v->output) {
         if ((v->heads > 1 && strides[1] == 0) || (v->rows > 1 && strides[2] == 0) || (!group && batch > 1 && strides[0] == 0)) {
-            mark(c, CL_FORBIDDEN, v->name, "an output overlaps itself (zero stride)");
+            mark(c, CL_FORBIDDEN, v->name, "an output overlaps itself: zero stride");
             v->checked = 0;
         }
     }

@@ -86,6 +86,26 @@ static void counted_free(void *user, void *ptr) {
 
 static fmha_pinned_allocator counted_allocator = {sizeof(fmha_pinned_allocator), NULL, counted_allocate, counted_free};
 
+/* The staging allocator of the asynchronous prepares: every allocation must come back (through the
+ * library's releaser) exactly once. */
+static atomic_long staging_allocs, staging_frees;
+
+static fmha_status staging_allocate(void *user, size_t bytes, void **ptr) {
+    fmha_status st;
+    (void)user;
+    st = fmha_host_malloc_pinned(ptr, bytes);
+    if (st == FMHA_OK) atomic_fetch_add(&staging_allocs, 1);
+    return st;
+}
+
+static void staging_free(void *user, void *ptr) {
+    (void)user;
+    atomic_fetch_add(&staging_frees, 1);
+    fmha_host_free_pinned(ptr);
+}
+
+static fmha_pinned_allocator staging_allocator = {sizeof(fmha_pinned_allocator), NULL, staging_allocate, staging_free};
+
 /* The shared releaser, replaced every few milliseconds: a slot lives until no release uses it. */
 typedef struct {
     fmha_pinned_releaser *releaser;
@@ -336,7 +356,7 @@ static void op_private_backward(worker *w) {
     } else {
         CALL(w->id, "private backward",
              fmha_bwd_launcher_prepare_workspace_async(launcher, ws, ws_size, s.group ? s.ssq : NULL, s.group ? s.ssk : NULL, stream,
-                                                       method == 4 ? &counted_allocator : NULL,
+                                                       method == 4 ? &staging_allocator : NULL,
                                                        method == 4 ? FMHA_PREPARE_HOST : method - 1));
     }
     setup_poison(&s, 1);
@@ -451,16 +471,33 @@ static void *swapper_main(void *arg) {
     return NULL;
 }
 
+/* Calls fmha_device_synchronize every few hundred microseconds (any thread may, at any time). */
+static void *device_sync_main(void *arg) {
+    long *calls = (long *)arg;
+    while (!atomic_load(&stop_all)) {
+        fmha_status st = fmha_device_synchronize();
+        if (st != FMHA_OK) {
+            char m[300];
+            fail(-2, "fmha_device_synchronize: %d (%s): %s", (int)st, fmha_status_string(st), msg(m, sizeof m));
+        }
+        ++*calls;
+        usleep(300);
+    }
+    return NULL;
+}
+
 int soak_main(double seconds, int threads, uint64_t seed) {
     static worker workers[64];
-    pthread_t ids[64], swapper;
+    pthread_t ids[64], swapper, syncer;
+    long sync_calls = 0;
     uint64_t rng = rng_mix(seed, 777);
     long totals[4] = {0, 0, 0, 0}, swaps = 0;
     double t0 = soak_now();
     int i;
     releaser_slot *first = (releaser_slot *)calloc(1, sizeof *first), *last;
     if (threads > 64) threads = 64;
-    printf("soak: %d threads for %.0f s (seed %llu)\n", threads, seconds, (unsigned long long)seed);
+    printf("soak: %d worker threads (+ a releaser swapper and a device-synchronize thread) for %.0f s (seed %llu)\n", threads,
+           seconds, (unsigned long long)seed);
     fflush(stdout);
     if (!shared_setup(&rng)) return CHILD_EXIT_FAILED;
     if (fmha_pinned_releaser_create(&counted_allocator, &first->releaser) != FMHA_OK) return CHILD_EXIT_FAILED;
@@ -472,10 +509,12 @@ int soak_main(double seconds, int threads, uint64_t seed) {
         pthread_create(&ids[i], NULL, worker_main, &workers[i]);
     }
     pthread_create(&swapper, NULL, swapper_main, &swaps);
+    pthread_create(&syncer, NULL, device_sync_main, &sync_calls);
     while (soak_now() - t0 < seconds) usleep(20000);
     atomic_store(&stop_all, 1);
     for (i = 0; i < threads; ++i) pthread_join(ids[i], NULL);
     pthread_join(swapper, NULL);
+    pthread_join(syncer, NULL);
     last = atomic_load(&shared_slot);
     if (fmha_pinned_releaser_destroy(last->releaser) != FMHA_OK) fail(-1, "last shared releaser destroy failed");
     for (i = 0; i < 4; ++i) {
@@ -489,12 +528,22 @@ int soak_main(double seconds, int threads, uint64_t seed) {
         int k;
         for (k = 0; k < 4; ++k) totals[k] += workers[i].ops[k];
     }
+    {
+        /* staging buffers go back through the library's releaser thread: give it a moment */
+        double until = soak_now() + 5.0;
+        while (atomic_load(&staging_frees) != atomic_load(&staging_allocs) && soak_now() < until) usleep(10000);
+        if (atomic_load(&staging_frees) != atomic_load(&staging_allocs))
+            fail(-1, "the caller allocator of prepare_workspace_async allocated %ld staging buffers, %ld were freed",
+                 atomic_load(&staging_allocs), atomic_load(&staging_frees));
+    }
     if (atomic_load(&counted_frees) != atomic_load(&counted_releases))
         fail(-1, "releasers freed %ld buffers with the counted allocator, %ld were released (each must be freed exactly once)",
              atomic_load(&counted_frees), atomic_load(&counted_releases));
     printf("soak: %ld forward, %ld shared-launcher backward, %ld private-launcher backward, %ld releaser ops; %ld counted "
-           "releases, %ld shared-releaser swaps; %ld failures in %.1f s\n",
-           totals[0], totals[1], totals[2], totals[3], atomic_load(&counted_releases), swaps, atomic_load(&failures),
+           "releases, %ld shared-releaser swaps, %ld caller-allocated staging buffers, %ld device synchronizations by the "
+           "sync thread; %ld failures in %.1f s\n",
+           totals[0], totals[1], totals[2], totals[3], atomic_load(&counted_releases), swaps, atomic_load(&staging_allocs), sync_calls,
+           atomic_load(&failures),
            soak_now() - t0);
     fflush(stdout);
     return atomic_load(&failures) == 0 ? 0 : CHILD_EXIT_FAILED;
@@ -506,6 +555,8 @@ typedef struct {
     int id;
     uint64_t rng;
 } hammer;
+
+static atomic_long hammer_calls;
 
 static void *hammer_main(void *arg) {
     hammer *h = (hammer *)arg;
@@ -522,12 +573,13 @@ static void *hammer_main(void *arg) {
         void *ws = NULL, *p = NULL;
         int k;
         fmha_fwd(s.ft, s.fa, stream);
+        atomic_fetch_add(&hammer_calls, 1);
         if (fmha_bwd_launcher_create(s.bt, &launcher) == FMHA_OK && fmha_bwd_launcher_workspace_size(launcher, &ws_size) == FMHA_OK &&
             fmha_device_malloc(&ws, ws_size) == FMHA_OK) {
             /* the workspace is never freed: queued work may use it until the process is gone */
             s.ba->workspace = ws;
             fmha_bwd_launcher_prepare_workspace_async(launcher, ws, ws_size, s.group ? s.ssq : NULL, s.group ? s.ssk : NULL, stream,
-                                                      rng_chance(&h->rng, 50) ? &counted_allocator : NULL, FMHA_PREPARE_HOST);
+                                                      rng_chance(&h->rng, 50) ? &staging_allocator : NULL, FMHA_PREPARE_HOST);
             fmha_bwd_launcher_run(launcher, s.ba, stream);
         }
         if (launcher) fmha_bwd_launcher_destroy(launcher);
@@ -555,5 +607,7 @@ void exit_load_child(int threads, int delay_ms, uint64_t seed) {
         pthread_create(&id, NULL, hammer_main, &hammers[i]);
     }
     usleep((useconds_t)delay_ms * 1000u);
+    printf("exit under load: %d threads, exit(0) after %d ms with %ld iterations issued\n", threads, delay_ms,
+           atomic_load(&hammer_calls));
     exit(0);
 }
