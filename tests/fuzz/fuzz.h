@@ -147,6 +147,7 @@ void last_message(char *buf, size_t size);
 /* ---- cases (fuzz_cases.c, fuzz_random.c) --------------------------------------------------------- */
 int targeted_count(void);
 int targeted_heavy(int index);
+int targeted_always_sampled(int index);
 /* Set by --light (the valgrind sample): slow cases do fewer rounds. */
 extern int fuzz_light;
 /* Set by --no-mutate: random cases are valid problems only (checks the classifier and the results). */

@@ -42,6 +42,7 @@ enum prep { PREP_SYNC, PREP_AUTO, PREP_HOST, PREP_DEVICE };
 
 #define F_NO_PREPARE 1u /* the chain skips the prepare */
 #define F_HEAVY 2u      /* slow under valgrind: --light skips it */
+#define F_SAMPLE 4u     /* always in a --sample (use-after-free and race cases, where valgrind sees most) */
 
 typedef struct run_ctx run_ctx;
 typedef void (*hook_fn)(run_ctx *r);
@@ -1684,13 +1685,15 @@ static void build(void) {
             "bwd: destroy a pointer to 64 random bytes",
         };
         for (k = H_DOUBLE_DESTROY; k <= H_RANDOM_DESTROY; ++k)
-            custom(EXPECT_ERROR, B_NONE, c_launcher_handle, k, "launcher", STATUS_BIT(FMHA_ERR_INVALID_ARGUMENT), what[k]);
+            custom(EXPECT_ERROR, B_NONE, c_launcher_handle, k, "launcher", STATUS_BIT(FMHA_ERR_INVALID_ARGUMENT), what[k])->flags =
+                k <= H_DESTROYED_SIZE ? F_SAMPLE : 0;
         custom(EXPECT_OK, B_NONE, c_launcher_handle, H_NULL_DESTROY, "", 0, "bwd: valid: destroy(NULL) is a no-op");
         custom(EXPECT_ERROR, B_NONE, c_launcher_handle, H_NULL_RUN, "launcher", STATUS_BIT(FMHA_ERR_NULL_POINTER), "bwd: run(NULL launcher)");
         custom(EXPECT_ERROR, B_NONE, c_launcher_handle, H_NULL_PREPARE_ASYNC, "launcher", STATUS_BIT(FMHA_ERR_NULL_POINTER),
                "bwd: prepare_workspace_async(NULL launcher)");
         custom(EXPECT_OK, B_NONE, c_launcher_handle, H_DESTROY_QUEUED, "", 0,
-               "bwd: valid: destroy the launcher while its run is queued on a stream");
+               "bwd: valid: destroy the launcher while its run is queued on a stream")
+            ->flags = F_SAMPLE;
     }
     {
         static const char *const what[] = {
@@ -1718,7 +1721,8 @@ static void build(void) {
                "releaser: valid: caller allocator struct flush against a guard page; one release, freed once");
         custom(EXPECT_OK, B_NONE, c_releaser, RL_DEFAULT_RELEASE, "", 0, "releaser: valid: release on the default releaser (NULL)");
         custom(EXPECT_OK, B_NONE, c_releaser_race, 0, "", 0,
-               "releaser: valid: releases from 4 threads racing destroy (25 rounds): each freed exactly once");
+               "releaser: valid: releases from 4 threads racing destroy (25 rounds): each freed exactly once")
+            ->flags = F_SAMPLE;
     }
     custom(EXPECT_OK, B_NONE, c_device_sync_threads, 0, "", 0,
            "runtime: valid: fmha_device_synchronize after a forward on a destroyed private stream, while another thread "
@@ -1774,6 +1778,11 @@ int targeted_count(void) {
 int targeted_heavy(int index) {
     build();
     return (table[index].flags & F_HEAVY) != 0;
+}
+
+int targeted_always_sampled(int index) {
+    build();
+    return (table[index].flags & F_SAMPLE) != 0;
 }
 
 /* ---- running one case ---------------------------------------------------------------------------- */

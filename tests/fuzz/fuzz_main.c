@@ -221,8 +221,14 @@ static void judge(options *o, job *j) {
             v = V_OOB;
             snprintf(why, sizeof why, "fault in a guard page (exit %d)", code);
         } else if (code == CHILD_EXIT_VALGRIND) {
-            v = V_OOB;
-            snprintf(why, sizeof why, "valgrind reported a memory error (exit 99)");
+            /* a fault the handler classified (its line is in stderr), or an invalid access valgrind saw */
+            if (strstr(j->err, "FAULT:") && strstr(j->err, "not in a guard page")) {
+                v = V_CRASH;
+                snprintf(why, sizeof why, "valgrind reported an invalid access, then a fault outside the guard pages (exit 99)");
+            } else {
+                v = V_OOB;
+                snprintf(why, sizeof why, "valgrind reported a memory error (exit 99)");
+            }
         } else if (code == CHILD_EXIT_CRASH) {
             v = V_CRASH;
             snprintf(why, sizeof why, "fault outside the guard pages (exit %d)", code);
@@ -511,6 +517,11 @@ static void exit_child(const options *o, int trial) {
 
 /* ---- main ---------------------------------------------------------------------------------------- */
 
+static int compare_long(const void *a, const void *b) {
+    long x = *(const long *)a, y = *(const long *)b;
+    return (x > y) - (x < y);
+}
+
 static void usage(const char *argv0) {
     printf("usage: %s [all|cases|soak|exit-load] [options]\n"
            "  all (default)     the cases, then the exit-under-load trials, then the soak\n"
@@ -599,8 +610,12 @@ int main(int argc, char **argv) {
             uint64_t st = o.seed;
             long step = want_t > 0 ? (targeted + want_t - 1) / want_t : 1, offset = (long)(rng_next(&st) % (uint64_t)step);
             if (step < 1) step = 1;
+            for (k = 0; k < targeted && n < cap; ++k)
+                if (targeted_always_sampled((int)k)) list[n++] = k;
             for (k = offset; k < targeted && n < cap && n < want_t; k += step)
-                if (!fuzz_light || !targeted_heavy((int)k)) list[n++] = k;
+                if ((!fuzz_light || !targeted_heavy((int)k)) && !targeted_always_sampled((int)k)) list[n++] = k;
+            /* in index order, so that the targeted ones stay first */
+            qsort(list, (size_t)n, sizeof *list, compare_long);
             for (k = 0; n < o.sample && n < cap; ++k) list[n++] = targeted + k;
             stop_at = started + (o.seconds > 0 ? o.seconds : 1e9);
         } else {
