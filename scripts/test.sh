@@ -14,6 +14,9 @@
 #   C examples    c_examples/ via find_package(fmha), linked shared and static, run by ctest; and a
 #                 pkg-config build of 00_version.c (shared and static)
 #   C tests       tests/c/ (static + shared, C + C++, valgrind), ctest
+#   fuzz          tests/fuzz/: fork-per-case fuzz of the C ABI with guard-paged buffers (targeted
+#                 forbidden inputs, valid layouts, random mutations), exit under load, a 16-thread
+#                 soak, and a valgrind sample (about 2.5 minutes; FMHA_FUZZ_SEED=N reproduces a run)
 #   Go            tests/go (cgo, pkg-config), go test
 #   cuda build    --features cuda into target/cuda: clippy, install into build/prefix-cuda, artifact
 #                 checks (sm_90a cubin, exports, soname), C examples and tests/c against it (no GPU here:
@@ -244,6 +247,25 @@ pkg_config_consumer "$build/prefix" "$build/host/pkgconfig"
 begin "C tests (host)"
 cmake_project tests/c "$build/host/tests_c" "$build/prefix"
 run_ctest "$build/host/tests_c"
+
+begin "fuzz (host)"
+# tests/fuzz/README.md. Every case runs in a forked child whose buffers and argument structs sit flush
+# against PROT_NONE guard pages: a forbidden input must answer a non-OK status naming the field, a
+# valid one must work, nothing may crash, read or write out of bounds, or hang. Then exit(0) under
+# load, a 16-thread soak, and a smaller sample of the cases under valgrind. The seed is printed.
+cmake_project tests/fuzz "$build/host/fuzz" "$build/prefix"
+fuzz=$build/host/fuzz/fmha_fuzz
+fuzz_seed=()
+if [[ -n "${FMHA_FUZZ_SEED:-}" ]]; then fuzz_seed=(--seed "$FMHA_FUZZ_SEED"); fi
+fuzz_failed=0
+"$fuzz" all "${fuzz_seed[@]}" --seconds 60 --timeout 5 --soak-seconds 25 || fuzz_failed=1
+note "the fuzz cases under valgrind (a sample)"
+valgrind -q --error-exitcode=99 "$fuzz" cases "${fuzz_seed[@]}" --sample 240 --light --timeout 15 --seconds 60 ||
+    fuzz_failed=1
+if [[ $fuzz_failed -ne 0 ]]; then
+    echo "test.sh: the fuzz stage failed (the failing cases and their repro commands are listed above)" >&2
+    exit 1
+fi
 
 begin "Go (host)"
 (
