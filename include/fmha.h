@@ -394,6 +394,14 @@ fmha_status fmha_stream_synchronize(fmha_stream_t stream);
 // Waits for all work on all streams of the device.
 fmha_status fmha_device_synchronize(void);
 
+// Loads this build's kernels onto the current device now. fmha does this itself before its first
+// kernel launch on a device, and there the GPU runtime may wait for all the work already queued on
+// the device (it loads code modules lazily, and loading a module can synchronize the context: on an
+// H200 the first fmha call of a process waited ~1.4 s behind a busy stream). A program that must not
+// stall on its first fmha call calls this at startup, while the device is idle. Later calls (new
+// shapes, new modes) never load kernels. The host backend has nothing to load.
+fmha_status fmha_load_kernels(void);
+
 // The number of compute units (SMs on NVIDIA, CUs on AMD, logical CUs on the host backend) that the
 // persistent scheduler plans for.
 fmha_status fmha_device_cu_count(int32_t *count);

@@ -30,7 +30,8 @@
 # Environment:
 #   build: FMHA_CUDA_TARGET_DIR (default target/cuda), FMHA_CUDA_ARCHS (default 90a), CC (default gcc),
 #          FMHA_GPU_TESTS (space-separated test targets to carry; default all but header_drift)
-#   run:   FMHA_GPU_CHECK_TIMEOUT (seconds per stage, default 900), PYTEST_ADDOPTS (extra pytest options)
+#   run:   FMHA_GPU_CHECK_TIMEOUT (seconds per stage, default 900), FMHA_GPU_TEST_TIMEOUT (seconds per Rust
+#          test and per Python test, default 180), PYTEST_ADDOPTS (extra pytest options)
 #
 # Typical use with this workplace's device tool: `scripts/gpu-check.sh build` here, then on the device
 # `scripts/gpu-check.sh run --bench` carrying .devbuild.
@@ -119,7 +120,7 @@ EOF
 
     log "pytest wheels (pure Python, for the GPU machine's python3)"
     python3 -m pip download -q --no-deps --only-binary=:all: -d "$devbuild/wheels" \
-        pytest pluggy iniconfig packaging
+        pytest pluggy iniconfig packaging pytest-timeout
     ls "$devbuild/wheels"
 
     strip --strip-unneeded "$devbuild/libfmha.so.0"
@@ -151,6 +152,7 @@ EOF
 summary_names=()
 summary_results=()
 summary_seconds=()
+failed_tests=()
 failures=0
 
 # record NAME RESULT SECONDS
@@ -185,6 +187,34 @@ stage() {
         record "$name" "FAIL (exit $rc)" "$took"
     fi
     return 0
+}
+
+# rust_tests NAME: every test of the Rust test executable NAME in a process of its own, under a timeout,
+# so that a hang is reported with the test's name; one summary line for the executable.
+rust_tests() {
+    local name=$1 bin=$devbuild/$1 limit=${FMHA_GPU_TEST_TIMEOUT:-180}
+    log "rust test $name: each test alone, ${limit} s each"
+    local tests started rc test failed=() count=0
+    started=$(date +%s)
+    tests=$("$bin" --list --format terse 2>/dev/null | sed -n 's/: test$//p')
+    for test in $tests; do
+        count=$((count + 1))
+        timeout --kill-after=10 "$limit" "$bin" --exact "$test" --test-threads=1 --nocapture
+        rc=$?
+        if ((rc == 124 || rc == 137)); then
+            failed+=("$test (hang: timeout ${limit} s)")
+            echo "gpu-check: $name::$test did not finish within ${limit} s"
+        elif ((rc != 0)); then
+            failed+=("$test (exit $rc)")
+        fi
+    done
+    local took=$(($(date +%s) - started))
+    if ((${#failed[@]} == 0)); then
+        record "rust test $name" "pass ($count tests)" "$took"
+    else
+        record "rust test $name" "FAIL ${#failed[@]}/$count" "$took"
+        for test in "${failed[@]}"; do failed_tests+=("$name::$test"); done
+    fi
 }
 
 print_versions() {
@@ -237,6 +267,9 @@ print_summary() {
     for i in "${!summary_names[@]}"; do
         printf '| %-40s | %-16s | %7s |\n' "${summary_names[$i]}" "${summary_results[$i]}" "${summary_seconds[$i]}"
     done
+    for i in "${!failed_tests[@]}"; do
+        printf '  failed: %s\n' "${failed_tests[$i]}"
+    done
     if ((failures > 0)); then
         printf '%d check(s) FAILED\n' "$failures"
     else
@@ -280,7 +313,7 @@ run_checks() {
         local kind name
         while read -r kind name; do
             [[ "$kind" == rust-test ]] || continue
-            stage "rust test $name" "$devbuild/$name"
+            rust_tests "$name"
         done <"$devbuild/MANIFEST"
         while read -r kind name; do
             case "$kind" in
@@ -293,7 +326,8 @@ run_checks() {
             local quick_env=()
             ((quick)) && quick_env=(env FMHA_TEST_QUICK=1)
             stage "pytest tests/python" "${quick_env[@]}" python3 -m pytest -q -p no:cacheprovider -rs --tb=short \
-                --junitxml="$out/pytest-junit.xml" -o junit_family=xunit2 tests/python
+                --timeout "${FMHA_GPU_TEST_TIMEOUT:-180}" --junitxml="$out/pytest-junit.xml" -o junit_family=xunit2 \
+                tests/python
         else
             record "pytest tests/python" "FAIL (no pytest)" 0
         fi

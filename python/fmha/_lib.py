@@ -269,6 +269,7 @@ _PROTOTYPES = {
     "fmha_stream_synchronize": (c_int32, [_stream_t]),
     "fmha_device_synchronize": (c_int32, []),
     "fmha_device_cu_count": (c_int32, [POINTER(c_int32)]),
+    "fmha_load_kernels": (c_int32, []),
     "fmha_host_set_cu_count": (c_int32, [c_int32]),
     "fmha_status_string": (c_char_p, [c_int32]),
     "fmha_last_error_message": (c_size_t, [c_char_p, c_size_t]),
@@ -399,6 +400,12 @@ def cu_count() -> int:
     count = c_int32(0)
     call("fmha_device_cu_count", ctypes.byref(count))
     return count.value
+
+
+def load_kernels() -> None:
+    """Loads fmha's kernels onto the current device now (``fmha_load_kernels``): call it at startup, while the
+    GPU is idle, so that the first fmha call does not wait for work already queued on the device."""
+    call("fmha_load_kernels")
 
 
 def stream_synchronize(stream=None) -> None:

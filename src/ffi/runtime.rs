@@ -129,6 +129,17 @@ pub extern "C" fn fmha_device_synchronize() -> fmha_status {
     boundary(|| runtime::current()?.device_synchronize())
 }
 
+/// Loads this build's kernels onto the current device now. fmha does this itself before its first
+/// kernel launch on a device, and there the GPU runtime may wait for all the work already queued on
+/// the device (it loads code modules lazily, and loading a module can synchronize the context: on an
+/// H200 the first fmha call of a process waited ~1.4 s behind a busy stream). A program that must not
+/// stall on its first fmha call calls this at startup, while the device is idle. Later calls (new
+/// shapes, new modes) never load kernels. The host backend has nothing to load.
+#[no_mangle]
+pub extern "C" fn fmha_load_kernels() -> fmha_status {
+    boundary(crate::runtime::launch::load_kernel_modules)
+}
+
 /// The number of compute units (SMs on NVIDIA, CUs on AMD, logical CUs on the host backend) that the
 /// persistent scheduler plans for.
 #[no_mangle]

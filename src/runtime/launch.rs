@@ -52,7 +52,7 @@ mod cpu_stubs {
 /// all of them load together, once per device, at the first launch. (Devices past 64 load every time;
 /// loading a loaded module is a lookup.)
 #[cfg(any(feature = "cuda", feature = "rocm"))]
-fn load_kernel_modules() -> Result<()> {
+pub fn load_kernel_modules() -> Result<()> {
     use std::sync::atomic::{AtomicU64, Ordering};
     static LOADED: AtomicU64 = AtomicU64::new(0);
     let device = super::current()?.device()?;
@@ -72,6 +72,12 @@ fn load_kernel_modules() -> Result<()> {
     }
     LOADED.fetch_or(bit, Ordering::AcqRel);
     Ok(())
+}
+
+/// The host backend has no kernel modules to load.
+#[cfg(not(any(feature = "cuda", feature = "rocm")))]
+pub fn load_kernel_modules() -> Result<()> {
+    super::current().map(|_| ())
 }
 
 /// Sets `count` 32-bit words at device address `dst` to `value`, on `stream`.

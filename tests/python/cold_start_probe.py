@@ -5,7 +5,8 @@ is made and the host time it took is printed as JSON, with every C call of it th
     python3 tests/python/cold_start_probe.py --mode varlen_det [--busy-ms 1500] [--warm]
 
 --warm: an fmha forward and backward of another shape run first (the library, its kernels and its pools
-are initialized); without it the measured call is the first fmha call of the process.
+are initialized); without it the measured call is the first fmha call of the process. --load-kernels:
+fmha.load_kernels() at startup instead, while the GPU is idle.
 """
 
 import argparse
@@ -74,14 +75,26 @@ def main():
     parser.add_argument("--phase", choices=["fwd", "bwd", "both"], default="both")
     parser.add_argument("--direct", action="store_true", help="fmha.ops._fwd/_bwd instead of autograd")
     parser.add_argument("--profile", action="store_true", help="cProfile the measured calls (top entries)")
+    parser.add_argument("--load-kernels", action="store_true", help="fmha.load_kernels() at startup (GPU idle)")
+    parser.add_argument("--single-thread", action="store_true",
+                        help="autograd runs the backward on the calling thread (so --profile sees it)")
     a = parser.parse_args()
+    if a.single_thread:
+        torch.autograd.set_multithreading_enabled(False)
     torch.cuda.init()
-    x = torch.randn(1024, 1024, device="cuda")
-    (x @ x).sum().item()  # the CUDA context, cuBLAS and the caching allocator are up
+    # PyTorch's own first-use costs stay out of the measurement: the CUDA context, cuBLAS, the caching
+    # allocator, and the modules autograd imports at the first backward with an explicit gradient (about
+    # 2 s of Python imports on the GPU machine, 2026-11-23).
+    x = torch.randn(1024, 1024, device="cuda", requires_grad=True)
+    y = x @ x
+    y.backward(torch.ones_like(y))
+    torch.cuda.synchronize()
+    if a.load_kernels:
+        fmha.load_kernels()
     if a.warm:
         qkv, extra = tensors(a.mode, [96, 33, 160])
         out = attention(a.mode, qkv, extra)
-        out.sum().backward()
+        out.backward(torch.ones_like(out))
         torch.cuda.synchronize()
     lengths = [1000, 3000, 17, 0, 2048, 511] if a.mode != "batch" else [1536] * 4
     qkv, extra = tensors(a.mode, lengths)
@@ -130,7 +143,7 @@ def main():
         import io
         import pstats
         text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(12)
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
         print(text.getvalue(), file=sys.stderr)
     torch.cuda.synchronize()
     t4 = time.perf_counter()

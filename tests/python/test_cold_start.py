@@ -1,7 +1,7 @@
 """No host synchronization on a cold start: with the GPU kept busy for over a second, the first forward and
 backward of a never-seen shape return in a small fraction of that time, for batch mode, varlen and varlen
 deterministic. Each case runs in a fresh process (cold_start_probe.py), after one fmha call of another shape
-(the library and its kernels are loaded then: loading a kernel module can wait for the device, docs/perf.md).
+or after fmha.load_kernels() at startup (loading a kernel module can wait for the device, docs/perf.md).
 GPU builds only."""
 
 import json
@@ -28,9 +28,10 @@ def probe(mode, *extra):
 
 
 @pytest.mark.skipif(not GPU, reason="the host backend runs the work on its own threads: nothing to overlap")
+@pytest.mark.parametrize("start", ["--warm", "--load-kernels"])
 @pytest.mark.parametrize("mode", ["batch", "varlen", "varlen_det"])
-def test_first_call_of_a_new_shape_does_not_wait_for_the_gpu(mode):
-    r = probe(mode, "--warm")
+def test_first_call_of_a_new_shape_does_not_wait_for_the_gpu(mode, start):
+    r = probe(mode, start)
     print(json.dumps(r))
     assert r["finite"]
     assert r["until_done_ms"] > 0.9 * BUSY_MS, f"the GPU was not kept busy: {r}"

@@ -223,12 +223,18 @@ def test_strided_inputs():
 
 
 def test_window_conventions():
-    """flash-attn's window rules: a side >= seqlen_k is unbounded; causal overrides the right side."""
+    """flash-attn's window rules: a side < 0 is unbounded, any other side is a window (bottom-right aligned)
+    however large, so it equals no mask only when it covers every row; causal overrides the right side."""
     dtype = torch.float16
     q, k, v = randn(1, 40, 2, 64, dtype=dtype), randn(1, 30, 2, 64, dtype=dtype), randn(1, 30, 2, 64, dtype=dtype)
     full = fmha.flash_attn_func(q, k, v)
-    assert torch.equal(fmha.flash_attn_func(q, k, v, window_size=(30, 30)), full)
+    # left >= sk - 1 and right >= sq - 1 cover every key of every row.
+    assert torch.equal(fmha.flash_attn_func(q, k, v, window_size=(29, 39)), full)
     assert torch.equal(fmha.flash_attn_func(q, k, v, window_size=(-5, 1000)), full)
+    # (30, 30) with sq 40 > sk 30: row i sees keys up to i + 20, so the first rows miss some keys.
+    windowed = fmha.flash_attn_func(q, k, v, window_size=(30, 30))
+    assert not torch.equal(windowed, full)
+    assert torch.equal(windowed, fmha.attention(q, k, v, mask="bottom_right", window_size=(30, 30))[0])
     assert torch.equal(
         fmha.flash_attn_func(q, k, v, causal=True, window_size=(-1, 7)), fmha.flash_attn_func(q, k, v, causal=True)
     )
