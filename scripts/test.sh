@@ -212,6 +212,8 @@ async_tests=$(cargo test --release --test async_prepare --no-run --message-forma
     sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
 valgrind --error-exitcode=99 --leak-check=no -q "$async_tests" --test-threads=1 \
     gated launcher_destroyed failures caller_allocator releaser_c_api
+valgrind --error-exitcode=99 --leak-check=no -q "$(cargo test --release --test hardening --no-run --message-format=json 2>/dev/null |
+    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)" --test-threads=1 releaser device_synchronize struct_size
 valgrind --error-exitcode=99 --leak-check=no -q "$(cargo test --release --lib --no-run --message-format=json 2>/dev/null |
     sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)" --test-threads=1 pinned::
 

@@ -397,9 +397,11 @@ impl Shape {
         })?;
         mask.validate()?;
         let scale = if scale == 0.0 { 1.0 / (hdim_q as f32).sqrt() } else { scale };
+        // Group mode: no batch is longer than all rows together, so a larger bound (a configured maximum)
+        // is clamped to the total: the grids and loops sized by it stay as large as the data.
         let (max_seqlen_q, max_seqlen_k) = match mode {
             Mode::Batch => (seqlen_q, seqlen_k),
-            Mode::Group => (max_seqlen_q, max_seqlen_k),
+            Mode::Group => (max_seqlen_q.min(seqlen_q), max_seqlen_k.min(seqlen_k)),
         };
         Ok(Shape {
             dtype,

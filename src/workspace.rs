@@ -25,6 +25,9 @@ use crate::schedule::{
 pub const SECTION_ALIGNMENT: usize = 16;
 /// The metadata region is rounded up to this, so dq_acc starts page-aligned.
 pub const METADATA_ALIGNMENT: usize = 4096;
+/// Largest metadata region a layout may have (1 GiB: some 38 million sequences in deterministic group
+/// mode, far beyond any batch a kernel launch serves).
+pub const MAX_METADATA_BYTES: usize = 1 << 30;
 /// First word of a prepared metadata region: `"FMHW"` in little-endian byte order.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"FMHW");
 /// Version of the byte layout above; part of the header and of the fingerprint.
@@ -140,6 +143,16 @@ impl WorkspaceLayout {
         let cu_state = Section::after(Some(dq_acc_offsets), if g { ncu } else { 0 }, 32);
         let batch_state = Section::after(Some(cu_state), if g { b } else { 0 }, 16);
         let metadata_bytes = (batch_state.offset + batch_state.bytes).next_multiple_of(METADATA_ALIGNMENT);
+        // The host builds the region in memory of its own (and the device prepare walks it with one
+        // thread): bound it rather than let an absurd batch size fail an allocation later.
+        ensure(metadata_bytes <= MAX_METADATA_BYTES, "batch", || {
+            format!(
+                "{} sequences need a metadata region of {metadata_bytes} bytes; the most one launcher serves is \
+                 {MAX_METADATA_BYTES} bytes (about {} sequences in deterministic group mode)",
+                p.batch,
+                MAX_METADATA_BYTES / 28
+            )
+        })?;
 
         // §3.4: 4 * nhead_q * F * total_q_padded * hdim_q, F = split slots per (batch, head).
         let total_q = if p.group_mode { p.seqlen_q } else { p.batch * p.seqlen_q };

@@ -170,7 +170,7 @@ impl BwdLauncher {
             ("k", &args.k, true),
             ("v", &args.v, true),
             ("o", &args.o, false),
-            ("do", &args.d_o, true),
+            ("d_o", &args.d_o, true),
             ("dq", &args.dq, false),
             ("dk", &args.dk, false),
             ("dv", &args.dv, false),

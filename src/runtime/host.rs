@@ -229,12 +229,17 @@ impl HostRuntime {
     }
 }
 
+/// Null pointers and ranges that run past the end of the address space are refused (where a GPU
+/// runtime would answer "invalid value"); beyond that, like `cudaMemcpy`, the caller vouches for the
+/// ranges.
 fn check_copy_args(dst: usize, src: usize, bytes: usize) -> Result<()> {
-    if bytes > 0 && dst == 0 {
-        return Err(Error::null("dst"));
-    }
-    if bytes > 0 && src == 0 {
-        return Err(Error::null("src"));
+    for (field, ptr) in [("dst", dst), ("src", src)] {
+        if bytes > 0 && ptr == 0 {
+            return Err(Error::null(field));
+        }
+        crate::error::ensure(ptr.checked_add(bytes).is_some(), field, || {
+            format!("{bytes} bytes from {ptr:#x} run past the end of the address space")
+        })?;
     }
     Ok(())
 }
@@ -299,7 +304,7 @@ impl Runtime for HostRuntime {
         self.stream_synchronize(Stream(0))
     }
     fn memset_async(&self, dst: usize, value: u8, bytes: usize, stream: Stream) -> Result<()> {
-        check_copy_args(dst, 1, bytes)?;
+        check_copy_args(dst, dst, bytes)?;
         self.enqueue(stream, move || {
             set_bytes(dst, value, bytes);
             Ok(())

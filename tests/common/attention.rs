@@ -37,7 +37,7 @@ impl Rng {
     }
     /// Uniform in [-1, 1), never exactly zero-filled tensors.
     pub fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 52) as f64 * 2.0 - 1.0
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
     }
 }
 
@@ -408,6 +408,17 @@ pub struct Inputs {
     pub q: Dense,
     pub k: Dense,
     pub v: Dense,
+}
+
+impl Inputs {
+    /// Fresh random q, k, v for `case`.
+    pub fn random(case: &Case, rng: &mut Rng) -> Inputs {
+        Inputs {
+            q: random_dense(case, rng, case.nhead_q, case.hdim_q, false),
+            k: random_dense(case, rng, case.nhead_k, case.hdim_q, true),
+            v: random_dense(case, rng, case.nhead_k, case.hdim_v, true),
+        }
+    }
 }
 
 impl Buffers {

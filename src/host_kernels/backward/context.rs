@@ -63,7 +63,7 @@ impl<E: Element> BwdContext<E> {
             k: TensorView::new(kargs.k, x.k, m, "k")?,
             v: TensorView::new(kargs.v, x.v, m, "v")?,
             o: TensorView::new(kargs.o, x.o, m, "o")?,
-            d_o: TensorView::new(kargs.d_o, x.d_o, m, "do")?,
+            d_o: TensorView::new(kargs.d_o, x.d_o, m, "d_o")?,
             dq: TensorView::new(kargs.dq, x.dq, m, "dq")?,
             dk: TensorView::new(kargs.dk, x.dk, m, "dk")?,
             dv: TensorView::new(kargs.dv, x.dv, m, "dv")?,
