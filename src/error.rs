@@ -22,7 +22,7 @@ pub enum Status {
     OutOfMemory = 4,
     /// The workspace passed to `run` is smaller than `workspace_size` requires.
     WorkspaceTooSmall = 5,
-    /// The workspace was never prepared for this launcher, or was prepared for other sequence lengths.
+    /// The workspace was never prepared, or was prepared for other traits or sequence lengths.
     WorkspaceNotPrepared = 6,
     /// A GPU build runs on a machine without a usable device.
     NoDevice = 7,

@@ -1,5 +1,7 @@
 //! Host buffers whose size comes from caller input (batch counts, metadata regions): allocated
 //! fallibly, so that an absurd size is `FMHA_ERR_OUT_OF_MEMORY` naming the field rather than an abort.
+//! (Where the system overcommits memory an allocation can succeed and fail only when touched: the
+//! sizes themselves are bounded where they are computed, e.g. `workspace::MAX_METADATA_BYTES`.)
 
 use crate::error::{Error, Result, Status};
 use crate::workspace::SECTION_ALIGNMENT;
@@ -55,8 +57,6 @@ mod tests {
         assert!(e.message.starts_with("batch"), "{}", e.message);
         let e = AlignedBytes::new(usize::MAX - 4, 0, "metadata").err().unwrap();
         assert_eq!(e.status, Status::OutOfMemory);
-        // 2^46 bytes: more than any machine here has, though the size itself is representable.
-        assert_eq!(AlignedBytes::new(1 << 46, 0, "metadata").err().unwrap().status, Status::OutOfMemory);
     }
 
     #[test]

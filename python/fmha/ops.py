@@ -314,8 +314,9 @@ def _fwd(
 
 
 class _Launcher:
-    """A cached ``fmha_bwd_launcher``. Its lock covers prepare → run (the launcher remembers the workspace
-    it prepared last, so two threads must not interleave) and destroy."""
+    """A cached ``fmha_bwd_launcher``. Its lock keeps a call from using the handle while another thread's
+    eviction destroys it (the library would refuse the stale handle; the lock makes the retry cheap). Each
+    call prepares a workspace of its own, so calls on one launcher never share one."""
 
     __slots__ = ("handle", "lock", "workspace_size")
 
