@@ -15,6 +15,7 @@ fn main() {
 
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=cbindgen.toml");
+    println!("cargo:rerun-if-changed=cbindgen-kernels.toml");
     println!("cargo:rerun-if-changed=src");
     println!("cargo:rerun-if-changed=hip");
     for var in ["ROCM_PATH", "FMHA_HIP_ARCHS", "FMHA_HIP_CXX", "CUDA_HOME", "FMHA_CUDA_ARCHS"] {
@@ -23,7 +24,8 @@ fn main() {
 
     let out_dir = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     generate_header(&out_dir);
-    build_cpu_prepare();
+    generate_kernel_header(&out_dir);
+    build_cpu_twins();
 
     // The soname carries the ABI major version: only an ABI break bumps it.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libfmha.so.0");
@@ -47,21 +49,39 @@ fn generate_header(out_dir: &Path) {
          #define FMHA_VERSION_STRING \"{major}.{minor}.{patch}\"\n\
          #define FMHA_VERSION_NUMBER (FMHA_VERSION_MAJOR * 10000 + FMHA_VERSION_MINOR * 100 + FMHA_VERSION_PATCH)\n"
     ));
-    // Only `src/ffi/` is the ABI: cbindgen starts at its mod.rs and follows its submodules, so
-    // internal public items never leak into the header.
+    // Only `src/ffi/` and the ABI's values (`src/abi_values.rs`) are the ABI: cbindgen starts at
+    // ffi's mod.rs and follows its submodules, so internal public items never leak into the header.
     cbindgen::Builder::new()
         .with_config(config)
         .with_src(Path::new(&crate_dir).join("src/ffi/mod.rs"))
+        .with_src(Path::new(&crate_dir).join("src/abi_values.rs"))
         .generate()
         .expect("cbindgen generates the header")
         .write_to_file(out_dir.join("fmha.h"));
 }
 
-/// The C++ workspace prepare (`hip/bwd/prepare_workspace.h`, the routine the GPU prepare kernel runs)
-/// compiled for the host CPU into its own archive, in every backend: the tests compare its bytes with
-/// the Rust prepare, so CI checks the device code path without a GPU. Plain C++17 without the standard
-/// library or exceptions, so nothing beyond libc is linked. (`hip/` is watched by rerun-if-changed.)
-fn build_cpu_prepare() {
+/// The kernels' C ABI (`hip/launch.h`: parameter blocks, metadata records, C++ entry points), from
+/// `src/launch/abi.rs` and `src/schedule/records.rs`, into `OUT_DIR/launch.h`. The kernels compile
+/// against the committed `hip/launch.h`; `tests/kernel_abi.rs` checks that it equals this one.
+fn generate_kernel_header(out_dir: &Path) {
+    let crate_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let config = cbindgen::Config::from_file(crate_dir.join("cbindgen-kernels.toml"))
+        .expect("cbindgen-kernels.toml is readable");
+    cbindgen::Builder::new()
+        .with_config(config)
+        .with_src(crate_dir.join("src/launch/abi.rs"))
+        .with_src(crate_dir.join("src/schedule/records.rs"))
+        .generate()
+        .expect("cbindgen generates the kernel header")
+        .write_to_file(out_dir.join("launch.h"));
+}
+
+/// The C++ the GPU kernels run, compiled for the host CPU into its own archive in every backend: the
+/// workspace prepare (`hip/bwd/prepare_workspace.h`) and the deterministic walkers
+/// (`hip/bwd/schedule.h`). The tests compare them with the Rust code, so CI checks the device code
+/// paths without a GPU. Plain C++17 without the standard library or exceptions, so nothing beyond libc
+/// is linked. (`hip/` is watched by rerun-if-changed.)
+fn build_cpu_twins() {
     cc::Build::new()
         .cpp(true)
         .cpp_link_stdlib(None)
@@ -71,7 +91,8 @@ fn build_cpu_prepare() {
         .flag("-fno-rtti")
         .include("hip")
         .file("hip/bwd/prepare_workspace_cpu.cpp")
-        .compile("fmha_prepare_cpu");
+        .file("hip/bwd/schedule_cpu.cpp")
+        .compile("fmha_cpu_twins");
 }
 
 /// Every `.hip` translation unit under `hip/` (headers are included from them).

@@ -7,7 +7,7 @@ use fmha::ffi::backward::*;
 use fmha::ffi::runtime::*;
 use fmha::ffi::status::*;
 use fmha::ffi::version::*;
-use fmha::mask::{Mask, MaskType};
+use fmha::problem::mask::{Mask, MaskType};
 use fmha::problem::Dtype;
 use fmha::reference::{Precision, RefProblem};
 use half::bf16;

@@ -52,11 +52,35 @@
 
 #define FMHA_MEMCPY_DEVICE_TO_DEVICE 3
 
+// `fmha_backend()`.
 #define FMHA_BACKEND_HOST 0
 
 #define FMHA_BACKEND_CUDA 1
 
 #define FMHA_BACKEND_ROCM 2
+
+// `fmha_status` values: `FMHA_OK`, or the error of a failed call.
+#define FMHA_OK 0
+
+#define FMHA_ERR_INVALID_ARGUMENT 1
+
+#define FMHA_ERR_UNSUPPORTED 2
+
+#define FMHA_ERR_DEVICE_RUNTIME 3
+
+#define FMHA_ERR_OUT_OF_MEMORY 4
+
+#define FMHA_ERR_WORKSPACE_TOO_SMALL 5
+
+#define FMHA_ERR_WORKSPACE_NOT_PREPARED 6
+
+#define FMHA_ERR_NO_DEVICE 7
+
+#define FMHA_ERR_NULL_POINTER 8
+
+#define FMHA_ERR_INTERNAL 9
+
+#define FMHA_ERR_ASYNC_FAILURE 10
 
 // A backward launcher (opaque). The handle is a checked id, not an address: a destroyed or foreign
 // handle is FMHA_ERR_INVALID_ARGUMENT naming the argument.
@@ -233,28 +257,6 @@ typedef struct fmha_pinned_allocator {
   fmha_pinned_allocate_fn allocate;
   fmha_pinned_free_fn free;
 } fmha_pinned_allocator;
-
-#define FMHA_OK 0
-
-#define FMHA_ERR_INVALID_ARGUMENT 1
-
-#define FMHA_ERR_UNSUPPORTED 2
-
-#define FMHA_ERR_DEVICE_RUNTIME 3
-
-#define FMHA_ERR_OUT_OF_MEMORY 4
-
-#define FMHA_ERR_WORKSPACE_TOO_SMALL 5
-
-#define FMHA_ERR_WORKSPACE_NOT_PREPARED 6
-
-#define FMHA_ERR_NO_DEVICE 7
-
-#define FMHA_ERR_NULL_POINTER 8
-
-#define FMHA_ERR_INTERNAL 9
-
-#define FMHA_ERR_ASYNC_FAILURE 10
 
 #ifdef __cplusplus
 extern "C" {

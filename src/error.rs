@@ -3,56 +3,42 @@
 //! The numeric values of [`Status`] are part of the ABI: they are never renumbered, new codes are only
 //! appended.
 
+use crate::abi_values::*;
 use std::ffi::CStr;
 use std::fmt;
 
-/// Result codes returned by every exported function (`fmha_status` in C).
-#[repr(i32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Status {
-    /// Success.
-    Ok = 0,
-    /// An argument is out of range or inconsistent with another one.
-    InvalidArgument = 1,
-    /// The request is valid but this build has no kernel instance (or feature) for it.
-    Unsupported = 2,
-    /// The device runtime (CUDA/HIP, or the host backend's emulation of it) reported an error.
-    DeviceRuntime = 3,
-    /// A device, pinned or host allocation failed.
-    OutOfMemory = 4,
-    /// The workspace passed to `run` is smaller than `workspace_size` requires.
-    WorkspaceTooSmall = 5,
-    /// The workspace was never prepared, or was prepared for other traits or sequence lengths.
-    WorkspaceNotPrepared = 6,
-    /// A GPU build runs on a machine without a usable device.
-    NoDevice = 7,
-    /// A required pointer argument is null.
-    NullPointer = 8,
-    /// A bug inside the library (a caught panic, a broken invariant).
-    Internal = 9,
-    /// An asynchronous step (a host function on a stream) failed; reported by the next call.
-    AsyncFailure = 10,
+abi_enum! {
+    /// Result codes returned by every exported function (`fmha_status` in C).
+    pub enum Status {
+        /// Success.
+        Ok = FMHA_OK => "ok",
+        /// An argument is out of range or inconsistent with another one.
+        InvalidArgument = FMHA_ERR_INVALID_ARGUMENT => "invalid argument",
+        /// The request is valid but this build has no kernel instance (or feature) for it.
+        Unsupported = FMHA_ERR_UNSUPPORTED => "unsupported",
+        /// The device runtime (CUDA/HIP, or the host backend's emulation of it) reported an error.
+        DeviceRuntime = FMHA_ERR_DEVICE_RUNTIME => "device runtime",
+        /// A device, pinned or host allocation failed.
+        OutOfMemory = FMHA_ERR_OUT_OF_MEMORY => "out of memory",
+        /// The workspace passed to `run` is smaller than `workspace_size` requires.
+        WorkspaceTooSmall = FMHA_ERR_WORKSPACE_TOO_SMALL => "workspace too small",
+        /// The workspace was never prepared, or was prepared for other traits or sequence lengths.
+        WorkspaceNotPrepared = FMHA_ERR_WORKSPACE_NOT_PREPARED => "workspace not prepared",
+        /// A GPU build runs on a machine without a usable device.
+        NoDevice = FMHA_ERR_NO_DEVICE => "no device",
+        /// A required pointer argument is null.
+        NullPointer = FMHA_ERR_NULL_POINTER => "null pointer",
+        /// A bug inside the library (a caught panic, a broken invariant).
+        Internal = FMHA_ERR_INTERNAL => "internal",
+        /// An asynchronous step (a host function on a stream) failed; reported by the next call.
+        AsyncFailure = FMHA_ERR_ASYNC_FAILURE => "async failure",
+    }
 }
 
 impl Status {
-    /// Every status, in numeric order.
-    pub const ALL: [Status; 11] = [
-        Status::Ok,
-        Status::InvalidArgument,
-        Status::Unsupported,
-        Status::DeviceRuntime,
-        Status::OutOfMemory,
-        Status::WorkspaceTooSmall,
-        Status::WorkspaceNotPrepared,
-        Status::NoDevice,
-        Status::NullPointer,
-        Status::Internal,
-        Status::AsyncFailure,
-    ];
-
     /// The status with this numeric value, if there is one.
     pub fn from_code(code: i32) -> Option<Status> {
-        Status::ALL.iter().copied().find(|s| *s as i32 == code)
+        Status::parse(code)
     }
 
     /// A short static description, NUL-terminated for `fmha_status_string`.

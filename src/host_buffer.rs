@@ -4,7 +4,10 @@
 //! sizes themselves are bounded where they are computed, e.g. `workspace::MAX_METADATA_BYTES`.)
 
 use crate::error::{Error, Result, Status};
-use crate::workspace::SECTION_ALIGNMENT;
+
+/// The start alignment of [`AlignedBytes`]: the workspace's metadata sections are read as 16-byte
+/// aligned structs (`workspace::SECTION_ALIGNMENT`).
+pub const ALIGNMENT: usize = 16;
 
 /// `len` copies of `value`, or `OutOfMemory` naming `field`.
 pub fn try_filled<T: Clone>(len: usize, value: T, field: &str) -> Result<Vec<T>> {
@@ -21,8 +24,7 @@ fn out_of_memory<T>(len: usize, field: &str) -> Error {
     )
 }
 
-/// A byte buffer whose start is [`SECTION_ALIGNMENT`]-aligned (metadata sections are read as aligned
-/// structs), filled with one byte value.
+/// A byte buffer whose start is [`ALIGNMENT`]-aligned, filled with one byte value.
 pub struct AlignedBytes {
     storage: Vec<u8>,
     offset: usize,
@@ -31,9 +33,9 @@ pub struct AlignedBytes {
 
 impl AlignedBytes {
     pub fn new(len: usize, fill: u8, field: &str) -> Result<AlignedBytes> {
-        let padded = len.checked_add(SECTION_ALIGNMENT).ok_or_else(|| out_of_memory::<u8>(len, field))?;
+        let padded = len.checked_add(ALIGNMENT).ok_or_else(|| out_of_memory::<u8>(len, field))?;
         let storage = try_filled(padded, fill, field)?;
-        let offset = storage.as_ptr().align_offset(SECTION_ALIGNMENT);
+        let offset = storage.as_ptr().align_offset(ALIGNMENT);
         Ok(AlignedBytes { storage, offset, len })
     }
 
@@ -63,7 +65,7 @@ mod tests {
     fn aligned_bytes_are_aligned_and_filled() {
         for len in [0, 1, 15, 16, 4097] {
             let mut b = AlignedBytes::new(len, 0xA5, "x").unwrap();
-            assert_eq!(b.as_slice().as_ptr() as usize % SECTION_ALIGNMENT, 0);
+            assert_eq!(b.as_slice().as_ptr() as usize % ALIGNMENT, 0);
             assert_eq!(b.as_mut_slice().len(), len);
             assert!(b.as_slice().iter().all(|&x| x == 0xA5));
         }

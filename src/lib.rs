@@ -13,14 +13,13 @@
 //! - [`registry`]: compiled kernel instances and their selection.
 //! - [`host_kernels`]: the host backend's kernels.
 
+pub mod abi_values;
 pub mod bwd;
 pub mod error;
 pub mod ffi;
 pub mod fwd;
 pub mod host_buffer;
-pub mod host_kernels;
-pub mod mask;
-pub mod overlap;
+pub mod launch;
 pub mod pinned;
 pub mod problem;
 pub mod reference;

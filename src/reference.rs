@@ -22,7 +22,7 @@
 //! gradients; `sq == 0` gives zero dK/dV.
 
 use crate::error::{ensure, Error, Result};
-use crate::mask::{Mask, ResolvedMask};
+use crate::problem::mask::{Mask, ResolvedMask};
 use crate::problem::Dtype;
 
 /// How the reference computes; see the module documentation.
@@ -234,7 +234,7 @@ impl RefProblem {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mask::MaskType;
+    use crate::problem::mask::MaskType;
 
     /// splitmix64, seeded from the clock (or `FMHA_TEST_SEED`); the seed is in every failure message.
     use crate::test_rng::Rng;

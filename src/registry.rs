@@ -55,14 +55,15 @@ const AMD_MAX_INPUT_ROW_STRIDE: i64 = 1 << 24;
 impl Instance {
     /// Refuses tensors the instance cannot address with its vector loads, naming the field.
     pub fn check_tensor(&self, field: &str, tensor: &crate::problem::Tensor, element_bytes: usize) -> Result<()> {
-        if self.vector_bytes == 0 || tensor.ptr == 0 {
+        let ptr = tensor.ptr.0;
+        if self.vector_bytes == 0 || ptr == 0 {
             return Ok(());
         }
         let elements = (self.vector_bytes / element_bytes) as i64;
-        if tensor.ptr % self.vector_bytes != 0 {
+        if ptr % self.vector_bytes != 0 {
             return Err(Error::unsupported(format!(
                 "{field}.data: {:#x} is not {}-byte aligned, which the {} kernels need",
-                tensor.ptr,
+                ptr,
                 self.vector_bytes,
                 self.arch.name()
             )));
@@ -369,7 +370,12 @@ mod tests {
 
     #[test]
     fn amd_instances_refuse_input_rows_they_cannot_address() {
-        let tensor = |row_stride| crate::problem::Tensor { ptr: 0, batch_stride: 0, head_stride: 0, row_stride };
+        let tensor = |row_stride| crate::problem::Tensor {
+            ptr: crate::runtime::DeviceAddr(0),
+            batch_stride: 0,
+            head_stride: 0,
+            row_stride,
+        };
         let amd = &gpu_instances(Arch::Gfx950, Operation::Backward, &GFX950_BACKWARD_TILES, "mfma_lds")[0];
         amd.check_input_rows("do", &tensor((1 << 24) - 8)).unwrap();
         let e = amd.check_input_rows("do", &tensor(1 << 24)).unwrap_err();

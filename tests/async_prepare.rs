@@ -11,7 +11,7 @@ use fmha::ffi::backward::*;
 use fmha::ffi::pinned::*;
 use fmha::ffi::runtime::*;
 use fmha::ffi::status::*;
-use fmha::mask::{Mask, MaskType};
+use fmha::problem::mask::{Mask, MaskType};
 use fmha::runtime::Stream;
 use std::collections::HashSet;
 use std::ffi::c_void;
@@ -607,7 +607,8 @@ fn prepare_async_returns_long_before_a_busy_stream_gets_to_it() {
         bwd.poison(&case);
         let started = Instant::now();
         for _ in 0..repeats {
-            fmha::runtime::launch::fill_u32(busy as usize, 7, words, Stream(stream as usize)).unwrap();
+            fmha::launch::fill_u32(fmha::runtime::DevicePtr::new(busy as usize), 7, words, Stream(stream as usize))
+                .unwrap();
         }
         let queued = Instant::now();
         ok(launcher.prepare_async(&fwd, stream, method));

@@ -9,7 +9,7 @@ use fmha::ffi::attention::*;
 use fmha::ffi::backward::*;
 use fmha::ffi::runtime::*;
 use fmha::ffi::status::*;
-use fmha::mask::{Mask, MaskType};
+use fmha::problem::mask::{Mask, MaskType};
 use std::ffi::c_void;
 use std::ptr::{null, null_mut};
 

@@ -5,7 +5,7 @@
 mod common;
 
 use common::attention::{check_backward, check_backward_modes, Case, Dtype, PreparedLauncher, Rng};
-use fmha::mask::{Mask, MaskType};
+use fmha::problem::mask::{Mask, MaskType};
 
 /// CK's `smoke_test_bwd.sh` shapes: (batch, nhead_q, nhead_k, seqlen_q, seqlen_k, mask).
 fn smoke_shapes() -> Vec<(usize, usize, usize, usize, usize, Mask)> {

@@ -9,7 +9,7 @@ fn check(case: &Case, rng: &mut Rng) {
         check_forward(case, rng);
     }
 }
-use fmha::mask::{Mask, MaskType};
+use fmha::problem::mask::{Mask, MaskType};
 
 fn masks() -> Vec<Mask> {
     vec![

@@ -10,7 +10,7 @@ use fmha::ffi::backward::*;
 use fmha::ffi::pinned::*;
 use fmha::ffi::runtime::*;
 use fmha::ffi::status::*;
-use fmha::mask::{Mask, MaskType};
+use fmha::problem::mask::{Mask, MaskType};
 use fmha::runtime::Stream;
 use std::collections::HashSet;
 use std::ffi::c_void;

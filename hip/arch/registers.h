@@ -1,11 +1,15 @@
-// Register-class hints, and the host/device qualifier for code that also compiles for the CPU.
+// Register-class hints, and the qualifiers of code that also compiles as plain CPU code (the CPU twins
+// of src/launch/cpu_twin.rs): FMHA_HOST_DEVICE for functions both sides call, FMHA_DEVICE for device
+// functions (which the CPU build compiles as ordinary functions).
 #pragma once
 
 #if defined(__CUDACC__) || defined(__HIP__)
 #include "arch/platform.h"
 #define FMHA_HOST_DEVICE __host__ __device__
+#define FMHA_DEVICE __device__
 #else
 #define FMHA_HOST_DEVICE
+#define FMHA_DEVICE
 #endif
 
 namespace fmha {

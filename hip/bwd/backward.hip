@@ -2,10 +2,9 @@
 // convert_dq, on one stream. Only what changes the dq_dk_dv inner loop is compiled per instance: the
 // element type, the head-dim bucket, masked or not, and atomic or deterministic dQ.
 #include "arch/platform.h"
-#include "bwd/bwd_params.h"
+#include "launch.h"
 #include "bwd/convert_dq.h"
 #include "bwd/dot_do_o.h"
-#include "launch.h"
 
 #if defined(FMHA_PLATFORM_NVIDIA)
 #include "bwd/dq_dk_dv_kernel.h"

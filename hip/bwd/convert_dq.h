@@ -6,7 +6,7 @@
 
 #include "arch/convert.h"
 #include "arch/thread.h"
-#include "bwd/bwd_params.h"
+#include "launch.h"
 #include "bwd/schedule.h"
 #include "bwd/workspace_view.h"
 #include "common/sequence.h"

@@ -7,7 +7,7 @@
 
 #include "arch/convert.h"
 #include "arch/thread.h"
-#include "bwd/bwd_params.h"
+#include "launch.h"
 #include "bwd/workspace_view.h"
 #include "common/sequence.h"
 

@@ -20,7 +20,7 @@
 #include "arch/nvidia/tensor_core.h"
 #include "arch/nvidia/warpgroup.h"
 #include "arch/thread.h"
-#include "bwd/bwd_params.h"
+#include "launch.h"
 #include "bwd/unit_walk.h"
 #include "common/kept_range.h"
 

@@ -29,7 +29,7 @@
 #include "arch/amd/matrix_core.h"
 #include "arch/registers.h"
 #include "arch/thread.h"
-#include "bwd/bwd_params.h"
+#include "launch.h"
 #include "bwd/unit_walk.h"
 #include "common/kept_range.h"
 

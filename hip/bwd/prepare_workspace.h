@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 #include "arch/registers.h"
-#include "bwd/prepare_params.h"
+#include "launch.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the workspace metadata is little-endian and this port stores native 32-bit words"
@@ -150,8 +150,8 @@ FMHA_HOST_DEVICE inline bool in_range(int64_t v, int64_t lo, int64_t hi) { retur
 // Whether the WorkspaceParams fields are in the ranges `WorkspaceLayout::new` accepts.
 FMHA_HOST_DEVICE inline bool params_in_range(const fmha_prepare_params& p) {
   return in_range(p.group_mode, 0, 1) && in_range(p.deterministic, 0, 1) && in_range(p.remap, 0, 1) &&
-         in_range(p.batch, 0, kInt32Max) && in_range(p.nhead_q, 1, kInt32Max) &&
-         in_range(p.hdim_q, 1, kInt32Max) && in_range(p.seqlen_q, 0, kInt32Max) &&
+         in_range(p.batch, 0, kInt32Max) && in_range(p.nhead_k, 1, kInt32Max) &&
+         in_range(p.row_elements, 1, kInt32Max) && in_range(p.seqlen_q, 0, kInt32Max) &&
          in_range(p.seqlen_k, 0, kInt32Max) && in_range(p.max_seqlen_k, 0, kInt32Max) &&
          in_range(p.m0, 1, kInt32Max) && in_range(p.n0, 1, kInt32Max) && in_range(p.num_cus, 1, kInt32Max);
 }
@@ -234,8 +234,8 @@ FMHA_HOST_DEVICE inline uint64_t fingerprint_of_params(const fmha_prepare_params
   h = absorb(h, static_cast<uint64_t>(p.group_mode));
   h = absorb(h, static_cast<uint64_t>(p.deterministic));
   h = absorb(h, static_cast<uint64_t>(p.batch));
-  h = absorb(h, static_cast<uint64_t>(p.nhead_q));
-  h = absorb(h, static_cast<uint64_t>(p.hdim_q));
+  h = absorb(h, static_cast<uint64_t>(p.nhead_k));
+  h = absorb(h, static_cast<uint64_t>(p.row_elements));
   h = absorb(h, static_cast<uint64_t>(p.seqlen_q));
   h = absorb(h, static_cast<uint64_t>(p.seqlen_k));
   h = absorb(h, static_cast<uint64_t>(p.max_seqlen_k));
@@ -259,7 +259,7 @@ FMHA_HOST_DEVICE inline void write_header(uint8_t* region, uint64_t fingerprint)
 // ---------------------------------------------------------------------------------------------------
 // Batch mode (§4.1).
 
-// `BatchPersistent::new`: `batch * nhead_q` heads of `ceil(seqlen_k / n0)` K tiles (jobs) cut into
+// `BatchPersistent::new`: `batch * nhead_k` kv heads of `ceil(seqlen_k / n0)` K tiles (jobs) cut into
 // `num_cus` contiguous runs of `jobs_per_worker`, and the split slots per (batch, head) that needs.
 struct BatchPersistent {
   int64_t jobs_per_head, jobs_per_worker, total_jobs, nsplits;
@@ -269,7 +269,7 @@ struct BatchPersistent {
 FMHA_HOST_DEVICE inline bool batch_persistent(const fmha_prepare_params& p, BatchPersistent* plan) {
   const int64_t jobs_per_head = ceil_div(p.seqlen_k, p.n0);
   int64_t heads = 0, total = 0;
-  if (!checked_mul(p.batch, p.nhead_q, &heads) || !checked_mul(heads, jobs_per_head, &total)) return false;
+  if (!checked_mul(p.batch, p.nhead_k, &heads) || !checked_mul(heads, jobs_per_head, &total)) return false;
   const int64_t jobs_per_worker = ceil_div(total, p.num_cus);
   plan->jobs_per_head = jobs_per_head;
   plan->jobs_per_worker = jobs_per_worker;
@@ -293,21 +293,10 @@ FMHA_HOST_DEVICE inline bool batch_persistent(const fmha_prepare_params& p, Batc
 // ---------------------------------------------------------------------------------------------------
 // Group mode, deterministic: the persistent table (§4.2).
 
-// The group table's records (schedule.rs CuState, 32 bytes; BatchState, 16 bytes).
-struct CuState {
-  int64_t w_lo;
-  int64_t w_hi;
-  int32_t ibatch;
-  int32_t isplit;
-  int32_t head_start;
-  int32_t c_start;
-};
-
-struct BatchState {
-  int32_t sq;
-  int32_t nc;
-  int32_t nsplits;
-};
+// The group table's records (launch.h, generated from src/schedule/records.rs).
+using CuState = fmha_cu_state;
+using BatchState = fmha_batch_state;
+static_assert(sizeof(CuState) == kCuStateBytes && sizeof(BatchState) == kBatchStateBytes, "record sizes");
 
 FMHA_HOST_DEVICE inline void write_nsplits(uint8_t* region, const fmha_prepare_params& p, int64_t b, int32_t v) {
   store_i32(region, p.nsplits_offset + kNsplitsBytes * b, v);
@@ -414,7 +403,7 @@ FMHA_HOST_DEVICE inline void write_no_keys_table(uint8_t* region, const fmha_pre
   for (int64_t b = 0; b < p.batch; ++b) {
     write_nsplits(region, p, b, 1);
     write_dq_acc_offset(region, p, b, 0);
-    write_batch_state(region, p, b, BatchState{0, 0, 1});
+    write_batch_state(region, p, b, BatchState{0, 0, 1, 0});
   }
   write_dq_acc_offset(region, p, p.batch, 0);
   for (int64_t c = 0; c < p.num_cus; ++c) {
@@ -422,14 +411,14 @@ FMHA_HOST_DEVICE inline void write_no_keys_table(uint8_t* region, const fmha_pre
   }
 }
 
-// Total work `sum_b nhead_q * nc_b * sqw_b`; false where Rust fails (a weight or the sum overflows).
+// Total work `sum_b nhead_k * nc_b * sqw_b`; false where Rust fails (a weight or the sum overflows).
 FMHA_HOST_DEVICE inline bool total_work(const int32_t* q, const int32_t* k, const fmha_prepare_params& p,
                                         int64_t* total) {
   *total = 0;
   for (int64_t b = 0; b < p.batch; ++b) {
     BatchWork w;
     int64_t batch_total = 0;
-    if (!batch_work(q, k, b, p, &w) || !checked_mul(p.nhead_q, w.hw, &batch_total) ||
+    if (!batch_work(q, k, b, p, &w) || !checked_mul(p.nhead_k, w.hw, &batch_total) ||
         !checked_add(*total, batch_total, total)) {
       return false;
     }
@@ -465,7 +454,7 @@ FMHA_HOST_DEVICE inline bool write_group_table(uint8_t* region, const fmha_prepa
   }
   int64_t total_w = 0;
   if (!total_work(q, k, p, &total_w)) return false;
-  // Some batch has keys, so total_w >= nhead_q * m0 >= 1.
+  // Some batch has keys, so total_w >= nhead_k * m0 >= 1.
   const int64_t target = ceil_div(total_w, p.num_cus);
 
   CuStateWriter cus{region, p};
@@ -474,7 +463,7 @@ FMHA_HOST_DEVICE inline bool write_group_table(uint8_t* region, const fmha_prepa
   for (int64_t b = 0; b < p.batch; ++b) {
     BatchWork w;
     batch_work(q, k, b, p, &w);  // cannot fail: total_work checked every batch
-    const int64_t pb_next = pb + p.nhead_q * w.hw;
+    const int64_t pb_next = pb + p.nhead_k * w.hw;
     const int64_t cu_hi = min_i64(p.num_cus, ceil_div(pb_next, target));
     int64_t ns = 1;
     // The logical CUs whose raw start lies in this batch; none when it has no work, so hw > 0 inside.
@@ -487,11 +476,11 @@ FMHA_HOST_DEVICE inline bool write_group_table(uint8_t* region, const fmha_prepa
     cu_lo = cu_hi;
     write_nsplits(region, p, b, static_cast<int32_t>(ns));
     write_batch_state(region, p, b,
-                      BatchState{static_cast<int32_t>(w.sqw), static_cast<int32_t>(w.nc), static_cast<int32_t>(ns)});
+                      BatchState{static_cast<int32_t>(w.sqw), static_cast<int32_t>(w.nc), static_cast<int32_t>(ns), 0});
     // dq_acc holds the physical rows (sq), not the rounded work weight.
     int64_t block = 0;
-    if (!checked_mul(p.nhead_q, ns, &block) || !checked_mul(block, w.sq, &block) ||
-        !checked_mul(block, p.hdim_q, &block) || !checked_add(offset, block, &offset)) {
+    if (!checked_mul(p.nhead_k, ns, &block) || !checked_mul(block, w.sq, &block) ||
+        !checked_mul(block, p.row_elements, &block) || !checked_add(offset, block, &offset)) {
       return false;
     }
     write_dq_acc_offset(region, p, b + 1, offset);
@@ -516,13 +505,13 @@ FMHA_HOST_DEVICE inline bool write_tables(uint8_t* region, const fmha_prepare_pa
   if (group_persistent(p)) return write_group_table(region, p, q, k);
   if (p.group_mode != 0) {
     write_nsplits(region, p, 0, 1);
-    return SizeProduct().times(4).times(p.nhead_q).times(q[p.batch]).times(p.hdim_q).fits;
+    return SizeProduct().times(4).times(p.nhead_k).times(q[p.batch]).times(p.row_elements).fits;
   }
   BatchPersistent plan = {0, 0, 0, 1};
   if (p.deterministic != 0 && !batch_persistent(p, &plan)) return false;
   const int64_t splits = plan.nsplits;
   write_nsplits(region, p, 0, static_cast<int32_t>(splits));
-  return SizeProduct().times(4).times(p.batch).times(p.nhead_q).times(splits).times(p.seqlen_q).times(p.hdim_q).fits;
+  return SizeProduct().times(4).times(p.batch).times(p.nhead_k).times(splits).times(p.seqlen_q).times(p.row_elements).fits;
 }
 
 // Writes the metadata region `[region, region + p.metadata_bytes)`: header, sections, zeros everywhere

@@ -23,13 +23,13 @@ __global__ void __launch_bounds__(1) prepare_workspace_kernel(uint8_t* workspace
 
 }  // namespace fmha
 
-extern "C" int32_t fmha_hip_prepare_workspace(void* workspace, const int32_t* seqstart_q, const int32_t* seqstart_k,
-                                              const fmha_prepare_params* params_host, void* stream) {
+extern "C" int32_t fmha_hip_prepare_workspace(const fmha_prepare_args* args, void* stream) {
   // hipErrorInvalidValue / cudaErrorInvalidValue: nothing to launch on.
   constexpr int32_t kInvalidValue = 1;
-  if (workspace == nullptr || params_host == nullptr) return kInvalidValue;
+  if (args == nullptr || args->workspace == 0) return kInvalidValue;
   fmha::prepare_workspace_kernel<<<dim3(1), dim3(1), 0, static_cast<hipStream_t>(stream)>>>(
-      static_cast<uint8_t*>(workspace), seqstart_q, seqstart_k, *params_host);
+      reinterpret_cast<uint8_t*>(args->workspace), reinterpret_cast<const int32_t*>(args->seqstart_q),
+      reinterpret_cast<const int32_t*>(args->seqstart_k), args->params);
   return static_cast<int32_t>(hipGetLastError());
 }
 

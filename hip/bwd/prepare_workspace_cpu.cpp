@@ -5,13 +5,14 @@
 
 #include <stddef.h>
 
-// Writes the metadata region described by `params` into `metadata` (`len` bytes, at least
-// `params->metadata_bytes`). Returns 0, or the fmha_status of the failure: the region is then all zeros
-// (nothing is written when `metadata` is too small, null, or `params` are not a valid layout's).
-extern "C" int32_t fmha_cpu_prepare_workspace(uint8_t* metadata, size_t len, const int32_t* seqstart_q,
-                                              const int32_t* seqstart_k, const fmha_prepare_params* params) {
+// Writes the metadata region described by `args->params` at the host address `args->workspace`
+// (`params.metadata_bytes` bytes). Returns 0, or the fmha_status of the failure: the region is then all
+// zeros (nothing is written when the workspace is null or the params are not a valid layout's).
+extern "C" int32_t fmha_cpu_prepare_workspace(const fmha_prepare_args* args, void* /*unused*/) {
   using namespace fmha::prepare;
-  if (metadata == nullptr || params == nullptr) return kNullPointer;
-  if (params->metadata_bytes < 0 || static_cast<uint64_t>(params->metadata_bytes) > len) return kWorkspaceTooSmall;
-  return prepare_metadata(metadata, seqstart_q, seqstart_k, *params);
+  if (args == nullptr || args->workspace == 0) return kNullPointer;
+  if (args->params.metadata_bytes < 0) return kWorkspaceTooSmall;
+  return prepare_metadata(reinterpret_cast<uint8_t*>(args->workspace),
+                          reinterpret_cast<const int32_t*>(args->seqstart_q),
+                          reinterpret_cast<const int32_t*>(args->seqstart_k), args->params);
 }

@@ -18,11 +18,11 @@ struct WorkUnit {
 
 // schedule.rs `interleaved_tile`: 0, n-1, 1, n-2, ... so that consecutive units mix cheap and expensive
 // tiles of a causal mask.
-__device__ inline int64_t interleaved_tile(int64_t t, int64_t n) { return t % 2 == 0 ? t / 2 : n - 1 - t / 2; }
+FMHA_DEVICE inline int64_t interleaved_tile(int64_t t, int64_t n) { return t % 2 == 0 ? t / 2 : n - 1 - t / 2; }
 
 // `BatchPersistent::jobs` of workgroup `worker`: calls `run(unit)` for each unit, in order.
 template <typename Run>
-__device__ inline void for_each_batch_job(const fmha_bwd_params& p, int64_t worker, bool masked, Run&& run) {
+FMHA_DEVICE inline void for_each_batch_job(const fmha_bwd_params& p, int64_t worker, bool masked, Run&& run) {
   const int64_t jph = p.jobs_per_head, jpw = p.jobs_per_worker;
   const int64_t begin = worker * jpw;
   const int64_t end = begin + jpw < p.total_jobs ? begin + jpw : p.total_jobs;
@@ -43,7 +43,7 @@ __device__ inline void for_each_batch_job(const fmha_bwd_params& p, int64_t work
 }
 
 // `BatchPersistent::splits_used`: the split slots of a head that some worker writes, 0..n.
-__device__ inline int64_t batch_splits_used(const fmha_bwd_params& p, int64_t flat_head) {
+FMHA_DEVICE inline int64_t batch_splits_used(const fmha_bwd_params& p, int64_t flat_head) {
   const int64_t first = flat_head * p.jobs_per_head;
   const int64_t end = first + p.jobs_per_head < p.total_jobs ? first + p.jobs_per_head : p.total_jobs;
   if (first >= end) return 0;
@@ -51,7 +51,7 @@ __device__ inline int64_t batch_splits_used(const fmha_bwd_params& p, int64_t fl
 }
 
 // `WorkspaceLayout::summed_splits`: the slots of batch b, kv head hk that convert_dq sums.
-__device__ inline int32_t summed_splits(const fmha_bwd_params& p, const DqAccBlock& acc, int32_t b, int32_t hk) {
+FMHA_DEVICE inline int32_t summed_splits(const fmha_bwd_params& p, const DqAccBlock& acc, int32_t b, int32_t hk) {
   if (p.group_mode || !p.deterministic) return acc.nsplits;
   return static_cast<int32_t>(batch_splits_used(p, int64_t(b) * p.nhead_k + hk));
 }
@@ -59,7 +59,7 @@ __device__ inline int32_t summed_splits(const fmha_bwd_params& p, const DqAccBlo
 // `group_jobs` of workgroup `cu`: walk chunks from the CU's start while the position is below w_hi; a
 // new head restarts at split 0.
 template <typename Run>
-__device__ inline void for_each_group_job(const fmha_bwd_params& p, int32_t cu, bool masked, Run&& run) {
+FMHA_DEVICE inline void for_each_group_job(const fmha_bwd_params& p, int32_t cu, bool masked, Run&& run) {
   const CuState s = cu_state(p, cu);
   int64_t w = s.w_lo;
   int32_t b = s.ibatch, h = s.head_start, c = s.c_start, split = s.isplit;

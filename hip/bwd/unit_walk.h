@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #include "arch/thread.h"
-#include "bwd/bwd_params.h"
+#include "launch.h"
 #include "bwd/schedule.h"
 #include "bwd/workspace_view.h"
 #include "common/sequence.h"

@@ -5,40 +5,33 @@
 
 #include <stdint.h>
 
-#include "arch/platform.h"
 #include "arch/registers.h"
-#include "bwd/bwd_params.h"
 #include "bwd/prepare_workspace.h"
+#include "launch.h"
 
 namespace fmha {
 
-// CuState and BatchState of schedule.rs (the 32- and 16-byte records of the metadata region).
-struct CuState {
-  int64_t w_lo, w_hi;
-  int32_t ibatch, isplit, head_start, c_start;
-};
+// The metadata region's records (launch.h, generated from src/schedule/records.rs).
+using CuState = fmha_cu_state;
+using BatchState = fmha_batch_state;
 
-struct BatchState {
-  int32_t sq, nc, nsplits, pad;
-};
-
-__device__ inline const uint8_t* metadata(const fmha_bwd_params& p) {
+FMHA_DEVICE inline const uint8_t* metadata(const fmha_bwd_params& p) {
   return reinterpret_cast<const uint8_t*>(p.workspace);
 }
 
-__device__ inline float* dq_acc_region(const fmha_bwd_params& p) {
+FMHA_DEVICE inline float* dq_acc_region(const fmha_bwd_params& p) {
   return reinterpret_cast<float*>(p.workspace + static_cast<uint64_t>(p.metadata_bytes));
 }
 
 // Whether the header says "prepared" (the first stage clears it when the fingerprint disagrees with
 // the run's seqstarts, so every later stage of the run, and later runs, see "not prepared").
-__device__ inline bool workspace_prepared(const fmha_bwd_params& p) {
+FMHA_DEVICE inline bool workspace_prepared(const fmha_bwd_params& p) {
   return *reinterpret_cast<const volatile uint32_t*>(metadata(p)) == prepare::kMagic;
 }
 
 // One thread: the fingerprint of the run's seqstarts against the header; on disagreement the header
 // is cleared, so that nothing of this run is computed from metadata made for other sequences.
-__device__ inline void check_workspace_fingerprint(const fmha_bwd_params& p) {
+FMHA_DEVICE inline void check_workspace_fingerprint(const fmha_bwd_params& p) {
   uint8_t* region = reinterpret_cast<uint8_t*>(p.workspace);
   const int32_t* q = reinterpret_cast<const int32_t*>(p.seqstart_q);
   const int32_t* k = reinterpret_cast<const int32_t*>(p.seqstart_k);
@@ -49,19 +42,19 @@ __device__ inline void check_workspace_fingerprint(const fmha_bwd_params& p) {
   if (magic != prepare::kMagic || stored != h) *reinterpret_cast<uint32_t*>(region) = 0;
 }
 
-__device__ inline int32_t nsplits_of(const fmha_bwd_params& p, int32_t b) {
+FMHA_DEVICE inline int32_t nsplits_of(const fmha_bwd_params& p, int32_t b) {
   return reinterpret_cast<const int32_t*>(metadata(p) + p.nsplits_offset)[b];
 }
 
-__device__ inline int64_t dq_acc_offset(const fmha_bwd_params& p, int32_t b) {
+FMHA_DEVICE inline int64_t dq_acc_offset(const fmha_bwd_params& p, int32_t b) {
   return reinterpret_cast<const int64_t*>(metadata(p) + p.dq_acc_offsets_offset)[b];
 }
 
-__device__ inline CuState cu_state(const fmha_bwd_params& p, int32_t cu) {
+FMHA_DEVICE inline CuState cu_state(const fmha_bwd_params& p, int32_t cu) {
   return reinterpret_cast<const CuState*>(metadata(p) + p.cu_state_offset)[cu];
 }
 
-__device__ inline BatchState batch_state(const fmha_bwd_params& p, int32_t b) {
+FMHA_DEVICE inline BatchState batch_state(const fmha_bwd_params& p, int32_t b) {
   return reinterpret_cast<const BatchState*>(metadata(p) + p.batch_state_offset)[b];
 }
 
@@ -82,7 +75,7 @@ FMHA_HOST_DEVICE inline bool dq_acc_needs_zeroing(const fmha_bwd_params& p) {
   return !p.deterministic || p.group_mode || !kFirstUnitWritesSlot;
 }
 
-__device__ inline int64_t dq_acc_elements_to_zero(const fmha_bwd_params& p) {
+FMHA_DEVICE inline int64_t dq_acc_elements_to_zero(const fmha_bwd_params& p) {
   if (!dq_acc_needs_zeroing(p)) return 0;
   if (!(p.deterministic && p.group_mode)) return p.dq_acc_elements;
   const int64_t used = dq_acc_offset(p, p.batch);
@@ -95,12 +88,12 @@ struct DqAccBlock {
   int64_t base, rows, row_elements;
   int32_t nsplits;
 
-  __device__ int64_t index(int32_t head, int32_t split, int64_t row, int64_t col) const {
+  FMHA_DEVICE int64_t index(int32_t head, int32_t split, int64_t row, int64_t col) const {
     return base + ((int64_t(head) * nsplits + split) * rows + row) * row_elements + col;
   }
 };
 
-__device__ inline DqAccBlock dq_acc_block(const fmha_bwd_params& p, int32_t b) {
+FMHA_DEVICE inline DqAccBlock dq_acc_block(const fmha_bwd_params& p, int32_t b) {
   DqAccBlock a;
   const int64_t heads = p.nhead_k;
   a.row_elements = int64_t(p.nhead_q / p.nhead_k) * p.hdim_q;

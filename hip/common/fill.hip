@@ -19,12 +19,14 @@ __global__ void __launch_bounds__(kFillBlock) fill_u32_kernel(uint32_t* dst, uin
 
 }  // namespace fmha
 
-extern "C" int32_t fmha_hip_fill_u32(void* dst, uint32_t value, uint64_t count, void* stream) {
+extern "C" int32_t fmha_hip_fill_u32(const fmha_fill_params* args, void* stream) {
+  if (args == nullptr) return 1;  // hipErrorInvalidValue / cudaErrorInvalidValue
+  const uint64_t count = args->count;
   if (count == 0) return 0;
   uint64_t blocks = (count + fmha::kFillBlock - 1) / fmha::kFillBlock;
   if (blocks > fmha::kFillMaxBlocks) blocks = fmha::kFillMaxBlocks;
   fmha::fill_u32_kernel<<<dim3(uint32_t(blocks)), dim3(fmha::kFillBlock), 0, static_cast<hipStream_t>(stream)>>>(
-      static_cast<uint32_t*>(dst), value, count, blocks * fmha::kFillBlock);
+      reinterpret_cast<uint32_t*>(args->dst), args->value, count, blocks * fmha::kFillBlock);
   return static_cast<int32_t>(hipGetLastError());
 }
 

@@ -1,7 +1,6 @@
 // Forward kernel instances and their launch stub. Only what changes the inner loop is compiled per
 // instance: the element type, the head-dim bucket (which fixes the tile shapes) and masked or not.
 #include "arch/platform.h"
-#include "fwd/fwd_params.h"
 #include "launch.h"
 
 #if defined(FMHA_PLATFORM_NVIDIA)

@@ -15,7 +15,7 @@
 #include "arch/nvidia/warpgroup.h"
 #include "arch/thread.h"
 #include "common/sequence.h"
-#include "fwd/fwd_params.h"
+#include "launch.h"
 
 namespace fmha {
 

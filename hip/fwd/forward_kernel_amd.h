@@ -20,7 +20,7 @@
 #include "arch/thread.h"
 #include "common/kept_range.h"
 #include "common/sequence.h"
-#include "fwd/fwd_params.h"
+#include "launch.h"
 
 namespace fmha {
 

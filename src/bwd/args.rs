@@ -1,10 +1,11 @@
 //! The backward's runtime arguments and their validation against the launcher's traits.
 
-use super::kargs::BwdExtents;
 use super::traits::BwdTraits;
 use crate::error::{ensure, Result};
-use crate::mask::Mask;
+use crate::launch::BwdExtents;
+use crate::problem::mask::Mask;
 use crate::problem::{check_lse_layout, check_memory_overlap, check_sequence_arrays, Operand, Shape, Tensor};
+use crate::runtime::DevicePtr;
 
 /// Pointers, strides (elements), lengths and scalars of one backward call.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -19,13 +20,13 @@ pub struct BwdArgs {
     pub dq: Tensor,
     pub dk: Tensor,
     pub dv: Tensor,
-    pub workspace: usize,
+    pub workspace: DevicePtr<u8>,
     /// Bytes at `workspace`, or 0 when the caller did not say (checked against the launcher's size).
     pub workspace_size: usize,
-    pub seqstart_q: usize,
-    pub seqstart_k: usize,
-    pub seqlen_q_ptr: usize,
-    pub seqlen_k_ptr: usize,
+    pub seqstart_q: DevicePtr<i32>,
+    pub seqstart_k: DevicePtr<i32>,
+    pub seqlen_q_ptr: DevicePtr<i32>,
+    pub seqlen_k_ptr: DevicePtr<i32>,
     pub batch: i64,
     pub seqlen_q: i64,
     pub seqlen_k: i64,
@@ -110,7 +111,7 @@ impl BwdArgs {
             Operand::tensor("dq", &self.dq, m, with(q, s.hdim_q), 2, true)?,
             Operand::tensor("dk", &self.dk, m, with(k, s.hdim_q), 2, true)?,
             Operand::tensor("dv", &self.dv, m, with(k, s.hdim_v), 2, true)?,
-            Operand::bytes("workspace", self.workspace, workspace_bytes, true),
+            Operand::bytes("workspace", self.workspace.addr(), workspace_bytes, true),
         ])
     }
 
@@ -120,7 +121,7 @@ impl BwdArgs {
         check_lse_layout(&self.lse, "lse")?;
         check_lse_layout(&self.d, "d")?;
         for (name, t) in [("lse", &self.lse), ("d", &self.d)] {
-            ensure(t.ptr != 0 || s.seqlen_q == 0, &format!("{name}.data"), || "must not be null".into())?;
+            ensure(!t.ptr.is_null() || s.seqlen_q == 0, &format!("{name}.data"), || "must not be null".into())?;
         }
         Ok(BwdExtents {
             q: self.q.extent("q", m, b, s.nhead_q, s.seqlen_q, s.hdim_q, 2)?,

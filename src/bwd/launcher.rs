@@ -8,13 +8,13 @@
 //! and streams, and a workspace prepared by one launcher serves every launcher with the same traits.
 
 use super::args::BwdArgs;
-use super::kargs::BwdKargs;
 use super::traits::BwdTraits;
 use crate::error::{ensure, Error, Result, Status};
 use crate::host_buffer::AlignedBytes;
+use crate::launch::BwdKargs;
 use crate::problem::{Mode, Shape};
 use crate::registry::{Instance, Operation, Request};
-use crate::runtime::{self, Arch, CopyKind, Stream};
+use crate::runtime::{self, Arch, CopyKind, DevicePtr, Stream};
 use crate::schedule::XcdRemap;
 use crate::workspace::{self, WorkspaceLayout, WorkspaceParams, SECTION_ALIGNMENT};
 
@@ -38,8 +38,8 @@ pub fn workspace_params(traits: &BwdTraits, instance: &Instance, num_cus: i64, a
         group_mode: traits.mode == Mode::Group,
         deterministic: traits.deterministic,
         batch: traits.batch,
-        nhead_q: traits.nhead_k,
-        hdim_q: traits.hdim_q * group,
+        nhead_k: traits.nhead_k,
+        row_elements: traits.hdim_q * group,
         seqlen_q: traits.seqlen_q,
         seqlen_k: traits.seqlen_k,
         max_seqlen_k: traits.max_seqlen_k,
@@ -103,14 +103,15 @@ impl BwdLauncher {
     /// Checks a workspace argument: not null, [`SECTION_ALIGNMENT`]-aligned (the kernels read its
     /// sections as aligned structs), and — when the caller says how large it is (`bytes > 0`, or always
     /// with `size_required`) — at least [`workspace_size`](Self::workspace_size) bytes.
-    pub(crate) fn check_workspace(&self, workspace: usize, bytes: usize, size_required: bool) -> Result<()> {
-        if workspace == 0 {
+    pub(crate) fn check_workspace(&self, workspace: DevicePtr<u8>, bytes: usize, size_required: bool) -> Result<()> {
+        if workspace.is_null() {
             return Err(Error::null("workspace"));
         }
-        let misalign = workspace % SECTION_ALIGNMENT;
+        let address = workspace.addr().0;
+        let misalign = address % SECTION_ALIGNMENT;
         ensure(misalign == 0, "workspace", || {
             format!(
-                "{workspace:#x} is not {SECTION_ALIGNMENT}-byte aligned (address mod {SECTION_ALIGNMENT} = {misalign})"
+                "{address:#x} is not {SECTION_ALIGNMENT}-byte aligned (address mod {SECTION_ALIGNMENT} = {misalign})"
             )
         })?;
         let need = self.workspace_size();
@@ -148,7 +149,7 @@ impl BwdLauncher {
     /// Writes the metadata for these (host) sequence starts into the workspace and waits for the copy.
     pub fn prepare_workspace(
         &self,
-        workspace: usize,
+        workspace: DevicePtr<u8>,
         bytes: usize,
         seqstart_q: Option<&[i32]>,
         seqstart_k: Option<&[i32]>,
@@ -157,7 +158,7 @@ impl BwdLauncher {
         let metadata = self.metadata(seqstart_q, seqstart_k)?;
         let rt = runtime::current()?;
         let region = metadata.as_slice();
-        rt.memcpy(workspace, region.as_ptr() as usize, region.len(), CopyKind::HostToDevice)
+        rt.memcpy(workspace.addr().0, region.as_ptr() as usize, region.len(), CopyKind::HostToDevice)
     }
 
     /// Validates `args` against the traits and the prepared workspace, and enqueues the backward.
@@ -204,7 +205,7 @@ impl BwdLauncher {
             workspace: args.workspace,
             layout: self.layout,
         };
-        runtime::launch::backward(kargs, stream)
+        crate::launch::backward(&kargs, stream)
     }
 
     pub fn shape(&self) -> &Shape {

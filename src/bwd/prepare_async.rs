@@ -15,33 +15,31 @@
 //! stream's error, reported by its next synchronize.
 
 use super::launcher::BwdLauncher;
+use crate::abi_values::{abi_enum, FMHA_PREPARE_AUTO, FMHA_PREPARE_DEVICE, FMHA_PREPARE_HOST};
 use crate::error::{Error, Result, Status};
 use crate::host_buffer::{try_filled, AlignedBytes};
 use crate::pinned::{PinnedAllocator, PinnedStaging};
 use crate::problem::Mode;
 use crate::runtime::host::DeviceSlice;
-use crate::runtime::{self, CopyKind, Stream};
+use crate::runtime::{self, CopyKind, DevicePtr, Stream};
 use crate::workspace::{self, SECTION_ALIGNMENT};
 use std::sync::Arc;
 
-/// How `prepare_workspace_async` builds the metadata (`fmha_prepare_method`; values are ABI).
-#[repr(i32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PrepareMethod {
-    /// The device kernel.
-    Auto = 0,
-    Host = 1,
-    Device = 2,
+abi_enum! {
+    /// How `prepare_workspace_async` builds the metadata (`FMHA_PREPARE_*`).
+    pub enum PrepareMethod {
+        /// The device kernel.
+        Auto = FMHA_PREPARE_AUTO => "auto",
+        Host = FMHA_PREPARE_HOST => "host",
+        Device = FMHA_PREPARE_DEVICE => "device",
+    }
 }
 
 impl PrepareMethod {
     pub fn from_i32(value: i32) -> Result<PrepareMethod> {
-        match value {
-            0 => Ok(PrepareMethod::Auto),
-            1 => Ok(PrepareMethod::Host),
-            2 => Ok(PrepareMethod::Device),
-            _ => Err(Error::invalid("method", format!("{value} is not a prepare method (0 auto, 1 host, 2 device)"))),
-        }
+        PrepareMethod::parse(value).ok_or_else(|| {
+            Error::invalid("method", format!("{value} is not a prepare method ({})", PrepareMethod::choices()))
+        })
     }
 }
 
@@ -52,23 +50,23 @@ impl BwdLauncher {
     #[allow(clippy::too_many_arguments)]
     pub fn prepare_workspace_async(
         &self,
-        workspace: usize,
+        workspace: DevicePtr<u8>,
         bytes: usize,
-        seqstart_q: usize,
-        seqstart_k: usize,
+        seqstart_q: DevicePtr<i32>,
+        seqstart_k: DevicePtr<i32>,
         stream: Stream,
         allocator: Option<PinnedAllocator>,
         method: PrepareMethod,
     ) -> Result<()> {
         self.check_workspace(workspace, bytes, true)?;
-        self.check_prepare_seqstarts(seqstart_q != 0, seqstart_k != 0)?;
+        self.check_prepare_seqstarts(!seqstart_q.is_null(), !seqstart_k.is_null())?;
         let entries = self.seqstart_entries();
         for (field, array) in [("seqstart_q", seqstart_q), ("seqstart_k", seqstart_k)] {
-            crate::problem::check_device_array(array, entries, 4, field)?;
+            crate::problem::check_device_array(array, entries, field)?;
         }
         match method {
             PrepareMethod::Auto | PrepareMethod::Device => {
-                runtime::launch::prepare_workspace_device(self.layout(), workspace, seqstart_q, seqstart_k, stream)
+                crate::launch::prepare_workspace(self.layout(), workspace, seqstart_q, seqstart_k, stream)
             }
             PrepareMethod::Host => self.enqueue_host_prepare(
                 workspace,
@@ -90,9 +88,9 @@ impl BwdLauncher {
 
     fn enqueue_host_prepare(
         &self,
-        workspace: usize,
-        seqstart_q: usize,
-        seqstart_k: usize,
+        workspace: DevicePtr<u8>,
+        seqstart_q: DevicePtr<i32>,
+        seqstart_k: DevicePtr<i32>,
         stream: Stream,
         allocator: PinnedAllocator,
     ) -> Result<()> {
@@ -112,17 +110,19 @@ impl BwdLauncher {
             return Err(Error::invalid("allocator.allocate", "returned memory that is not 16-byte aligned"));
         }
         if entries > 0 {
-            rt.memcpy_async(base, seqstart_q, entries * 4, CopyKind::DeviceToHost, stream)?;
-            rt.memcpy_async(base + stride, seqstart_k, entries * 4, CopyKind::DeviceToHost, stream)?;
+            rt.memcpy_async(base, seqstart_q.addr().0, entries * 4, CopyKind::DeviceToHost, stream)?;
+            rt.memcpy_async(base + stride, seqstart_k.addr().0, entries * 4, CopyKind::DeviceToHost, stream)?;
         }
         let pack_staging = Arc::clone(&staging);
         rt.launch_host_func(
             stream,
             Box::new(move || {
-                let meta = DeviceSlice::<u8>::new(pack_staging.ptr() + meta_at, layout.metadata_bytes, "staging")?;
+                // Pinned host memory: addressable from this host function as host-backend device memory is.
+                let meta_ptr = DevicePtr::new(pack_staging.ptr() + meta_at);
+                let meta = DeviceSlice::<u8>::new(meta_ptr, layout.metadata_bytes, "staging")?;
                 let read = |at: usize, field: &str| -> Result<Vec<i32>> {
                     let mut values = try_filled(entries, 0i32, field)?;
-                    DeviceSlice::<i32>::new(at, entries, field)?.read_into(0, &mut values);
+                    DeviceSlice::<i32>::new(DevicePtr::new(at), entries, field)?.read_into(0, &mut values);
                     Ok(values)
                 };
                 let packed = || -> Result<AlignedBytes> {
@@ -153,7 +153,7 @@ impl BwdLauncher {
                 }
             }),
         )?;
-        rt.memcpy_async(workspace, base + meta_at, layout.metadata_bytes, CopyKind::HostToDevice, stream)?;
+        rt.memcpy_async(workspace.addr().0, base + meta_at, layout.metadata_bytes, CopyKind::HostToDevice, stream)?;
         // The staging buffer is released only after the stream consumed it: its last reference
         // belongs to a host function queued after the copy.
         let release = Arc::clone(&staging);

@@ -2,7 +2,7 @@
 //! workspace is sized for; `run` refuses args that disagree with it.
 
 use crate::error::{Error, Result};
-use crate::mask::{Mask, MaskType};
+use crate::problem::mask::{Mask, MaskType};
 use crate::problem::{require_no_dropout, BiasType, Dtype, Mode, Shape};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

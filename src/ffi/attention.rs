@@ -3,26 +3,17 @@
 use super::{boundary, flag, fmha_status, read_extensible, Extensible};
 use crate::error::{Error, Result};
 use crate::fwd::{FwdArgs, FwdTraits};
-use crate::mask::MaskType;
+use crate::problem::mask::MaskType;
 use crate::problem::{BiasType, Dtype, Mode, Tensor};
-use crate::runtime::Stream;
+use crate::runtime::{DeviceAddr, DevicePtr, Stream};
 use std::ffi::{c_char, c_void};
 
 use super::runtime::fmha_stream_t;
 
-/// `fmha_fwd_traits.dtype` / `fmha_bwd_traits.dtype`.
-pub const FMHA_DTYPE_FP16: i32 = 0;
-pub const FMHA_DTYPE_BF16: i32 = 1;
-/// `mask_type`: no mask; causal or sliding window aligned to the top-left corner; aligned to the
-/// bottom-right corner (flash-attn's causal). A window is `window_size_left/right` (-1 = unbounded);
-/// causal is left = -1, right = 0.
-pub const FMHA_MASK_NONE: i32 = 0;
-pub const FMHA_MASK_TOP_LEFT: i32 = 1;
-pub const FMHA_MASK_BOTTOM_RIGHT: i32 = 2;
-/// `bias_type` (only NONE is supported so far; others answer FMHA_ERR_UNSUPPORTED).
-pub const FMHA_BIAS_NONE: i32 = 0;
-pub const FMHA_BIAS_ELEMENTWISE: i32 = 1;
-pub const FMHA_BIAS_ALIBI: i32 = 2;
+pub use crate::abi_values::{
+    FMHA_BIAS_ALIBI, FMHA_BIAS_ELEMENTWISE, FMHA_BIAS_NONE, FMHA_DTYPE_BF16, FMHA_DTYPE_FP16, FMHA_MASK_BOTTOM_RIGHT,
+    FMHA_MASK_NONE, FMHA_MASK_TOP_LEFT,
+};
 
 /// A strided tensor `[batch][head][row][column]` in device memory, columns contiguous, strides in
 /// elements and non-negative (0 broadcasts an input along that dimension). In group (varlen) mode
@@ -43,7 +34,7 @@ pub struct fmha_tensor {
 impl fmha_tensor {
     pub(crate) fn to_tensor(self) -> Tensor {
         Tensor {
-            ptr: self.data as usize,
+            ptr: DeviceAddr(self.data as usize),
             batch_stride: self.batch_stride,
             head_stride: self.head_stride,
             row_stride: self.row_stride,
@@ -140,10 +131,10 @@ impl fmha_fwd_args {
             v: self.v.to_tensor(),
             o: self.o.to_tensor(),
             lse: self.lse.to_tensor(),
-            seqstart_q: self.seqstart_q as usize,
-            seqstart_k: self.seqstart_k as usize,
-            seqlen_q_ptr: self.seqlen_q_ptr as usize,
-            seqlen_k_ptr: self.seqlen_k_ptr as usize,
+            seqstart_q: DevicePtr::new(self.seqstart_q as usize),
+            seqstart_k: DevicePtr::new(self.seqstart_k as usize),
+            seqlen_q_ptr: DevicePtr::new(self.seqlen_q_ptr as usize),
+            seqlen_k_ptr: DevicePtr::new(self.seqlen_k_ptr as usize),
             batch: i64::from(self.batch),
             seqlen_q: i64::from(self.seqlen_q),
             seqlen_k: i64::from(self.seqlen_k),

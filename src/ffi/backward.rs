@@ -7,7 +7,7 @@ use super::{boundary, flag, fmha_status, read_extensible, read_slice, write_out,
 use crate::bwd::{launcher, BwdArgs, BwdLauncher, BwdTraits};
 use crate::error::{Error, Result};
 use crate::problem::{BiasType, Dtype, Mode};
-use crate::runtime::Stream;
+use crate::runtime::{DevicePtr, Stream};
 use std::ffi::c_void;
 use std::sync::Arc;
 
@@ -153,12 +153,12 @@ impl fmha_bwd_args {
             dq: self.dq.to_tensor(),
             dk: self.dk.to_tensor(),
             dv: self.dv.to_tensor(),
-            workspace: self.workspace as usize,
+            workspace: DevicePtr::new(self.workspace as usize),
             workspace_size: self.workspace_size,
-            seqstart_q: self.seqstart_q as usize,
-            seqstart_k: self.seqstart_k as usize,
-            seqlen_q_ptr: self.seqlen_q_ptr as usize,
-            seqlen_k_ptr: self.seqlen_k_ptr as usize,
+            seqstart_q: DevicePtr::new(self.seqstart_q as usize),
+            seqstart_k: DevicePtr::new(self.seqstart_k as usize),
+            seqlen_q_ptr: DevicePtr::new(self.seqlen_q_ptr as usize),
+            seqlen_k_ptr: DevicePtr::new(self.seqlen_k_ptr as usize),
             batch: i64::from(self.batch),
             seqlen_q: i64::from(self.seqlen_q),
             seqlen_k: i64::from(self.seqlen_k),
@@ -246,7 +246,7 @@ pub extern "C" fn fmha_bwd_launcher_prepare_workspace(
             }
         };
         let (q, k) = (optional(seqstart_q, "seqstart_q")?, optional(seqstart_k, "seqstart_k")?);
-        launcher.prepare_workspace(workspace as usize, workspace_size, q, k)
+        launcher.prepare_workspace(DevicePtr::new(workspace as usize), workspace_size, q, k)
     })
 }
 
@@ -283,10 +283,7 @@ pub extern "C" fn fmha_bwd_workspace_size_upper_bound(
     })
 }
 
-/// `fmha_bwd_launcher_prepare_workspace_async` methods.
-pub const FMHA_PREPARE_AUTO: i32 = 0;
-pub const FMHA_PREPARE_HOST: i32 = 1;
-pub const FMHA_PREPARE_DEVICE: i32 = 2;
+pub use crate::abi_values::{FMHA_PREPARE_AUTO, FMHA_PREPARE_DEVICE, FMHA_PREPARE_HOST};
 
 /// Prepares `workspace` (16-byte aligned) on `stream` and returns at once: nothing blocks the host,
 /// on the first call too. `seqstart_q/k` are the device arrays (group mode; NULL in batch mode).
@@ -322,10 +319,10 @@ pub extern "C" fn fmha_bwd_launcher_prepare_workspace_async(
             Some(super::pinned::CallerAllocator::new(&read_extensible(allocator, "allocator")?)?.into_allocator())
         };
         launcher.prepare_workspace_async(
-            workspace as usize,
+            DevicePtr::new(workspace as usize),
             workspace_size,
-            seqstart_q as usize,
-            seqstart_k as usize,
+            DevicePtr::new(seqstart_q as usize),
+            DevicePtr::new(seqstart_k as usize),
             Stream(stream as usize),
             allocator,
             method,

@@ -11,10 +11,7 @@ use std::ffi::c_void;
 /// a host-backend stream handle otherwise. NULL is the default stream.
 pub type fmha_stream_t = *mut c_void;
 
-/// `fmha_memcpy` directions.
-pub const FMHA_MEMCPY_HOST_TO_DEVICE: i32 = 1;
-pub const FMHA_MEMCPY_DEVICE_TO_HOST: i32 = 2;
-pub const FMHA_MEMCPY_DEVICE_TO_DEVICE: i32 = 3;
+pub use crate::abi_values::{FMHA_MEMCPY_DEVICE_TO_DEVICE, FMHA_MEMCPY_DEVICE_TO_HOST, FMHA_MEMCPY_HOST_TO_DEVICE};
 
 /// Allocates `bytes` of device memory into `*ptr` (256-byte aligned).
 #[no_mangle]
@@ -137,7 +134,7 @@ pub extern "C" fn fmha_device_synchronize() -> fmha_status {
 /// shapes, new modes) never load kernels. The host backend has nothing to load.
 #[no_mangle]
 pub extern "C" fn fmha_load_kernels() -> fmha_status {
-    boundary(crate::runtime::launch::load_kernel_modules)
+    boundary(crate::launch::load_kernels)
 }
 
 /// The number of compute units (SMs on NVIDIA, CUs on AMD, logical CUs on the host backend) that the

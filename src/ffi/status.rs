@@ -6,17 +6,11 @@ use std::ffi::c_char;
 /// Result of every fallible function (`FMHA_OK` = 0). Values are fixed and never renumbered.
 pub type fmha_status = i32;
 
-pub const FMHA_OK: fmha_status = 0;
-pub const FMHA_ERR_INVALID_ARGUMENT: fmha_status = 1;
-pub const FMHA_ERR_UNSUPPORTED: fmha_status = 2;
-pub const FMHA_ERR_DEVICE_RUNTIME: fmha_status = 3;
-pub const FMHA_ERR_OUT_OF_MEMORY: fmha_status = 4;
-pub const FMHA_ERR_WORKSPACE_TOO_SMALL: fmha_status = 5;
-pub const FMHA_ERR_WORKSPACE_NOT_PREPARED: fmha_status = 6;
-pub const FMHA_ERR_NO_DEVICE: fmha_status = 7;
-pub const FMHA_ERR_NULL_POINTER: fmha_status = 8;
-pub const FMHA_ERR_INTERNAL: fmha_status = 9;
-pub const FMHA_ERR_ASYNC_FAILURE: fmha_status = 10;
+pub use crate::abi_values::{
+    FMHA_ERR_ASYNC_FAILURE, FMHA_ERR_DEVICE_RUNTIME, FMHA_ERR_INTERNAL, FMHA_ERR_INVALID_ARGUMENT, FMHA_ERR_NO_DEVICE,
+    FMHA_ERR_NULL_POINTER, FMHA_ERR_OUT_OF_MEMORY, FMHA_ERR_UNSUPPORTED, FMHA_ERR_WORKSPACE_NOT_PREPARED,
+    FMHA_ERR_WORKSPACE_TOO_SMALL, FMHA_OK,
+};
 
 /// A static, NUL-terminated description of `status` ("unknown status" for values that are not codes).
 #[no_mangle]

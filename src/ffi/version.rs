@@ -3,9 +3,7 @@
 use crate::runtime::ACTIVE_BACKEND;
 use std::ffi::c_char;
 
-pub const FMHA_BACKEND_HOST: i32 = 0;
-pub const FMHA_BACKEND_CUDA: i32 = 1;
-pub const FMHA_BACKEND_ROCM: i32 = 2;
+pub use crate::abi_values::{FMHA_BACKEND_CUDA, FMHA_BACKEND_HOST, FMHA_BACKEND_ROCM};
 
 /// The library version as a static string, e.g. "0.1.0".
 #[no_mangle]

@@ -1,14 +1,15 @@
 //! The forward's runtime arguments and their validation against the traits.
 
-use super::kargs::{FwdExtents, FwdKargs};
 use super::traits::FwdTraits;
 use crate::error::Result;
-use crate::mask::Mask;
+use crate::launch::{FwdExtents, FwdKargs};
+use crate::problem::mask::Mask;
 use crate::problem::{
     check_lse_layout, check_memory_overlap, check_sequence_arrays, require_no_dropout, Operand, Shape, Tensor,
 };
 use crate::registry::{Operation, Request};
 use crate::runtime::Arch;
+use crate::runtime::DevicePtr;
 
 /// Pointers, strides (elements) and lengths of one forward call.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -18,10 +19,10 @@ pub struct FwdArgs {
     pub v: Tensor,
     pub o: Tensor,
     pub lse: Tensor,
-    pub seqstart_q: usize,
-    pub seqstart_k: usize,
-    pub seqlen_q_ptr: usize,
-    pub seqlen_k_ptr: usize,
+    pub seqstart_q: DevicePtr<i32>,
+    pub seqstart_k: DevicePtr<i32>,
+    pub seqlen_q_ptr: DevicePtr<i32>,
+    pub seqlen_k_ptr: DevicePtr<i32>,
     pub batch: i64,
     pub seqlen_q: i64,
     pub seqlen_k: i64,
@@ -58,7 +59,7 @@ impl FwdArgs {
             k: self.k.extent("k", mode, b, shape.nhead_k, shape.seqlen_k, shape.hdim_q, 2)?,
             v: self.v.extent("v", mode, b, shape.nhead_k, shape.seqlen_k, shape.hdim_v, 2)?,
             o: self.o.extent("o", mode, b, shape.nhead_q, shape.seqlen_q, shape.hdim_v, 2)?,
-            lse: if self.lse.ptr == 0 {
+            lse: if self.lse.ptr.is_null() {
                 0
             } else {
                 check_lse_layout(&self.lse, "lse")?;
@@ -72,7 +73,7 @@ impl FwdArgs {
             Operand::tensor("v", &self.v, mode, (b, shape.nhead_k, k_rows, shape.hdim_v), 2, false)?,
             Operand::tensor("o", &self.o, mode, (b, shape.nhead_q, q_rows, shape.hdim_v), 2, true)?,
         ];
-        if self.lse.ptr != 0 {
+        if !self.lse.ptr.is_null() {
             operands.push(Operand::tensor("lse", &self.lse, mode, (b, shape.nhead_q, q_rows, 1), 4, true)?);
         }
         check_memory_overlap(&operands)?;

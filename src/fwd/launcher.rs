@@ -9,5 +9,5 @@ use crate::runtime::{self, Stream};
 pub fn run(traits: &FwdTraits, args: &FwdArgs, stream: Stream) -> Result<()> {
     let rt = runtime::current()?;
     let kargs = args.validate(traits, rt.arch()?)?;
-    runtime::launch::forward(kargs, stream)
+    crate::launch::forward(&kargs, stream)
 }

@@ -1,6 +1,6 @@
 //! The forward dispatch key.
 
-use crate::mask::MaskType;
+use crate::problem::mask::MaskType;
 use crate::problem::{BiasType, Dtype, Mode};
 
 /// What selects the forward kernel.

@@ -436,7 +436,8 @@ impl<T: Copy> DeviceSlice<T> {
     /// A view of `len` elements at `ptr`. The launcher that builds it has validated that the tensor's
     /// extent (from its shape and strides) is what the caller described; like a GPU kernel, the view
     /// trusts that description. Null or misaligned pointers are refused here.
-    pub fn new(ptr: usize, len: usize, field: &str) -> Result<Self> {
+    pub fn new(ptr: super::DevicePtr<T>, len: usize, field: &str) -> Result<Self> {
+        let ptr = ptr.addr().0;
         if len > 0 && ptr == 0 {
             return Err(Error::null(field));
         }

@@ -1,30 +1,34 @@
-//! The device runtime behind one trait, with one implementation per backend.
+//! The device runtime behind one trait, with one implementation per backend: memory, streams, host
+//! functions, events and device properties. The bottom layer: it imports nothing of the library but
+//! its error type.
 //!
 //! Only this module (and `ffi/`) contains `unsafe` code. Everything above it talks to [`Runtime`]
-//! through plain integers: device pointers and stream handles are `usize` values, so that launchers,
-//! schedulers and the C ABI layer stay free of raw-pointer juggling.
+//! through plain values: device addresses are [`DeviceAddr`] / [`DevicePtr`], stream handles
+//! [`Stream`], so that launchers, schedulers and the C ABI layer stay free of raw-pointer juggling.
 
 #[cfg(all(feature = "cuda", feature = "rocm"))]
 compile_error!("features `cuda` and `rocm` are mutually exclusive: build one GPU backend at a time");
 
 #[cfg(feature = "cuda")]
 mod cuda;
+pub mod foreign;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 pub mod gpu;
 pub mod host;
-pub mod launch;
 #[cfg(feature = "rocm")]
 mod rocm;
 
+use crate::abi_values::*;
 use crate::error::{Error, Result};
+use std::marker::PhantomData;
 
-/// Which backend this build was compiled with (`fmha_backend()`; values are ABI).
-#[repr(i32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BackendKind {
-    Host = 0,
-    Cuda = 1,
-    Rocm = 2,
+abi_enum! {
+    /// Which backend this build was compiled with (`fmha_backend()`, `FMHA_BACKEND_*`).
+    pub enum BackendKind {
+        Host = FMHA_BACKEND_HOST => "host",
+        Cuda = FMHA_BACKEND_CUDA => "cuda",
+        Rocm = FMHA_BACKEND_ROCM => "rocm",
+    }
 }
 
 /// The backend selected at compile time.
@@ -69,26 +73,82 @@ impl Arch {
     }
 }
 
-/// Direction of a copy (`fmha_memcpy_kind`; values are ABI).
-#[repr(i32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CopyKind {
-    HostToDevice = 1,
-    DeviceToHost = 2,
-    DeviceToDevice = 3,
+abi_enum! {
+    /// Direction of a copy (`FMHA_MEMCPY_*`).
+    pub enum CopyKind {
+        HostToDevice = FMHA_MEMCPY_HOST_TO_DEVICE => "host to device",
+        DeviceToHost = FMHA_MEMCPY_DEVICE_TO_HOST => "device to host",
+        DeviceToDevice = FMHA_MEMCPY_DEVICE_TO_DEVICE => "device to device",
+    }
 }
 
 impl CopyKind {
     pub fn from_i32(v: i32) -> Result<CopyKind> {
-        match v {
-            1 => Ok(CopyKind::HostToDevice),
-            2 => Ok(CopyKind::DeviceToHost),
-            3 => Ok(CopyKind::DeviceToDevice),
-            _ => Err(Error::invalid(
-                "kind",
-                format!("{v} is not a copy kind (1 = host to device, 2 = device to host, 3 = device to device)"),
-            )),
-        }
+        CopyKind::parse(v)
+            .ok_or_else(|| Error::invalid("kind", format!("{v} is not a copy kind ({})", CopyKind::choices())))
+    }
+}
+
+/// A device address: device memory on GPU builds, host memory on the host backend. 0 is null.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct DeviceAddr(pub usize);
+
+impl DeviceAddr {
+    pub const NULL: DeviceAddr = DeviceAddr(0);
+
+    pub fn is_null(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The address `bytes` further (callers have checked that the range fits the address space).
+    pub fn offset(self, bytes: usize) -> DeviceAddr {
+        DeviceAddr(self.0.wrapping_add(bytes))
+    }
+
+    /// This address as the start of an array of `T`.
+    pub fn cast<T>(self) -> DevicePtr<T> {
+        DevicePtr::new(self.0)
+    }
+}
+
+/// The device address of an array of `T`: seqstarts are `DevicePtr<i32>`, a workspace `DevicePtr<u8>`,
+/// so the addresses of different things cannot be swapped by accident.
+pub struct DevicePtr<T> {
+    addr: DeviceAddr,
+    _of: PhantomData<fn() -> T>,
+}
+
+impl<T> DevicePtr<T> {
+    pub const NULL: DevicePtr<T> = DevicePtr::new(0);
+
+    pub const fn new(addr: usize) -> DevicePtr<T> {
+        DevicePtr { addr: DeviceAddr(addr), _of: PhantomData }
+    }
+
+    pub fn addr(self) -> DeviceAddr {
+        self.addr
+    }
+
+    pub fn is_null(self) -> bool {
+        self.addr.is_null()
+    }
+}
+
+impl<T> Clone for DevicePtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for DevicePtr<T> {}
+impl<T> PartialEq for DevicePtr<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.addr == other.addr
+    }
+}
+impl<T> Eq for DevicePtr<T> {}
+impl<T> std::fmt::Debug for DevicePtr<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DevicePtr<{}>({:#x})", std::any::type_name::<T>(), self.addr.0)
     }
 }
 

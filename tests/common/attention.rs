@@ -8,7 +8,7 @@ use fmha::ffi::attention::*;
 use fmha::ffi::backward::{fmha_bwd_args, fmha_bwd_traits};
 use fmha::ffi::runtime::*;
 use fmha::ffi::status::*;
-use fmha::mask::Mask;
+use fmha::problem::mask::Mask;
 use fmha::reference::{Precision, RefProblem};
 use std::ffi::c_void;
 use std::ptr::null_mut;
@@ -544,7 +544,7 @@ fn supported(case: &Case, operation: fmha::registry::Operation) -> bool {
         dtype: case.dtype,
         hdim_q: case.hdim_q as i64,
         hdim_v: case.hdim_v as i64,
-        masked: case.mask.kind != fmha::mask::MaskType::None,
+        masked: case.mask.kind != fmha::problem::mask::MaskType::None,
         deterministic: case.deterministic,
     };
     let supported = fmha::registry::select(rt.arch().unwrap(), &request).is_ok();

@@ -174,8 +174,8 @@ static bool prepare_workspace(const Problem& pr, Workspace& w, const std::vector
   fmha_prepare_params& p = w.pp;
   memset(&p, 0, sizeof p);
   p.group_mode = c.group, p.deterministic = c.deterministic, p.batch = pr.batch;
-  p.nhead_q = c.nhead_k;
-  p.hdim_q = int64_t(pr.group_size) * c.hdim_q;
+  p.nhead_k = c.nhead_k;
+  p.row_elements = int64_t(pr.group_size) * c.hdim_q;
   p.seqlen_q = c.group ? pr.q_rows : c.sq[0];
   p.seqlen_k = c.group ? pr.k_rows : c.sk[0];
   p.max_seqlen_k = c.group ? pr.max_sk_physical : c.sk[0];
@@ -195,7 +195,7 @@ static bool prepare_workspace(const Problem& pr, Workspace& w, const std::vector
   if (!prepare::batch_persistent(p, &w.plan)) return false;
   const int64_t splits = !c.deterministic ? 1 : (c.group ? (p.max_seqlen_k + p.n0 - 1) / p.n0 : w.plan.nsplits);
   const int64_t total_q = c.group ? p.seqlen_q : b * p.seqlen_q;
-  w.dq_acc_elements = p.nhead_q * splits * total_q * p.hdim_q;
+  w.dq_acc_elements = p.nhead_k * splits * total_q * p.row_elements;
   w.bytes.assign(size_t(p.metadata_bytes) + 4 * size_t(w.dq_acc_elements), 0);
   // dq_acc poisoned: what convert_dq reads must have been zeroed or written by the run.
   for (size_t i = size_t(p.metadata_bytes); i < w.bytes.size(); i += 4) memcpy(&w.bytes[i], "\xff\xff\xff\x7f", 4);

@@ -1,12 +1,27 @@
 //! The deterministic persistent partition of the backward `dq_dk_dv` work (spec `ck_fmha_bwd.md` §4).
 //!
-//! A work unit is one K tile of `n0` key rows of one (batch, q-head). In deterministic mode exactly
-//! `num_cus` workgroups run; each walks a fixed list of units, and every dQ contribution goes to a split
-//! slot `dq_acc[b][h][split]` that only that workgroup writes, in order, so the fp32 sums are
-//! reproducible; `convert_dq` then adds the splits in index order. This module computes those lists on
-//! the host (and, by the same arithmetic, is what the device-side prepare kernel mirrors).
+//! A work unit is one K tile of `n0` key rows of one (batch, kv head); it loops over the query heads
+//! of its kv head, so dK/dV are reduced over the GQA group inside the unit. In deterministic mode
+//! exactly `num_cus` workgroups run; each walks a fixed list of units, and every dQ contribution goes
+//! to a split slot `dq_acc[b][kv head][split]` that only that workgroup writes, in order, so the fp32
+//! sums are reproducible; `convert_dq` then adds the splits in index order. This module computes those
+//! lists on the host; `hip/bwd/schedule.h` walks them on the device and `hip/bwd/prepare_workspace.h`
+//! builds the group-mode table by the same arithmetic (the tests compare all three).
 //!
 //! All arithmetic is i64: total work positions exceed i32 for long varlen batches with many heads.
+//!
+//! Glossary (CK's names, kept so the code can be read next to CK's):
+//! - *job*: a work unit; `jph` jobs per head (`ceil(sk / n0)` K tiles), `jpw` jobs per worker;
+//! - *chunk* `c`: a K tile of one (batch, kv head) in group mode; `nc` chunks per kv head;
+//! - `sqw`: a chunk's work weight, its q rows rounded up to `m0` (`m0` for an empty batch);
+//! - `hw`: work per kv head, `nc * sqw`; `pb`: the work position where batch `b` starts;
+//! - `w`, `[w_lo, w_hi)`: positions on the global work line, and a workgroup's range of it;
+//! - `ibatch`, `head_start`, `c_start`, `isplit`: where a workgroup starts (batch, kv head, chunk,
+//!   split slot); *split*: a dq_acc slot of one (batch, kv head) written by one workgroup only.
+
+mod records;
+
+pub use records::{BatchState, CuState};
 
 use crate::error::{ensure, Error, Result};
 
@@ -60,12 +75,12 @@ fn at_least(value: i64, min: i64, field: &str) -> Result<()> {
     ensure(value >= min, field, || format!("{value} must be >= {min}"))
 }
 
-/// Batch-mode persistent schedule (§4.1): `total_jobs = batch * nhead_q * jobs_per_head` units in
+/// Batch-mode persistent schedule (§4.1): `total_jobs = batch * nhead_k * jobs_per_head` units in
 /// (batch, head, tile) order are cut into `workers` contiguous runs of `jobs_per_worker`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct BatchPersistent {
     pub batch: i64,
-    pub nhead_q: i64,
+    pub nhead_k: i64,
     /// `ceil(seqlen_k / n0)`.
     pub jobs_per_head: i64,
     pub total_jobs: i64,
@@ -78,16 +93,16 @@ pub struct BatchPersistent {
 }
 
 impl BatchPersistent {
-    /// The schedule for `batch × nhead_q` heads of `seqlen_k` keys on `num_workers` workgroups.
+    /// The schedule for `batch × nhead_k` heads of `seqlen_k` keys on `num_workers` workgroups.
     /// `seqlen_k == 0` (or no heads) gives no jobs and `nsplits = 1`, where CK would divide by zero.
-    pub fn new(batch: i64, nhead_q: i64, seqlen_k: i64, n0: i64, num_workers: i64) -> Result<Self> {
+    pub fn new(batch: i64, nhead_k: i64, seqlen_k: i64, n0: i64, num_workers: i64) -> Result<Self> {
         at_least(batch, 0, "batch")?;
-        at_least(nhead_q, 1, "nhead_q")?;
+        at_least(nhead_k, 1, "nhead_k")?;
         at_least(seqlen_k, 0, "seqlen_k")?;
         at_least(n0, 1, "n0")?;
         at_least(num_workers, 1, "num_cus")?;
         let jph = ceil_div(seqlen_k, n0);
-        let total = mul(mul(batch, nhead_q, "batch")?, jph, "seqlen_k")?;
+        let total = mul(mul(batch, nhead_k, "batch")?, jph, "seqlen_k")?;
         let jpw = ceil_div(total, num_workers);
         let nsplits = if total == 0 {
             1
@@ -100,7 +115,7 @@ impl BatchPersistent {
         };
         Ok(BatchPersistent {
             batch,
-            nhead_q,
+            nhead_k,
             jobs_per_head: jph,
             total_jobs: total,
             jobs_per_worker: jpw,
@@ -126,8 +141,8 @@ impl BatchPersistent {
             let (flat_head, t) = (job / s.jobs_per_head, job % s.jobs_per_head);
             let split = if flat_head == first_head { first_split } else { 0 };
             WorkUnit {
-                batch: flat_head / s.nhead_q,
-                head: flat_head % s.nhead_q,
+                batch: flat_head / s.nhead_k,
+                head: flat_head % s.nhead_k,
                 k_tile: if masked { interleaved_tile(t, s.jobs_per_head) } else { t },
                 split,
                 first_in_slot: job == begin || t == 0,
@@ -135,7 +150,7 @@ impl BatchPersistent {
         })
     }
 
-    /// How many split slots of head `flat_head` (`batch * nhead_q + head`) some worker writes: the
+    /// How many split slots of head `flat_head` (`batch * nhead_k + head`) some worker writes: the
     /// worker covering the head's first job uses split 0, and each worker starting inside the head
     /// the next id (their offsets are `jpw` apart, the first in `(0, jpw]`), so the written slots are
     /// exactly `0..splits_used`. The others may hold anything; convert_dq sums only these.
@@ -203,35 +218,6 @@ fn xcd_shape(ncu: i64) -> (i64, i64) {
     (ceil_div(ncu, 8), tall)
 }
 
-/// Where one workgroup starts and stops in group mode (CK's `FmhaBwdGroupPersistentCuState`, 32 bytes).
-///
-/// Work positions are the global chunk starts `pos(b, h, c) = pb_b + h * hw_b + c * sqw_b`; the
-/// workgroup runs the chunks with positions in `[w_lo, w_hi)`, starting at (`ibatch`, `head_start`,
-/// `c_start`) with split `isplit`. `ibatch == batch` marks an idle workgroup.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[repr(C, align(16))]
-pub struct CuState {
-    pub w_lo: i64,
-    pub w_hi: i64,
-    pub ibatch: i32,
-    pub isplit: i32,
-    pub head_start: i32,
-    pub c_start: i32,
-}
-
-/// Per-batch schedule constants (CK's `FmhaBwdBatchState`, 16 bytes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[repr(C, align(16))]
-pub struct BatchState {
-    /// Work weight of one chunk: `sq` rounded up to `m0`, or `m0` when `sq == 0` (such a batch still
-    /// has units: they store zero dK/dV).
-    pub sq: i32,
-    /// K tiles per head, `ceil(sk / n0)`.
-    pub nc: i32,
-    pub nsplits: i32,
-    pub pad: i32,
-}
-
 /// Where [`build_group_table`] writes; every slice must have exactly the stated length.
 #[derive(Debug)]
 pub struct GroupTableOut<'a> {
@@ -285,7 +271,7 @@ fn batch_work(seqstart_q: &[i32], seqstart_k: &[i32], b: usize, m0: i64, n0: i64
 /// Builds the group-mode persistent table (§4.2, CK gen C's scratch-free routine) and returns the
 /// dq_acc bytes used (`4 * offsets[batch]`).
 ///
-/// The total work `Σ_b nhead_q * nc_b * sqw_b` is cut into `num_cus` ranges of `target` positions;
+/// The total work `Σ_b nhead_k * nc_b * sqw_b` is cut into `num_cus` ranges of `target` positions;
 /// each logical CU starts at the first whole chunk at or after its raw start. Ranges chain
 /// (`w_hi` of logical CU `c` = `w_lo` of `c + 1`), so they partition all chunk positions. A CU that
 /// starts at raw offset `wc > 0` inside a head uses split `ceil(wc / max(sqw, target))`, clamped to
@@ -294,8 +280,8 @@ fn batch_work(seqstart_q: &[i32], seqstart_k: &[i32], b: usize, m0: i64, n0: i64
 pub fn build_group_table(
     seqstart_q: &[i32],
     seqstart_k: &[i32],
-    nhead_q: i64,
-    hdim_q: i64,
+    nhead_k: i64,
+    row_elements: i64,
     m0: i64,
     n0: i64,
     num_cus: i64,
@@ -308,8 +294,8 @@ pub fn build_group_table(
     ensure(batch <= i64::from(i32::MAX), "batch", || format!("{batch} exceeds the 32-bit work table"))?;
     check_seqstart("seqstart_q", seqstart_q, batch)?;
     check_seqstart("seqstart_k", seqstart_k, batch)?;
-    ensure((1..=i64::from(i32::MAX)).contains(&nhead_q), "nhead_q", || format!("{nhead_q} out of range"))?;
-    at_least(hdim_q, 1, "hdim_q")?;
+    ensure((1..=i64::from(i32::MAX)).contains(&nhead_k), "nhead_k", || format!("{nhead_k} out of range"))?;
+    at_least(row_elements, 1, "row_elements")?;
     at_least(m0, 1, "m0")?;
     at_least(n0, 1, "n0")?;
     at_least(num_cus, 1, "num_cus")?;
@@ -336,10 +322,10 @@ pub fn build_group_table(
     for b in 0..nb {
         let w = batch_work(seqstart_q, seqstart_k, b, m0, n0)?;
         total_w = total_w
-            .checked_add(mul(nhead_q, w.hw, "nhead_q")?)
+            .checked_add(mul(nhead_k, w.hw, "nhead_k")?)
             .ok_or_else(|| Error::invalid("seqstart_k", "total work overflows 64-bit arithmetic"))?;
     }
-    // Some batch has sk > 0, so total_w >= nhead_q * m0 >= 1.
+    // Some batch has sk > 0, so total_w >= nhead_k * m0 >= 1.
     let target = ceil_div(total_w, num_cus);
 
     // Writes CU `c`'s state at its workgroup id and closes the previous CU's range at its start.
@@ -358,7 +344,7 @@ pub fn build_group_table(
     out.offsets[0] = 0;
     for b in 0..nb {
         let w = batch_work(seqstart_q, seqstart_k, b, m0, n0)?;
-        let pb_next = pb + nhead_q * w.hw;
+        let pb_next = pb + nhead_k * w.hw;
         let cu_hi = num_cus.min(ceil_div(pb_next, target));
         let mut ns = 1i64;
         // The logical CUs whose raw start c * target lies in this batch. The range is empty when the
@@ -393,7 +379,7 @@ pub fn build_group_table(
         out.nsplits[b] = ns as i32;
         out.batch_state[b] = BatchState { sq: w.sqw as i32, nc: w.nc as i32, nsplits: ns as i32, pad: 0 };
         // dq_acc holds physical rows (sq), not the rounded work weight.
-        let block = mul(mul(mul(nhead_q, ns, "nhead_q")?, w.sq, "seqstart_q")?, hdim_q, "hdim_q")?;
+        let block = mul(mul(mul(nhead_k, ns, "nhead_k")?, w.sq, "seqstart_q")?, row_elements, "row_elements")?;
         out.offsets[b + 1] = out.offsets[b]
             .checked_add(block)
             .ok_or_else(|| Error::invalid("seqstart_q", "dq_acc size overflows 64-bit arithmetic"))?;
@@ -418,7 +404,7 @@ pub fn build_group_table(
 pub fn group_jobs<'a>(
     cu: &CuState,
     batch_state: &'a [BatchState],
-    nhead_q: i64,
+    nhead_k: i64,
     masked: bool,
 ) -> impl Iterator<Item = WorkUnit> + 'a {
     let (mut w, w_hi) = (cu.w_lo, cu.w_hi);
@@ -429,7 +415,7 @@ pub fn group_jobs<'a>(
         if b >= batch_state.len() || w >= w_hi {
             return None;
         }
-        if h >= nhead_q {
+        if h >= nhead_k {
             h = 0;
             b += 1;
             continue;
@@ -617,7 +603,7 @@ mod tests {
         let s = BatchPersistent::new(0, 8, 100, 128, 304).unwrap();
         assert_eq!((s.total_jobs, s.nsplits), (0, 1));
         assert!(BatchPersistent::new(1, 1, 1, 128, 0).unwrap_err().message.starts_with("num_cus"));
-        assert!(BatchPersistent::new(1, 0, 1, 128, 8).unwrap_err().message.starts_with("nhead_q"));
+        assert!(BatchPersistent::new(1, 0, 1, 128, 8).unwrap_err().message.starts_with("nhead_k"));
     }
 
     /// Owned storage for one group table.

@@ -6,7 +6,7 @@ use super::sequence::Sequences;
 use super::tensor_view::TensorView;
 use super::tile_math::{axpy, dot, scale};
 use crate::error::Result;
-use crate::fwd::FwdKargs;
+use crate::launch::FwdKargs;
 use crate::problem::Element;
 
 /// Runs the whole forward grid on up to `cu_count` threads.
@@ -17,7 +17,7 @@ pub fn run<E: Element>(k: &FwdKargs, cu_count: i64) -> Result<()> {
     let kt = TensorView::<E>::new(k.k, k.extents.k, mode, "k")?;
     let v = TensorView::<E>::new(k.v, k.extents.v, mode, "v")?;
     let o = TensorView::<E>::new(k.o, k.extents.o, mode, "o")?;
-    let lse = if k.lse.ptr == 0 { None } else { Some(TensorView::<f32>::new(k.lse, k.extents.lse, mode, "lse")?) };
+    let lse = if k.lse.ptr.is_null() { None } else { Some(TensorView::<f32>::new(k.lse, k.extents.lse, mode, "lse")?) };
     let seqs = Sequences::new(s, k.seqstart_q, k.seqstart_k, k.seqlen_q_ptr, k.seqlen_k_ptr)?;
     let (m0, n0) = (k.instance.m0, k.instance.n0);
     let q_tiles = ((s.max_seqlen_q + m0 - 1) / m0).max(1) as usize;

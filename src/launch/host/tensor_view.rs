@@ -13,7 +13,7 @@ pub struct TensorView<T> {
 
 impl<T: Copy> TensorView<T> {
     pub fn new(layout: Tensor, extent: usize, mode: Mode, field: &str) -> Result<Self> {
-        Ok(TensorView { data: DeviceSlice::new(layout.ptr, extent, field)?, layout, mode })
+        Ok(TensorView { data: DeviceSlice::new(layout.ptr.cast(), extent, field)?, layout, mode })
     }
 
     /// Element offset of column 0 of `(batch, head, physical row)`.

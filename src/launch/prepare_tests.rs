@@ -1,13 +1,15 @@
 //! The C++ workspace prepare (`hip/bwd/prepare_workspace.h`, run by the device-side prepare kernel)
 //! against the Rust one: byte-identical regions for random valid inputs in every mode, an all-zero
 //! region with the same status wherever the Rust prepare fails, and the stream-ordered
-//! `prepare_workspace_device` path end to end.
+//! `launch::prepare_workspace` path end to end.
 
-use super::{prepare_workspace_cpu, prepare_workspace_cpu_status, prepare_workspace_device};
+use super::abi::PrepareParams;
+use super::cpu_twin;
 use crate::host_buffer::AlignedBytes;
+use crate::runtime::DevicePtr;
 use crate::runtime::{current, BackendKind, CopyKind, ACTIVE_BACKEND};
 use crate::schedule::XcdRemap;
-use crate::workspace::{prepare_metadata, PrepareParams, WorkspaceLayout, WorkspaceParams};
+use crate::workspace::{prepare_metadata, WorkspaceLayout, WorkspaceParams};
 use crate::Status;
 
 /// splitmix64, seeded from the clock (or `FMHA_TEST_SEED`); the seed is in every failure message.
@@ -79,8 +81,8 @@ fn random_case(rng: &mut Rng, group_mode: bool, deterministic: bool) -> Case {
         group_mode,
         deterministic,
         batch,
-        nhead_q: pick_or_range(rng, &[1, 2, 3, 8, 16, 64], 1, 64),
-        hdim_q: pick_or_range(rng, &[8, 64, 128, 256], 8, 256),
+        nhead_k: pick_or_range(rng, &[1, 2, 3, 8, 16, 64], 1, 64),
+        row_elements: pick_or_range(rng, &[8, 64, 128, 256], 8, 256),
         seqlen_q,
         seqlen_k,
         max_seqlen_k,
@@ -138,7 +140,7 @@ fn cpu_prepare_matches_rust_bytes() {
         let layout = WorkspaceLayout::new(p).unwrap_or_else(|e| panic!("{ctx}: {e}"));
         let (q, k) = case.seqstarts();
         let rust = rust_region(&layout, q, k).unwrap_or_else(|e| panic!("{ctx}: {e}"));
-        let (status, cpp) = prepare_workspace_cpu_status(&layout, q, k);
+        let (status, cpp) = cpu_twin::prepare_workspace(&layout, q, k);
         assert_eq!(status, 0, "{ctx}");
         assert!(cpp == rust, "{ctx}: {}", first_difference(&layout, &cpp, &rust));
         per_mode[mode] += 1;
@@ -176,10 +178,10 @@ fn corrupt(rng: &mut Rng, case: &mut Case) -> &'static str {
 
 fn assert_refused(layout: &WorkspaceLayout, q: Option<&[i32]>, k: Option<&[i32]>, ctx: &str) {
     let rust = rust_region(layout, q, k).expect_err(ctx);
-    let (status, cpp) = prepare_workspace_cpu_status(layout, q, k);
+    let (status, cpp) = cpu_twin::prepare_workspace(layout, q, k);
     assert_eq!(status, rust.status as i32, "{ctx}: Rust says {rust}");
     assert!(cpp.iter().all(|&b| b == 0), "{ctx}: C++ left a non-zero region ({rust})");
-    assert_eq!(prepare_workspace_cpu(layout, q, k), cpp, "{ctx}");
+    assert_eq!(cpu_twin::prepare_workspace(layout, q, k).1, cpp, "{ctx}");
 }
 
 /// Invalid seqstarts: the Rust prepare fails, the C++ one writes all zeros and the same status.
@@ -253,8 +255,8 @@ fn cpu_prepare_overflows_like_rust() {
         group_mode: true,
         deterministic: true,
         batch: 1,
-        nhead_q: 1,
-        hdim_q: 8,
+        nhead_k: 1,
+        row_elements: 8,
         seqlen_q: 0,
         seqlen_k: 0,
         max_seqlen_k: 0,
@@ -276,23 +278,23 @@ fn cpu_prepare_overflows_like_rust() {
         // offsets[1] = 2^20 * (2^31 - 128) * hdim; times 4 passes i64::MAX with hdim 1025, not with 1023.
         (
             "4 * dq_acc offsets overflow",
-            group(WorkspaceParams { nhead_q: 1 << 20, hdim_q: 1025, ..base }, i32::MAX - 127, 1),
+            group(WorkspaceParams { nhead_k: 1 << 20, row_elements: 1025, ..base }, i32::MAX - 127, 1),
             false,
         ),
         (
             "4 * dq_acc offsets just fit",
-            group(WorkspaceParams { nhead_q: 1 << 20, hdim_q: 1023, ..base }, i32::MAX - 127, 1),
+            group(WorkspaceParams { nhead_k: 1 << 20, row_elements: 1023, ..base }, i32::MAX - 127, 1),
             true,
         ),
         // nhead * nc * sqw = (2^31 - 1)^3 with n0 = 1 and sqw = m0 (no q rows, so dq_acc is empty).
-        ("total work overflows", group(WorkspaceParams { nhead_q: max, n0: 1, m0: max, ..base }, 0, i32::MAX), false),
+        ("total work overflows", group(WorkspaceParams { nhead_k: max, n0: 1, m0: max, ..base }, 0, i32::MAX), false),
     ];
     for (what, (p, q, k), ok) in cases {
         let layout = WorkspaceLayout::new(&p).unwrap_or_else(|e| panic!("{what}: {e}"));
         let (q, k) = (Some(&q[..]), Some(&k[..]));
         if ok {
             let rust = rust_region(&layout, q, k).unwrap_or_else(|e| panic!("{what}: {e}"));
-            assert!(prepare_workspace_cpu(&layout, q, k) == rust, "{what}");
+            assert!(cpu_twin::prepare_workspace(&layout, q, k).1 == rust, "{what}");
         } else {
             assert_refused(&layout, q, k, what);
         }
@@ -305,7 +307,7 @@ fn cpu_prepare_overflows_like_rust() {
     let p = WorkspaceParams {
         group_mode: false,
         batch: max,
-        nhead_q: max,
+        nhead_k: max,
         seqlen_k: 2,
         max_seqlen_k: 2,
         n0: 1,
@@ -316,16 +318,15 @@ fn cpu_prepare_overflows_like_rust() {
     assert_refused(&layout, None, None, "batch-mode dq_acc size overflows");
 }
 
-/// The Rust mirror has the C struct's size and field order.
+/// The prepare's parameter block carries the layout's sections.
 #[test]
-fn prepare_params_mirror_the_c_struct() {
-    assert_eq!((std::mem::size_of::<PrepareParams>(), std::mem::align_of::<PrepareParams>()), (21 * 8, 8));
+fn prepare_params_carry_the_layout() {
     let p = WorkspaceParams {
         group_mode: true,
         deterministic: true,
         batch: 3,
-        nhead_q: 4,
-        hdim_q: 64,
+        nhead_k: 4,
+        row_elements: 64,
         seqlen_q: 10,
         seqlen_k: 20,
         max_seqlen_k: 9,
@@ -348,7 +349,7 @@ fn prepare_params_mirror_the_c_struct() {
     assert_eq!([pp.nsplits_count, pp.dq_acc_offsets_count, pp.cu_state_count, pp.batch_state_count], [3, 4, 5, 3]);
 }
 
-/// `prepare_workspace_device` on a stream: the region is `prepare_metadata`'s, the dq_acc region after
+/// `launch::prepare_workspace` on a stream: the region is `prepare_metadata`'s, the dq_acc region after
 /// it is untouched, and invalid seqstarts leave zeros (the host backend also reports the error at the
 /// synchronize). Runs the GPU kernel in GPU builds with a device.
 #[test]
@@ -388,7 +389,14 @@ fn device_prepare_on_a_stream() {
             })
         };
         let (q_dev, k_dev) = (upload(q), upload(k));
-        prepare_workspace_device(&layout, workspace, q_dev, k_dev, stream).unwrap();
+        super::prepare_workspace(
+            &layout,
+            DevicePtr::new(workspace),
+            DevicePtr::new(q_dev),
+            DevicePtr::new(k_dev),
+            stream,
+        )
+        .unwrap();
         let synced = rt.stream_synchronize(stream);
         if invalid && ACTIVE_BACKEND == BackendKind::Host {
             assert_eq!(synced.unwrap_err().status, Status::InvalidArgument, "{ctx}");
@@ -406,9 +414,12 @@ fn device_prepare_on_a_stream() {
     }
     // Bad arguments are refused before anything is queued.
     let layout = WorkspaceLayout::new(&random_case(&mut rng, false, true).params).unwrap();
-    assert_eq!(prepare_workspace_device(&layout, 0, 0, 0, stream).unwrap_err().status, Status::NullPointer);
+    let no_seqstarts = DevicePtr::<i32>::NULL;
+    let e = super::prepare_workspace(&layout, DevicePtr::NULL, no_seqstarts, no_seqstarts, stream).unwrap_err();
+    assert_eq!(e.status, Status::NullPointer);
     let workspace = rt.malloc(layout.metadata_bytes + 16).unwrap();
-    let e = prepare_workspace_device(&layout, workspace + 4, 0, 0, stream).unwrap_err();
+    let e = super::prepare_workspace(&layout, DevicePtr::new(workspace + 4), no_seqstarts, no_seqstarts, stream)
+        .unwrap_err();
     assert!(e.status == Status::InvalidArgument && e.message.starts_with("workspace"), "{e}");
     rt.free(workspace).unwrap();
     rt.stream_destroy(stream).unwrap();

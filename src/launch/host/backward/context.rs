@@ -1,13 +1,14 @@
 //! Views of every buffer a backward stage reads or writes, and the metadata the stages load from
 //! the workspace (as a GPU kernel loads it into registers).
 
-use crate::bwd::BwdKargs;
 use crate::error::Result;
 use crate::host_buffer::try_filled;
-use crate::host_kernels::sequence::Sequences;
-use crate::host_kernels::tensor_view::TensorView;
+use crate::launch::host::sequence::Sequences;
+use crate::launch::host::tensor_view::TensorView;
+use crate::launch::BwdKargs;
 use crate::problem::{Element, Mode};
 use crate::runtime::host::DeviceSlice;
+use crate::runtime::DevicePtr;
 use crate::workspace::{self, MetadataView};
 
 pub struct BwdContext<E> {
@@ -30,7 +31,7 @@ pub struct BwdContext<E> {
     pub seqstart_q: Option<Vec<i32>>,
 }
 
-fn read_i32s(ptr: usize, len: usize, field: &str) -> Result<Vec<i32>> {
+fn read_i32s(ptr: DevicePtr<i32>, len: usize, field: &str) -> Result<Vec<i32>> {
     let slice = DeviceSlice::<i32>::new(ptr, len, field)?;
     let mut out = try_filled(len, 0, field)?;
     slice.read_into(0, &mut out);
@@ -69,7 +70,11 @@ impl<E: Element> BwdContext<E> {
             dv: TensorView::new(kargs.dv, x.dv, m, "dv")?,
             lse: TensorView::new(kargs.lse, x.lse, m, "lse")?,
             d: TensorView::new(kargs.d, x.d, m, "d")?,
-            dq_acc: DeviceSlice::new(kargs.workspace + layout.metadata_bytes, dq_acc_len, "workspace")?,
+            dq_acc: DeviceSlice::new(
+                kargs.workspace.addr().offset(layout.metadata_bytes).cast(),
+                dq_acc_len,
+                "workspace",
+            )?,
             sequences: Sequences::new(s, kargs.seqstart_q, kargs.seqstart_k, kargs.seqlen_q_ptr, kargs.seqlen_k_ptr)?,
             metadata,
             seqstart_q,

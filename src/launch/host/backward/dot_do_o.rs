@@ -2,8 +2,8 @@
 
 use super::BwdContext;
 use crate::error::Result;
-use crate::host_kernels::grid::for_each_block;
-use crate::host_kernels::tile_math::dot;
+use crate::launch::host::grid::for_each_block;
+use crate::launch::host::tile_math::dot;
 use crate::problem::Element;
 
 /// Rows per block, as CK's 1-D kernels.

@@ -4,7 +4,7 @@
 
 use super::BwdContext;
 use crate::error::Result;
-use crate::host_kernels::grid::for_each_block;
+use crate::launch::host::grid::for_each_block;
 use crate::problem::Element;
 
 const ROWS: i64 = 64;
@@ -22,7 +22,7 @@ pub fn run<E: Element>(c: &BwdContext<E>, workers: i64) -> Result<()> {
         let rows = c.sequences.rows(b as usize)?;
         let (hk, g) = ((h / group) as usize, (h % group) as usize);
         let acc = layout.dq_acc_block(&meta, c.seqstart_q.as_deref(), b as usize)?;
-        let splits = layout.summed_splits(&acc, b as usize, hk)?;
+        let splits = layout.summed_splits(&acc, b as usize, hk);
         let (mut sum, mut staging) = (vec![0f32; dq], Vec::new());
         for i in (tile as i64 * ROWS)..((tile as i64 + 1) * ROWS).min(rows.sq) {
             sum.fill(0.0);

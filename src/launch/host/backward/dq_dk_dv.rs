@@ -8,8 +8,8 @@
 
 use super::BwdContext;
 use crate::error::{Error, Result};
-use crate::host_kernels::grid::for_each_block;
-use crate::host_kernels::tile_math::{axpy, dot, scale};
+use crate::launch::host::grid::for_each_block;
+use crate::launch::host::tile_math::{axpy, dot, scale};
 use crate::problem::{Element, Mode};
 use crate::schedule::{group_jobs, BatchPersistent, WorkUnit};
 use crate::workspace::{DqAccBlock, MetadataView};

@@ -5,18 +5,19 @@
 //! batch's `(sq, sk)`. Every kernel, the host executor and the reference ask the same [`ResolvedMask`]
 //! so that they cannot disagree on a boundary.
 
+use crate::abi_values::{abi_enum, FMHA_MASK_BOTTOM_RIGHT, FMHA_MASK_NONE, FMHA_MASK_TOP_LEFT};
 use crate::error::{ensure, Error, Result};
 
-/// Which corner the mask window is anchored to. The values are ABI (CK's `mask_enum`).
-#[repr(i32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum MaskType {
-    /// Every key column `j < sk` is kept.
-    None = 0,
-    /// The diagonal starts at the top-left corner: causal keeps `j <= i`.
-    TopLeft = 1,
-    /// The diagonal ends at the bottom-right corner: causal keeps `j <= i + sk - sq`.
-    BottomRight = 2,
+abi_enum! {
+    /// Which corner the mask window is anchored to (`FMHA_MASK_*`, CK's `mask_enum`).
+    pub enum MaskType {
+        /// Every key column `j < sk` is kept.
+        None = FMHA_MASK_NONE => "none",
+        /// The diagonal starts at the top-left corner: causal keeps `j <= i`.
+        TopLeft = FMHA_MASK_TOP_LEFT => "top-left",
+        /// The diagonal ends at the bottom-right corner: causal keeps `j <= i + sk - sq`.
+        BottomRight = FMHA_MASK_BOTTOM_RIGHT => "bottom-right",
+    }
 }
 
 impl MaskType {
@@ -25,18 +26,13 @@ impl MaskType {
     /// CK's value 3 (`window_generic`) is refused: its backward kernel interprets the coordinates as a
     /// bottom-right window while CK's reference uses top-left, so there is no single meaning to port.
     pub fn from_i32(value: i32) -> Result<MaskType> {
-        match value {
-            0 => Ok(MaskType::None),
-            1 => Ok(MaskType::TopLeft),
-            2 => Ok(MaskType::BottomRight),
-            3 => Err(Error::unsupported(
+        match MaskType::parse(value) {
+            Some(mask) => Ok(mask),
+            None if value == 3 => Err(Error::unsupported(
                 "mask_type: 3 (window_generic, generic-coordinate masks) is not supported; use \
                  top-left (1) or bottom-right (2) with window_size_left/window_size_right",
             )),
-            _ => Err(Error::invalid(
-                "mask_type",
-                format!("{value} is not a mask type (0 none, 1 top-left, 2 bottom-right)"),
-            )),
+            None => Err(Error::invalid("mask_type", format!("{value} is not a mask type ({})", MaskType::choices()))),
         }
     }
 }

@@ -4,6 +4,7 @@
 use crate::error::{ensure, Result};
 use crate::problem::{Mode, Shape};
 use crate::runtime::host::DeviceSlice;
+use crate::runtime::DevicePtr;
 
 /// Where each batch's rows are and how many of them attend.
 #[derive(Debug, Clone, Copy)]
@@ -38,14 +39,14 @@ impl Sequences {
     /// `seqlen_*_ptr` (`[batch]`).
     pub fn new(
         shape: &Shape,
-        seqstart_q: usize,
-        seqstart_k: usize,
-        logical_q: usize,
-        logical_k: usize,
+        seqstart_q: DevicePtr<i32>,
+        seqstart_k: DevicePtr<i32>,
+        logical_q: DevicePtr<i32>,
+        logical_k: DevicePtr<i32>,
     ) -> Result<Self> {
         let b = shape.batch as usize;
-        let optional = |ptr: usize, len: usize, field: &str| -> Result<Option<DeviceSlice<i32>>> {
-            if ptr == 0 {
+        let optional = |ptr: DevicePtr<i32>, len: usize, field: &str| -> Result<Option<DeviceSlice<i32>>> {
+            if ptr.is_null() {
                 Ok(None)
             } else {
                 DeviceSlice::new(ptr, len, field).map(Some)

@@ -94,7 +94,7 @@ impl Region {
             Ok(Dim { count: count as u64, stride: bytes(name, stride)? })
         };
         Ok(Region {
-            base: tensor.ptr as u64,
+            base: tensor.ptr.0 as u64,
             dims: [
                 dim("batch_stride", batch, batch_stride)?,
                 dim("head_stride", heads, tensor.head_stride)?,
@@ -677,7 +677,7 @@ mod tests {
     const F16: u64 = 2;
 
     fn tensor(ptr: usize, batch_stride: i64, head_stride: i64, row_stride: i64) -> Tensor {
-        Tensor { ptr, batch_stride, head_stride, row_stride }
+        Tensor { ptr: crate::runtime::DeviceAddr(ptr), batch_stride, head_stride, row_stride }
     }
 
     fn of(t: Tensor, mode: Mode, extents: (i64, i64, i64, i64), element_bytes: u64) -> Region {

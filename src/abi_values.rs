@@ -1,0 +1,91 @@
+//! The integer values of the C ABI's enumerations and status codes, defined here once: cbindgen emits
+//! them into `include/fmha.h` (build.rs parses this file with `src/ffi/`), and the library's enums take
+//! their discriminants and parsers from them ([`abi_enum!`]), so the header, the enums and the checks of
+//! every input cannot disagree. Values are fixed: never renumbered, only appended (docs/abi.md).
+
+/// `fmha_fwd_traits.dtype` / `fmha_bwd_traits.dtype`.
+pub const FMHA_DTYPE_FP16: i32 = 0;
+pub const FMHA_DTYPE_BF16: i32 = 1;
+
+/// `mask_type`: no mask; causal or sliding window aligned to the top-left corner; aligned to the
+/// bottom-right corner (flash-attn's causal). A window is `window_size_left/right` (-1 = unbounded);
+/// causal is left = -1, right = 0.
+pub const FMHA_MASK_NONE: i32 = 0;
+pub const FMHA_MASK_TOP_LEFT: i32 = 1;
+pub const FMHA_MASK_BOTTOM_RIGHT: i32 = 2;
+
+/// `bias_type` (only NONE is supported so far; others answer FMHA_ERR_UNSUPPORTED).
+pub const FMHA_BIAS_NONE: i32 = 0;
+pub const FMHA_BIAS_ELEMENTWISE: i32 = 1;
+pub const FMHA_BIAS_ALIBI: i32 = 2;
+
+/// `fmha_bwd_launcher_prepare_workspace_async` methods.
+pub const FMHA_PREPARE_AUTO: i32 = 0;
+pub const FMHA_PREPARE_HOST: i32 = 1;
+pub const FMHA_PREPARE_DEVICE: i32 = 2;
+
+/// `fmha_memcpy` directions.
+pub const FMHA_MEMCPY_HOST_TO_DEVICE: i32 = 1;
+pub const FMHA_MEMCPY_DEVICE_TO_HOST: i32 = 2;
+pub const FMHA_MEMCPY_DEVICE_TO_DEVICE: i32 = 3;
+
+/// `fmha_backend()`.
+pub const FMHA_BACKEND_HOST: i32 = 0;
+pub const FMHA_BACKEND_CUDA: i32 = 1;
+pub const FMHA_BACKEND_ROCM: i32 = 2;
+
+/// `fmha_status` values: `FMHA_OK`, or the error of a failed call.
+pub const FMHA_OK: i32 = 0;
+pub const FMHA_ERR_INVALID_ARGUMENT: i32 = 1;
+pub const FMHA_ERR_UNSUPPORTED: i32 = 2;
+pub const FMHA_ERR_DEVICE_RUNTIME: i32 = 3;
+pub const FMHA_ERR_OUT_OF_MEMORY: i32 = 4;
+pub const FMHA_ERR_WORKSPACE_TOO_SMALL: i32 = 5;
+pub const FMHA_ERR_WORKSPACE_NOT_PREPARED: i32 = 6;
+pub const FMHA_ERR_NO_DEVICE: i32 = 7;
+pub const FMHA_ERR_NULL_POINTER: i32 = 8;
+pub const FMHA_ERR_INTERNAL: i32 = 9;
+pub const FMHA_ERR_ASYNC_FAILURE: i32 = 10;
+
+/// Defines an `i32` enum whose variants carry ABI values (the constants above), with `ALL` (every
+/// variant, in declaration order), `name()` (the short name of each value) and `parse(value)` (the
+/// variant of an ABI value, or `None`). `from_i32` lives beside each enum: what an unknown value means
+/// (invalid, or a named-but-unsupported value) is the enum's business.
+macro_rules! abi_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident {
+            $($(#[$vmeta:meta])* $variant:ident = $value:path => $text:literal,)+
+        }
+    ) => {
+        $(#[$meta])*
+        #[repr(i32)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant = $value,)+
+        }
+
+        impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            /// The variant with this ABI value.
+            pub fn parse(value: i32) -> Option<$name> {
+                Self::ALL.iter().copied().find(|v| *v as i32 == value)
+            }
+
+            /// The value's short name.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)+
+                }
+            }
+
+            /// "0 = a, 1 = b, ...": the valid values, for messages.
+            pub fn choices() -> String {
+                Self::ALL.iter().map(|v| format!("{} = {}", *v as i32, v.name())).collect::<Vec<_>>().join(", ")
+            }
+        }
+    };
+}
+pub(crate) use abi_enum;

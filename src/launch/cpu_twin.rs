@@ -1,0 +1,72 @@
+//! The C++ the GPU kernels run, compiled for the host CPU in every backend (`build.rs`,
+//! `build_cpu_twins`): the workspace prepare routine and the deterministic walkers. The tests hold them
+//! to the Rust code that the host executor runs, so that CI checks the device code paths without a GPU.
+
+use super::abi::{self, BwdParams, PrepareArgs, PrepareParams, UnitRecord, WalkArgs};
+use crate::host_buffer::AlignedBytes;
+use crate::runtime::foreign::{call_stub, call_walker};
+use crate::runtime::Stream;
+use crate::schedule::WorkUnit;
+use crate::workspace::WorkspaceLayout;
+
+/// Runs the C++ workspace prepare (`hip/bwd/prepare_workspace.h`, the code of the device-side prepare
+/// kernel) on the host CPU and returns the routine's result (0, or the [`crate::Status`] code of the
+/// error `workspace::prepare_metadata` returns for the same inputs) and the `layout.metadata_bytes`
+/// bytes it wrote, which must equal the Rust prepare's byte for byte. Where the prepare fails, the
+/// routine writes an all-zero region.
+///
+/// `seqstart_q`/`seqstart_k` as for `prepare_metadata` (`[batch + 1]` each in group mode, `None` in
+/// batch mode).
+pub fn prepare_workspace(
+    layout: &WorkspaceLayout,
+    seqstart_q: Option<&[i32]>,
+    seqstart_k: Option<&[i32]>,
+) -> (i32, Vec<u8>) {
+    let len = layout.metadata_bytes;
+    // The routine reads `batch + 1` entries of each array it is given (device memory has no length); an
+    // array of another length is refused here, as `prepare_metadata` refuses it.
+    let entries = layout.params.batch as usize + 1;
+    if [seqstart_q, seqstart_k].iter().flatten().any(|s| s.len() != entries) {
+        return (crate::Status::InvalidArgument as i32, vec![0; len]);
+    }
+    // Poisoned, so that a byte the routine does not write shows up in the comparison.
+    let mut buffer = AlignedBytes::new(len, 0xA5, "metadata").expect("test-sized metadata fits in memory");
+    let host_address = |s: Option<&[i32]>| s.map_or(0, |s| s.as_ptr() as u64);
+    let args = PrepareArgs {
+        workspace: buffer.as_mut_slice().as_mut_ptr() as u64,
+        seqstart_q: host_address(seqstart_q),
+        seqstart_k: host_address(seqstart_k),
+        params: PrepareParams::new(layout),
+    };
+    // The routine writes `metadata_bytes` = `len` bytes at `args.workspace`, which `buffer` holds, and
+    // reads `entries` values of each seqstart array (checked above), all alive across the call.
+    let code = call_stub(abi::fmha_cpu_prepare_workspace, &args, Stream(0));
+    (code, buffer.as_slice().to_vec())
+}
+
+fn units(records: Vec<UnitRecord>) -> Vec<WorkUnit> {
+    records
+        .into_iter()
+        .map(|r| WorkUnit {
+            batch: i64::from(r.batch),
+            head: i64::from(r.head),
+            k_tile: i64::from(r.k_tile),
+            split: i64::from(r.split),
+            first_in_slot: r.first_in_slot != 0,
+        })
+        .collect()
+}
+
+/// The units the C++ `for_each_batch_job` walks for workgroup `worker` (`hip/bwd/schedule.h`), from
+/// the kernel parameters' batch-mode schedule; `None` if more than `capacity`.
+pub fn batch_jobs(params: &BwdParams, worker: i64, masked: bool, capacity: usize) -> Option<Vec<WorkUnit>> {
+    let args = WalkArgs { params: *params, worker, masked: i32::from(masked), pad: 0 };
+    call_walker(abi::fmha_cpu_batch_jobs, &args, capacity).map(units)
+}
+
+/// The units the C++ `for_each_group_job` walks for workgroup `worker`, reading the metadata region at
+/// the host address `params.workspace`, which must hold a prepared region of the params' layout.
+pub fn group_jobs(params: &BwdParams, worker: i32, masked: bool, capacity: usize) -> Option<Vec<WorkUnit>> {
+    let args = WalkArgs { params: *params, worker: i64::from(worker), masked: i32::from(masked), pad: 0 };
+    call_walker(abi::fmha_cpu_group_jobs, &args, capacity).map(units)
+}

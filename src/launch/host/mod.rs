@@ -1,0 +1,95 @@
+//! The host executor: the same algorithms as `hip/`, as tile loops over the same kernel arguments,
+//! workspace bytes and schedule, run on the host backend's stream worker threads.
+
+pub mod backward;
+pub mod fill;
+pub mod forward;
+pub mod grid;
+pub mod sequence;
+pub mod tensor_view;
+pub mod tile_math;
+
+use super::{BwdKargs, Executor, FwdKargs};
+use crate::error::Result;
+use crate::host_buffer::{try_filled, AlignedBytes};
+use crate::problem::{Dtype, Element};
+use crate::runtime::host::{runtime, DeviceSlice};
+use crate::runtime::{DevicePtr, Runtime, Stream};
+use crate::workspace::WorkspaceLayout;
+
+pub struct HostExecutor;
+
+impl Executor for HostExecutor {
+    fn load_kernels() -> Result<()> {
+        Ok(())
+    }
+
+    fn fill_u32(dst: DevicePtr<u32>, value: u32, count: usize, stream: Stream) -> Result<()> {
+        let out = DeviceSlice::<u32>::new(dst, count, "dst")?;
+        runtime().enqueue(stream, move || {
+            fill::fill_u32(out, value);
+            Ok(())
+        })
+    }
+
+    fn prepare_workspace(
+        layout: &WorkspaceLayout,
+        workspace: DevicePtr<u8>,
+        seqstart_q: DevicePtr<i32>,
+        seqstart_k: DevicePtr<i32>,
+        stream: Stream,
+    ) -> Result<()> {
+        let out = DeviceSlice::<u8>::new(workspace, layout.metadata_bytes, "workspace")?;
+        let entries = layout.params.batch as usize + 1;
+        let seqstart = |array: DevicePtr<i32>, field: &str| {
+            (!array.is_null()).then(|| DeviceSlice::<i32>::new(array, entries, field)).transpose()
+        };
+        let (q, k) = (seqstart(seqstart_q, "seqstart_q")?, seqstart(seqstart_k, "seqstart_k")?);
+        let layout = *layout;
+        runtime().enqueue(stream, move || {
+            let read = |s: Option<DeviceSlice<i32>>, field: &str| -> Result<Option<Vec<i32>>> {
+                s.map(|s| {
+                    let mut host = try_filled(s.len(), 0, field)?;
+                    s.read_into(0, &mut host);
+                    Ok(host)
+                })
+                .transpose()
+            };
+            let (q, k) = (read(q, "seqstart_q")?, read(k, "seqstart_k")?);
+            let mut buffer = AlignedBytes::new(layout.metadata_bytes, 0, "batch")?;
+            let region = buffer.as_mut_slice();
+            let outcome = crate::workspace::prepare_metadata(&layout, q.as_deref(), k.as_deref(), region);
+            if outcome.is_err() {
+                region.fill(0); // as the GPU kernel leaves it: "not prepared", no work
+            }
+            out.write_from(0, region);
+            outcome.map(|_| ())
+        })
+    }
+
+    fn forward(kargs: &FwdKargs, stream: Stream) -> Result<()> {
+        let cu_count = runtime().cu_count()?;
+        let kargs = *kargs;
+        runtime().enqueue(stream, move || match kargs.shape.dtype {
+            Dtype::F16 => forward::run::<half::f16>(&kargs, cu_count),
+            Dtype::Bf16 => forward::run::<half::bf16>(&kargs, cu_count),
+        })
+    }
+
+    fn backward(kargs: &BwdKargs, stream: Stream) -> Result<()> {
+        fn stages<E: Element>(kargs: &BwdKargs, workers: i64) -> Result<()> {
+            use backward::*;
+            let context = BwdContext::<E>::new(kargs)?;
+            dot_do_o::run(&context, workers)?;
+            zero_dq_acc::run(&context)?;
+            dq_dk_dv::run(&context, workers)?;
+            convert_dq::run(&context, workers)
+        }
+        let workers = kargs.layout.params.num_cus;
+        let kargs = *kargs;
+        runtime().enqueue(stream, move || match kargs.shape.dtype {
+            Dtype::F16 => stages::<half::f16>(&kargs, workers),
+            Dtype::Bf16 => stages::<half::bf16>(&kargs, workers),
+        })
+    }
+}

@@ -1,0 +1,190 @@
+//! The kernels' parameter blocks (`abi.rs`) built from validated kernel arguments.
+
+use super::abi::{BwdParams, FwdParams, PrepareParams};
+use super::kargs::{BwdKargs, FwdKargs};
+use crate::runtime::{DeviceAddr, DevicePtr};
+use crate::schedule::XcdRemap;
+use crate::workspace::WorkspaceLayout;
+
+impl FwdParams {
+    /// The parameter block of validated kernel arguments. Lengths fit in i32: the ABI passes them so.
+    pub fn new(k: &FwdKargs) -> FwdParams {
+        let s = &k.shape;
+        let addr = |x: DeviceAddr| x.0 as u64;
+        FwdParams {
+            q: addr(k.q.ptr),
+            k: addr(k.k.ptr),
+            v: addr(k.v.ptr),
+            o: addr(k.o.ptr),
+            lse: addr(k.lse.ptr),
+            seqstart_q: addr(k.seqstart_q.addr()),
+            seqstart_k: addr(k.seqstart_k.addr()),
+            seqlen_q_ptr: addr(k.seqlen_q_ptr.addr()),
+            seqlen_k_ptr: addr(k.seqlen_k_ptr.addr()),
+            q_batch_stride: k.q.batch_stride,
+            q_head_stride: k.q.head_stride,
+            q_row_stride: k.q.row_stride,
+            k_batch_stride: k.k.batch_stride,
+            k_head_stride: k.k.head_stride,
+            k_row_stride: k.k.row_stride,
+            v_batch_stride: k.v.batch_stride,
+            v_head_stride: k.v.head_stride,
+            v_row_stride: k.v.row_stride,
+            o_batch_stride: k.o.batch_stride,
+            o_head_stride: k.o.head_stride,
+            o_row_stride: k.o.row_stride,
+            lse_batch_stride: k.lse.batch_stride,
+            lse_head_stride: k.lse.head_stride,
+            batch: s.batch as i32,
+            nhead_q: s.nhead_q as i32,
+            nhead_k: s.nhead_k as i32,
+            hdim_q: s.hdim_q as i32,
+            hdim_v: s.hdim_v as i32,
+            seqlen_q: s.seqlen_q as i32,
+            seqlen_k: s.seqlen_k as i32,
+            max_seqlen_q: s.max_seqlen_q as i32,
+            group_mode: (s.mode == crate::problem::Mode::Group) as i32,
+            mask_type: s.mask.kind as i32,
+            window_left: s.mask.left,
+            window_right: s.mask.right,
+            scale_log2: s.scale * std::f32::consts::LOG2_E,
+            dtype: s.dtype as i32,
+            hdim_bucket: k.instance.hdim_q as i32,
+            masked: s.masked() as i32,
+        }
+    }
+}
+
+impl BwdParams {
+    /// The parameter block of validated kernel arguments. Lengths fit in i32 (the ABI passes them so);
+    /// the workspace fields are the launcher's layout.
+    pub fn new(k: &BwdKargs) -> BwdParams {
+        let s = &k.shape;
+        let addr = |x: DeviceAddr| x.0 as u64;
+        let params = BwdParams {
+            q: addr(k.q.ptr),
+            k: addr(k.k.ptr),
+            v: addr(k.v.ptr),
+            o: addr(k.o.ptr),
+            lse: addr(k.lse.ptr),
+            d_o: addr(k.d_o.ptr),
+            d: addr(k.d.ptr),
+            dq: addr(k.dq.ptr),
+            dk: addr(k.dk.ptr),
+            dv: addr(k.dv.ptr),
+            seqstart_q: addr(k.seqstart_q.addr()),
+            seqstart_k: addr(k.seqstart_k.addr()),
+            seqlen_q_ptr: addr(k.seqlen_q_ptr.addr()),
+            seqlen_k_ptr: addr(k.seqlen_k_ptr.addr()),
+            q_batch_stride: k.q.batch_stride,
+            q_head_stride: k.q.head_stride,
+            q_row_stride: k.q.row_stride,
+            k_batch_stride: k.k.batch_stride,
+            k_head_stride: k.k.head_stride,
+            k_row_stride: k.k.row_stride,
+            v_batch_stride: k.v.batch_stride,
+            v_head_stride: k.v.head_stride,
+            v_row_stride: k.v.row_stride,
+            o_batch_stride: k.o.batch_stride,
+            o_head_stride: k.o.head_stride,
+            o_row_stride: k.o.row_stride,
+            do_batch_stride: k.d_o.batch_stride,
+            do_head_stride: k.d_o.head_stride,
+            do_row_stride: k.d_o.row_stride,
+            dq_batch_stride: k.dq.batch_stride,
+            dq_head_stride: k.dq.head_stride,
+            dq_row_stride: k.dq.row_stride,
+            dk_batch_stride: k.dk.batch_stride,
+            dk_head_stride: k.dk.head_stride,
+            dk_row_stride: k.dk.row_stride,
+            dv_batch_stride: k.dv.batch_stride,
+            dv_head_stride: k.dv.head_stride,
+            dv_row_stride: k.dv.row_stride,
+            lse_batch_stride: k.lse.batch_stride,
+            lse_head_stride: k.lse.head_stride,
+            d_batch_stride: k.d.batch_stride,
+            d_head_stride: k.d.head_stride,
+            batch: s.batch as i32,
+            nhead_q: s.nhead_q as i32,
+            nhead_k: s.nhead_k as i32,
+            hdim_q: s.hdim_q as i32,
+            hdim_v: s.hdim_v as i32,
+            seqlen_q: s.seqlen_q as i32,
+            seqlen_k: s.seqlen_k as i32,
+            max_seqlen_q: s.max_seqlen_q as i32,
+            max_seqlen_k: s.max_seqlen_k as i32,
+            group_mode: (s.mode == crate::problem::Mode::Group) as i32,
+            deterministic: k.deterministic as i32,
+            mask_type: s.mask.kind as i32,
+            window_left: s.mask.left,
+            window_right: s.mask.right,
+            m0: k.instance.m0 as i32,
+            n0: k.instance.n0 as i32,
+            scale: s.scale,
+            scale_log2: s.scale * std::f32::consts::LOG2_E,
+            dtype: s.dtype as i32,
+            hdim_bucket: k.instance.hdim_q as i32,
+            masked: s.masked() as i32,
+            ..BwdParams::default()
+        };
+        params.with_workspace(&k.layout, k.workspace)
+    }
+
+    /// The block with `workspace` laid out as `layout`: the metadata sections' offsets, the dq_acc
+    /// region's size, the fingerprint of the layout's parameters, and the batch-mode schedule (zero in
+    /// the other modes) as the layout computed it.
+    pub fn with_workspace(self, layout: &WorkspaceLayout, workspace: DevicePtr<u8>) -> BwdParams {
+        let w = &layout.params;
+        let plan = layout.batch_plan.unwrap_or_default();
+        BwdParams {
+            workspace: workspace.addr().0 as u64,
+            metadata_bytes: layout.metadata_bytes as i64,
+            nsplits_offset: layout.nsplits.offset as i64,
+            dq_acc_offsets_offset: layout.dq_acc_offsets.offset as i64,
+            cu_state_offset: layout.cu_state.offset as i64,
+            batch_state_offset: layout.batch_state.offset as i64,
+            dq_acc_elements: (layout.upper_bound_dq_acc_bytes() / 4) as i64,
+            fingerprint_params: crate::workspace::fingerprint_of_params(w),
+            jobs_per_head: plan.jobs_per_head,
+            jobs_per_worker: plan.jobs_per_worker,
+            total_jobs: plan.total_jobs,
+            num_cus: w.num_cus as i32,
+            ..self
+        }
+    }
+}
+
+impl PrepareParams {
+    /// The prepare arguments for `layout`. Every size of a layout fits `i64`: [`WorkspaceLayout::new`]
+    /// bounds the counts by `i32::MAX` and the region by the address space.
+    pub fn new(layout: &WorkspaceLayout) -> PrepareParams {
+        let p = &layout.params;
+        let size = |v: usize| v as i64;
+        PrepareParams {
+            group_mode: i64::from(p.group_mode),
+            deterministic: i64::from(p.deterministic),
+            batch: p.batch,
+            nhead_k: p.nhead_k,
+            row_elements: p.row_elements,
+            seqlen_q: p.seqlen_q,
+            seqlen_k: p.seqlen_k,
+            max_seqlen_k: p.max_seqlen_k,
+            m0: p.m0,
+            n0: p.n0,
+            num_cus: p.num_cus,
+            remap: match p.remap {
+                XcdRemap::None => 0,
+                XcdRemap::Xcd8 => 1,
+            },
+            nsplits_offset: size(layout.nsplits.offset),
+            nsplits_count: size(layout.nsplits.count),
+            dq_acc_offsets_offset: size(layout.dq_acc_offsets.offset),
+            dq_acc_offsets_count: size(layout.dq_acc_offsets.count),
+            cu_state_offset: size(layout.cu_state.offset),
+            cu_state_count: size(layout.cu_state.count),
+            batch_state_offset: size(layout.batch_state.offset),
+            batch_state_count: size(layout.batch_state.count),
+            metadata_bytes: size(layout.metadata_bytes),
+        }
+    }
+}

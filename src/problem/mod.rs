@@ -1,0 +1,132 @@
+//! The attention problem, shared by every operation: element types, modes, the ABI's named-but-
+//! unsupported features, strided tensors and their memory checks, the validated shape and masks.
+//! Operations validate their arguments with these; none imports another operation.
+
+pub mod mask;
+pub mod operands;
+pub mod overlap;
+pub mod shape;
+pub mod tensor;
+
+pub use mask::{Mask, MaskType};
+pub use operands::{check_memory_overlap, Operand};
+pub use shape::{check_sequence_arrays, Shape};
+pub use tensor::{check_device_array, check_lse_layout, Tensor};
+
+use crate::abi_values::{
+    abi_enum, FMHA_BIAS_ALIBI, FMHA_BIAS_ELEMENTWISE, FMHA_BIAS_NONE, FMHA_DTYPE_BF16, FMHA_DTYPE_FP16,
+};
+use crate::error::{Error, Result};
+
+abi_enum! {
+    /// Input element type (`FMHA_DTYPE_*`).
+    pub enum Dtype {
+        F16 = FMHA_DTYPE_FP16 => "fp16",
+        Bf16 = FMHA_DTYPE_BF16 => "bf16",
+    }
+}
+
+impl Dtype {
+    pub fn from_i32(value: i32, field: &str) -> Result<Dtype> {
+        Dtype::parse(value)
+            .ok_or_else(|| Error::invalid(field, format!("{value} is not a dtype ({})", Dtype::choices())))
+    }
+    /// Rounds to the nearest value of this type (ties to even), in f64.
+    pub fn round_f64(self, x: f64) -> f64 {
+        match self {
+            Dtype::F16 => half::f16::from_f64(x).to_f64(),
+            Dtype::Bf16 => half::bf16::from_f64(x).to_f64(),
+        }
+    }
+    /// Rounds an f32 value to this type and back (what a kernel does before a low-precision GEMM).
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            Dtype::F16 => half::f16::from_f32(x).to_f32(),
+            Dtype::Bf16 => half::bf16::from_f32(x).to_f32(),
+        }
+    }
+}
+
+/// A 16-bit input element as the host kernels read and write it.
+pub trait Element: Copy + Send + Sync + 'static {
+    const DTYPE: Dtype;
+    fn to_f32(self) -> f32;
+    fn from_f32(x: f32) -> Self;
+}
+
+impl Element for half::f16 {
+    const DTYPE: Dtype = Dtype::F16;
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+    fn from_f32(x: f32) -> Self {
+        half::f16::from_f32(x)
+    }
+}
+
+impl Element for half::bf16 {
+    const DTYPE: Dtype = Dtype::Bf16;
+    fn to_f32(self) -> f32 {
+        half::bf16::to_f32(self)
+    }
+    fn from_f32(x: f32) -> Self {
+        half::bf16::from_f32(x)
+    }
+}
+
+/// Batch mode (equal lengths, batch stride) or group mode (varlen, `seqstart` offsets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    Batch,
+    Group,
+}
+
+impl Mode {
+    pub fn from_flag(group: i32, field: &str) -> Result<Mode> {
+        match group {
+            0 => Ok(Mode::Batch),
+            1 => Ok(Mode::Group),
+            _ => Err(Error::invalid(field, format!("{group} is not 0 (batch mode) or 1 (group mode)"))),
+        }
+    }
+}
+
+abi_enum! {
+    /// Attention bias kinds (`FMHA_BIAS_*`). Named so callers can ask; no kernel supports them yet, and
+    /// asking answers "unsupported".
+    pub enum BiasType {
+        None = FMHA_BIAS_NONE => "none",
+        Elementwise = FMHA_BIAS_ELEMENTWISE => "elementwise",
+        Alibi = FMHA_BIAS_ALIBI => "alibi",
+    }
+}
+
+impl BiasType {
+    pub fn from_i32(value: i32) -> Result<BiasType> {
+        BiasType::parse(value)
+            .ok_or_else(|| Error::invalid("bias_type", format!("{value} is not a bias type ({})", BiasType::choices())))
+    }
+
+    /// Bias and ALiBi are named in the traits but not implemented: refuse clearly, never ignore.
+    pub fn require_none(self) -> Result<()> {
+        match self {
+            BiasType::None => Ok(()),
+            BiasType::Elementwise => {
+                Err(Error::unsupported("bias_type: elementwise attention bias is not supported yet"))
+            }
+            BiasType::Alibi => Err(Error::unsupported("bias_type: ALiBi is not supported yet")),
+        }
+    }
+}
+
+/// Refuses dropout, which is named in the traits but not implemented.
+pub fn require_no_dropout(has_dropout: bool) -> Result<()> {
+    if has_dropout {
+        Err(Error::unsupported("has_dropout: dropout is not supported yet (pass 0)"))
+    } else {
+        Ok(())
+    }
+}
+
+/// Largest head dimension any instance supports.
+pub const MAX_HEAD_DIM: i64 = 256;

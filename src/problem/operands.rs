@@ -1,0 +1,72 @@
+//! The memory arguments of a call, and the rule that what a call writes shares no byte with anything
+//! else it touches.
+
+use super::overlap::{overlap, self_overlap, Overlap, Region};
+use super::{Mode, Tensor};
+use crate::error::{Error, Result};
+use crate::runtime::DeviceAddr;
+
+/// One memory argument of a call, for [`check_memory_overlap`]: its C field, the bytes it covers, and
+/// whether the call writes it.
+#[derive(Debug, Clone, Copy)]
+pub struct Operand<'a> {
+    pub field: &'a str,
+    pub region: Region,
+    pub written: bool,
+}
+
+impl<'a> Operand<'a> {
+    /// The bytes `tensor` covers with the given extents; `written` for outputs.
+    pub fn tensor(
+        field: &'a str,
+        tensor: &Tensor,
+        mode: Mode,
+        extents: (i64, i64, i64, i64),
+        element_bytes: u64,
+        written: bool,
+    ) -> Result<Operand<'a>> {
+        Ok(Operand { field, region: Region::of_tensor(field, tensor, mode, extents, element_bytes)?, written })
+    }
+
+    /// `bytes` contiguous bytes at `ptr` (a workspace).
+    pub fn bytes(field: &'a str, ptr: DeviceAddr, bytes: usize, written: bool) -> Operand<'a> {
+        let one = super::overlap::Dim::ONE;
+        Operand { field, region: Region { base: ptr.0 as u64, dims: [one; 3], run: bytes as u64 }, written }
+    }
+}
+
+/// Refuses a written argument that shares memory with another argument, or whose own elements share
+/// memory (a zero stride on a dimension longer than 1): the kernels write it in parallel, so the
+/// result would depend on timing. Inputs may alias each other freely (broadcasts, packed qkv), and
+/// outputs may interleave as views of one buffer (packed dqkv) as long as no byte is shared. Layouts
+/// too irregular for the exact test ([`Overlap::Unknown`]) are accepted.
+pub fn check_memory_overlap(operands: &[Operand<'_>]) -> Result<()> {
+    for (i, a) in operands.iter().enumerate() {
+        if !a.written || a.region.is_empty() {
+            continue;
+        }
+        if self_overlap(&a.region) == Overlap::Overlapping {
+            return Err(Error::invalid(
+                a.field,
+                "its strides map two of its elements to the same memory (e.g. a zero stride on a dimension \
+                 longer than 1); an output needs an element of its own for every index",
+            ));
+        }
+        for (j, b) in operands.iter().enumerate() {
+            if j == i || (b.written && j < i) || b.region.is_empty() {
+                continue; // each pair of outputs once
+            }
+            if overlap(&a.region, &b.region) == Overlap::Overlapping {
+                let what = if b.written { "the output" } else { "the input" };
+                return Err(Error::invalid(
+                    a.field,
+                    format!(
+                        "shares memory with {what} {} (outputs may interleave with other arguments, not overlap them)",
+                        b.field
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
