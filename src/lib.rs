@@ -26,8 +26,8 @@ pub mod reference;
 pub mod registry;
 pub mod runtime;
 pub mod schedule;
-#[cfg(test)]
-mod test_rng;
+#[doc(hidden)]
+pub mod test_rng;
 pub mod workspace;
 
 pub use error::{Error, Result, Status};

@@ -302,7 +302,7 @@ mod tests {
     /// with every mask kind, GQA, zero lengths and fully masked rows.
     #[test]
     fn gradients_match_finite_differences() {
-        let mut rng = Rng::from_clock();
+        let mut rng = Rng::fresh();
         let seed = rng.0;
         for case in 0..300 {
             let nhead_k = rng.size(1, 2);
@@ -340,7 +340,7 @@ mod tests {
     /// The forward against a differently written softmax: subtract the row max, normalise by the sum.
     #[test]
     fn forward_matches_direct_softmax() {
-        let mut rng = Rng::from_clock();
+        let mut rng = Rng::fresh();
         let seed = rng.0;
         for case in 0..200 {
             let p = RefProblem {
@@ -386,7 +386,7 @@ mod tests {
 
     #[test]
     fn causal_first_row_sees_only_the_first_key() {
-        let mut rng = Rng::from_clock();
+        let mut rng = Rng::fresh();
         let p = RefProblem {
             nhead_q: 1,
             nhead_k: 1,
@@ -405,7 +405,7 @@ mod tests {
 
     #[test]
     fn gqa_sums_the_expanded_heads() {
-        let mut rng = Rng::from_clock();
+        let mut rng = Rng::fresh();
         let seed = rng.0;
         let p = RefProblem {
             nhead_q: 6,
@@ -444,7 +444,7 @@ mod tests {
 
     #[test]
     fn zero_lengths_and_fully_masked_rows() {
-        let mut rng = Rng::from_clock();
+        let mut rng = Rng::fresh();
         // Top-left window (0, 0) with sq > sk: rows 3.. keep no key.
         let p = RefProblem {
             nhead_q: 2,
@@ -487,7 +487,7 @@ mod tests {
 
     #[test]
     fn low_precision_is_close_to_f64_and_representable() {
-        let mut rng = Rng::from_clock();
+        let mut rng = Rng::fresh();
         let seed = rng.0;
         let p = RefProblem {
             nhead_q: 2,

@@ -1,10 +1,12 @@
-//! The random source of the unit tests: splitmix64, seeded from the clock or `FMHA_TEST_SEED` (tests
-//! print the seed on failure so a run can be replayed).
+//! The random source of every test (the library's and `tests/`): splitmix64, seeded from the clock or
+//! `FMHA_TEST_SEED` (tests print the seed on failure so a run can be replayed). Not part of the
+//! library's interface.
 
-pub(crate) struct Rng(pub u64);
+pub struct Rng(pub u64);
 
 impl Rng {
-    pub fn from_clock() -> Rng {
+    /// Seeded from `FMHA_TEST_SEED`, else from the clock.
+    pub fn fresh() -> Rng {
         let seed = std::env::var("FMHA_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
         });
@@ -33,8 +35,23 @@ impl Rng {
         items[self.size(0, items.len() - 1)]
     }
 
-    /// Uniform in [-1, 1).
+    /// `count` sequence lengths in `1..=max`, a quarter of them (on average) 0.
+    pub fn lengths(&mut self, count: usize, max: usize) -> Vec<i32> {
+        (0..count).map(|_| if self.range(0, 3) == 0 { 0 } else { self.size(1, max) as i32 }).collect()
+    }
+
+    /// Uniform in [-1, 1), never exactly zero-filled tensors.
     pub fn unit(&mut self) -> f64 {
         (self.next() >> 11) as f64 / (1u64 << 52) as f64 - 1.0
     }
+}
+
+/// The `[lengths.len() + 1]` starts of consecutive sequences of these lengths (seqstart arrays).
+pub fn starts(lengths: &[i32]) -> Vec<i32> {
+    std::iter::once(0)
+        .chain(lengths.iter().scan(0, |total, &l| {
+            *total += l;
+            Some(*total)
+        }))
+        .collect()
 }

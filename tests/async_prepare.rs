@@ -219,7 +219,7 @@ fn one_launcher_and_workspace_reused_over_a_hundred_varlen_calls() {
     eprintln!("seed {}", rng.0);
     let (total_q, total_k, batch) = (96usize, 120usize, 4usize);
     let split = |rng: &mut Rng, total: usize| -> Vec<usize> {
-        let mut cuts: Vec<usize> = (0..batch - 1).map(|_| rng.range(0, total)).collect();
+        let mut cuts: Vec<usize> = (0..batch - 1).map(|_| rng.size(0, total)).collect();
         cuts.sort();
         let mut lens = Vec::new();
         let mut last = 0;
@@ -647,7 +647,7 @@ fn one_launcher_serves_varlen_batches_within_its_bounds() {
     ok(fmha_stream_create(&mut stream));
     for call in 0..12 {
         let mut case = template.clone();
-        case.seqlens = (0..3).map(|_| (rng.range(0, 100), rng.range(0, 120))).collect();
+        case.seqlens = (0..3).map(|_| (rng.size(0, 100), rng.size(0, 120))).collect();
         case.max_seqlen = Some((200, 240));
         let (fwd, bwd, expected) = forward_and_expected(&case, &mut rng);
         bwd.poison(&case);

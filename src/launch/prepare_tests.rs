@@ -125,7 +125,7 @@ fn first_difference(layout: &WorkspaceLayout, a: &[u8], b: &[u8]) -> String {
 /// Thousands of random valid inputs, all four modes: the C++ bytes are the Rust bytes.
 #[test]
 fn cpu_prepare_matches_rust_bytes() {
-    let mut rng = Rng::from_clock();
+    let mut rng = Rng::fresh();
     let seed = rng.0;
     let started = std::time::Instant::now();
     let mut per_mode = [0usize; 4];
@@ -187,7 +187,7 @@ fn assert_refused(layout: &WorkspaceLayout, q: Option<&[i32]>, k: Option<&[i32]>
 /// Invalid seqstarts: the Rust prepare fails, the C++ one writes all zeros and the same status.
 #[test]
 fn cpu_prepare_refuses_invalid_seqstarts_with_zeros() {
-    let mut rng = Rng::from_clock();
+    let mut rng = Rng::fresh();
     let seed = rng.0;
     for case_index in 0..1500 {
         let deterministic = rng.range(0, 1) == 1;
@@ -227,7 +227,7 @@ fn cpu_prepare_refuses_invalid_seqstarts_with_zeros() {
 /// Seqstarts missing in group mode (NullPointer) or present in batch mode (InvalidArgument).
 #[test]
 fn cpu_prepare_refuses_seqstarts_of_the_wrong_mode() {
-    let mut rng = Rng::from_clock();
+    let mut rng = Rng::fresh();
     let seed = rng.0;
     for case_index in 0..200 {
         let deterministic = rng.range(0, 1) == 1;
@@ -362,7 +362,7 @@ fn device_prepare_on_a_stream() {
         }
         Err(e) => panic!("{e}"),
     };
-    let mut rng = Rng::from_clock();
+    let mut rng = Rng::fresh();
     let seed = rng.0;
     let stream = rt.stream_create().unwrap();
     for case_index in 0..60 {

@@ -27,7 +27,7 @@ fn starts(lengths: &[i32]) -> Vec<i32> {
 
 #[test]
 fn cpp_walkers_walk_the_rust_schedule() {
-    let mut rng = Rng::from_clock();
+    let mut rng = Rng::fresh();
     let seed = rng.0;
     let mut units_compared = 0usize;
     for case in 0..3000 {

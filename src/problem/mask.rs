@@ -286,7 +286,7 @@ mod tests {
 
     #[test]
     fn ranges_and_tiles_match_brute_force() {
-        let mut rng = Rng::from_clock();
+        let mut rng = Rng::fresh();
         let seed = rng.0;
         for case in 0..20_000 {
             let m = random_mask(&mut rng);

@@ -551,7 +551,7 @@ mod tests {
 
     #[test]
     fn overlap_matches_brute_force() {
-        let mut rng = Rng::from_clock();
+        let mut rng = Rng::fresh();
         let seed = rng.0;
         let cases = 40_000;
         let (mut overlapping, mut searched, mut most_nodes) = (0, 0, 0);
@@ -576,7 +576,7 @@ mod tests {
 
     #[test]
     fn self_overlap_matches_brute_force() {
-        let mut rng = Rng::from_clock();
+        let mut rng = Rng::fresh();
         let seed = rng.0;
         let cases = 40_000;
         let (mut overlapping, mut most_nodes) = (0, 0);
@@ -624,7 +624,7 @@ mod tests {
     /// two terms and the enumeration above them.
     #[test]
     fn solver_matches_brute_force() {
-        let mut rng = Rng::from_clock();
+        let mut rng = Rng::fresh();
         let seed = rng.0;
         let cases = 20_000;
         let mut feasible_cases = 0;
@@ -660,7 +660,7 @@ mod tests {
 
     #[test]
     fn first_in_window_matches_brute_force() {
-        let mut rng = Rng::from_clock();
+        let mut rng = Rng::fresh();
         let seed = rng.0;
         for case in 0..20_000 {
             let m = rng.range(1, 400) as i128;

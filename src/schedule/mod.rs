@@ -552,7 +552,7 @@ mod tests {
 
     #[test]
     fn batch_persistent_properties() {
-        let mut rng = Rng::from_clock();
+        let mut rng = Rng::fresh();
         let seed = rng.0;
         for case in 0..3000 {
             let (batch, nhead) = (rng.range(1, 64), rng.range(1, 64));
@@ -661,7 +661,7 @@ mod tests {
 
     #[test]
     fn group_persistent_properties() {
-        let mut rng = Rng::from_clock();
+        let mut rng = Rng::fresh();
         let seed = rng.0;
         let mut cases = 0;
         while cases < 3000 {

@@ -193,7 +193,7 @@ fn header_bytes_are_documented_layout() {
 /// view reads back what the builder computed, and dq_acc blocks tile the used prefix exactly.
 #[test]
 fn random_prepare_round_trip() {
-    let mut rng = Rng::from_clock();
+    let mut rng = Rng::fresh();
     let seed = rng.0;
     for case in 0..400 {
         let group_mode = rng.range(0, 2) > 0;
