@@ -245,7 +245,7 @@ static void judge(options *o, job *j) {
     if (v == V_CLEAN) {
         if (r->correct == 0) {
             v = V_WRONG;
-            snprintf(why, sizeof why, "%s", r->status == FMHA_OK ? "wrong or lost results" : "a valid step failed");
+            snprintf(why, sizeof why, "%s", r->status == FMHA_OK ? "wrong or lost results" : "a valid step failed, or a check after the judged call (see note)");
         } else if (r->expect == EXPECT_ERROR) {
             if (r->status == FMHA_OK) {
                 v = V_SILENT;
@@ -268,6 +268,9 @@ static void judge(options *o, job *j) {
             if (r->status == FMHA_OK && r->forbidden == 1) {
                 v = V_SILENT;
                 snprintf(why, sizeof why, "FMHA_OK for a call the header forbids (%s)", r->fields);
+            } else if (r->status != FMHA_OK && r->statuses && !(r->statuses & STATUS_BIT(r->status))) {
+                v = V_WRONG;
+                snprintf(why, sizeof why, "status %d (%s) is not the required one", (int)r->status, fmha_status_string(r->status));
             } else if (r->status != FMHA_OK && r->forbidden == 0) {
                 o->random_valid_rejected++;
                 if (o->verbose) print_detail(o, j, V_CLEAN, "random call the classifier thinks valid was rejected (informational)");
