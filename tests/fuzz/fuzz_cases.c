@@ -1682,6 +1682,7 @@ static void *lrace_thread(void *arg) {
 static void c_launcher_race(run_ctx *r) {
     static lrace_state st;
     int round, rounds = fuzz_light ? 4 : 15, i;
+    long ok_total = 0, refused_total = 0;
     new_problem(r, 1, 0, 0);
     for (round = 0; round < rounds; ++round) {
         pthread_t threads[3];
@@ -1703,6 +1704,8 @@ static void c_launcher_race(run_ctx *r) {
         for (i = 0; i < 3; ++i) pthread_join(threads[i], NULL);
         for (i = 0; i < 3; ++i) {
             gp_free(st.ws[i]);
+            ok_total += st.ok[i];
+            refused_total += st.refused[i];
             if (st.other[i] || st.ok_after_refusal[i]) {
                 appendf(r->rec->note, sizeof r->rec->note,
                         "round %d, thread %d: %d calls, %d OK, %d refused, %d other statuses (last %d), %d OK after a refusal; ", round, i,
@@ -1712,6 +1715,7 @@ static void c_launcher_race(run_ctx *r) {
         }
         if (r->rec->correct == 0) return;
     }
+    appendf(r->rec->note, sizeof r->rec->note, "%ld calls OK, %ld refused after destroy (over %d rounds); ", ok_total, refused_total, rounds);
 }
 
 /* ---- building the table -------------------------------------------------------------------------- */
