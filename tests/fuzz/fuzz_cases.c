@@ -2372,7 +2372,7 @@ static void build(void) {
                "releaser: valid: caller allocator struct flush against a guard page; one release, freed once");
         custom(EXPECT_OK, B_NONE, c_releaser, RL_DEFAULT_RELEASE, "", 0, "releaser: valid: release on the default releaser (NULL)");
         custom(EXPECT_OK, B_NONE, c_releaser_race, 0, "", 0,
-               "releaser: valid: releases from 4 threads racing destroy (25 rounds): each OK and freed exactly once, or "
+               "releaser: valid: releases from 4 threads racing destroy (25 rounds, 6 with --light): each OK and freed once, or "
                "INVALID_ARGUMENT and not freed")
             ->flags = F_SAMPLE;
     }
