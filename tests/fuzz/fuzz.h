@@ -120,7 +120,7 @@ int tensor_heads(const setup *s, int i);
 int tensor_rows(const setup *s, int i);
 int tensor_cols(const setup *s, int i);
 /* Byte extent of tensor `i` under the header's rules: 0 if an extent is 0; -1 if it is >= 2^63 bytes
- * or a stride is negative (then *bytes is unchanged). */
+ * or a stride is negative (then *bytes is unchanged). Group mode ignores batch_stride. */
 int tensor_extent(const setup *s, int i, uint64_t *bytes);
 
 /* A default valid configuration (see fuzz_setup.c), in s (zeroed first). */
@@ -136,6 +136,9 @@ void setup_free(setup *s);
 void setup_sync_tensors(setup *s);
 /* Poisons the outputs of the forward (o, lse) or of the backward (d, dq, dk, dv) with NaN bytes. */
 void setup_poison(setup *s, int backward);
+/* The bytes of tensor i's elements that no longer hold the NaN poison of setup_poison (0 = the tensor
+ * was left unwritten; tensors outside their buffers count 0). */
+long setup_written(const setup *s, int i);
 /* Runs the forward with s->ft/s->fa on s->stream and synchronizes; returns the first non-OK status. */
 fmha_status setup_run_forward(setup *s);
 /* Checks the forward's O and LSE (and with `backward` dQ/dK/dV) against attention_reference.h.

@@ -245,7 +245,7 @@ static void judge(options *o, job *j) {
     if (v == V_CLEAN) {
         if (r->correct == 0) {
             v = V_WRONG;
-            snprintf(why, sizeof why, "%s", r->status == FMHA_OK ? "wrong or lost results" : "a valid step failed");
+            snprintf(why, sizeof why, "%s", r->status == FMHA_OK ? "wrong or lost results" : "a valid step failed, or a check after the judged call (see note)");
         } else if (r->expect == EXPECT_ERROR) {
             if (r->status == FMHA_OK) {
                 v = V_SILENT;
@@ -268,6 +268,9 @@ static void judge(options *o, job *j) {
             if (r->status == FMHA_OK && r->forbidden == 1) {
                 v = V_SILENT;
                 snprintf(why, sizeof why, "FMHA_OK for a call the header forbids (%s)", r->fields);
+            } else if (r->status != FMHA_OK && r->statuses && !(r->statuses & STATUS_BIT(r->status))) {
+                v = V_WRONG;
+                snprintf(why, sizeof why, "status %d (%s) is not the required one", (int)r->status, fmha_status_string(r->status));
             } else if (r->status != FMHA_OK && r->forbidden == 0) {
                 o->random_valid_rejected++;
                 if (o->verbose) print_detail(o, j, V_CLEAN, "random call the classifier thinks valid was rejected (informational)");
@@ -528,7 +531,8 @@ static void usage(const char *argv0) {
            "  --seed N          seed (default: time-based, printed)\n"
            "  --seconds S       budget of the cases: every targeted case, then random ones until S (default 60)\n"
            "  --cases N         at most N cases (targeted first, then random)\n"
-           "  --sample N        a sample of N cases (2/3 targeted, evenly spaced from a seeded offset; 1/3 random)\n"
+           "  --sample N        a sample of N cases (2/3 targeted: the race and use-after-destroy ones first, then evenly\n"
+           "                    spaced from a seeded offset; 1/3 random, which get the last quarter of --seconds)\n"
            "  --case I          only case I (as printed in a failure's repro line)\n"
            "  --jobs J          children at once (default 2)\n"
            "  --timeout T       per-case timeout in seconds (default 10)\n"
@@ -606,16 +610,18 @@ int main(int argc, char **argv) {
             list[n++] = o.only_case;
             stop_at = now() + 1e9;
         } else if (o.sample > 0) {
-            long want_t = o.sample * 2 / 3, k;
+            long want_t = o.sample * 2 / 3, k, always;
             uint64_t st = o.seed;
             long step = want_t > 0 ? (targeted + want_t - 1) / want_t : 1, offset = (long)(rng_next(&st) % (uint64_t)step);
             if (step < 1) step = 1;
+            /* the always-sampled cases (races, use after destroy) first, so that the budget never cuts them */
             for (k = 0; k < targeted && n < cap; ++k)
                 if (targeted_always_sampled((int)k)) list[n++] = k;
+            always = n;
             for (k = offset; k < targeted && n < cap && n < want_t; k += step)
                 if ((!fuzz_light || !targeted_heavy((int)k)) && !targeted_always_sampled((int)k)) list[n++] = k;
-            /* in index order, so that the targeted ones stay first */
-            qsort(list, (size_t)n, sizeof *list, compare_long);
+            /* the rest in index order */
+            qsort(list + always, (size_t)(n - always), sizeof *list, compare_long);
             for (k = 0; n < o.sample && n < cap; ++k) list[n++] = targeted + k;
             stop_at = started + (o.seconds > 0 ? o.seconds : 1e9);
         } else {
@@ -641,7 +647,8 @@ int main(int argc, char **argv) {
             /* targeted first regardless of the budget, then random until stop_at */
             long nt = 0;
             while (nt < n && list[nt] < targeted) ++nt;
-            run_cases(&o, list, nt, o.only_case >= 0 || o.sample > 0 ? stop_at : 1e18);
+            /* a sample keeps the last quarter of its budget for its random cases */
+            run_cases(&o, list, nt, o.only_case >= 0 ? stop_at : o.sample > 0 ? stop_at - 0.25 * (stop_at - started) : 1e18);
             if (n > nt) run_cases(&o, list + nt, n - nt, stop_at);
         }
         free(list);

@@ -116,7 +116,7 @@ static void check_tensor(const rctx *r, int group, int64_t batch, tview *v, cls 
     strides[2] = v->t.row_stride;
     v->checked = 0;
     v->buf = -1;
-    for (k = 0; k < 3; ++k)
+    for (k = group ? 1 : 0; k < 3; ++k) /* group mode ignores batch_stride: any value is valid */
         if (strides[k] < 0) {
             snprintf(f, sizeof f, "%s.%s", v->name, stride_names[k]);
             mark(c, CL_FORBIDDEN, f, "negative stride");
@@ -146,8 +146,9 @@ static void check_tensor(const rctx *r, int group, int64_t batch, tview *v, cls 
     }
     v->bytes = (uint64_t)elems;
     if (data % (uintptr_t)v->eb != 0) {
-        snprintf(f, sizeof f, "%s.data", v->name);
-        mark(c, CL_UNKNOWN, f, "misaligned element");
+        snprintf(f, sizeof f, "%s.data|%s", v->name, v->name);
+        mark(c, CL_FORBIDDEN, f, "data not aligned to the element size");
+        return;
     }
     for (b = 0; b < s->nbuf; ++b) {
         uintptr_t lo = (uintptr_t)s->bufs[b], hi = lo + s->buf_bytes[b];
@@ -324,7 +325,7 @@ static cls classify_fwd(const rctx *r) {
     if (ft->struct_size != sizeof *ft) mark(&c, CL_FORBIDDEN, "struct_size|traits", "struct_size");
     if (fa->struct_size != sizeof *fa) mark(&c, CL_FORBIDDEN, "struct_size|args", "struct_size");
     check_common_traits(&c, ft->dtype, ft->hdim_q, ft->hdim_v, ft->is_group_mode, ft->mask_type, ft->bias_type);
-    if (ft->has_dropout != 0) mark(&c, CL_FORBIDDEN, "has_dropout", "dropout not supported");
+    if (ft->has_dropout != 0) mark(&c, CL_FORBIDDEN, "has_dropout", ft->has_dropout == 1 ? "dropout not supported" : "not 0 or 1");
     group = ft->is_group_mode == 1;
     check_shape(&c, group, fa->batch, fa->nhead_q, fa->nhead_k, fa->seqlen_q, fa->seqlen_k, fa->max_seqlen_q, fa->max_seqlen_k,
                 fa->scale, ft->mask_type, fa->window_size_left, fa->window_size_right);
@@ -355,9 +356,11 @@ static cls classify_create(const rctx *r) {
     memset(&c, 0, sizeof c);
     if (bt->struct_size != sizeof *bt) mark(&c, CL_FORBIDDEN, "struct_size|traits", "struct_size");
     check_common_traits(&c, bt->dtype, bt->hdim_q, bt->hdim_v, bt->is_group_mode, bt->mask_type, bt->bias_type);
-    if (bt->has_dbias) mark(&c, CL_FORBIDDEN, "has_dbias", "not supported");
-    if (bt->has_dropout) mark(&c, CL_FORBIDDEN, "has_dropout", "not supported");
-    if (bt->is_store_randval) mark(&c, CL_FORBIDDEN, "is_store_randval", "not supported");
+    /* flags are 0 or 1 (1: unsupported features) */
+    if (bt->has_dbias) mark(&c, CL_FORBIDDEN, "has_dbias", bt->has_dbias == 1 ? "not supported" : "not 0 or 1");
+    if (bt->has_dropout) mark(&c, CL_FORBIDDEN, "has_dropout", bt->has_dropout == 1 ? "not supported" : "not 0 or 1");
+    if (bt->is_store_randval) mark(&c, CL_FORBIDDEN, "is_store_randval", bt->is_store_randval == 1 ? "not supported" : "not 0 or 1");
+    if (!ok_enum(bt->is_deterministic, 2)) mark(&c, CL_FORBIDDEN, "is_deterministic", "not 0 or 1");
     check_shape(&c, bt->is_group_mode == 1, bt->batch, bt->nhead_q, bt->nhead_k, bt->seqlen_q, bt->seqlen_k, bt->max_seqlen_q,
                 bt->max_seqlen_k, 0.0f, bt->mask_type, -1, bt->mask_type == FMHA_MASK_NONE ? -1 : 0);
     /* sizes far beyond anything allocatable: the library must answer an error, but what it answers
@@ -421,8 +424,17 @@ static cls classify_run(const rctx *r) {
     tview v[10];
     const fmha_tensor *t[10];
     int ids[10] = {TQ, TK, TV, TO, TLSE, TDO, TD, TDQ, TDK, TDV}, i, group = bt->is_group_mode == 1;
+    size_t v01 = offsetof(fmha_bwd_args, workspace_size), ws_claim;
     memset(&c, 0, sizeof c);
-    if (ba->struct_size != sizeof *ba) mark(&c, CL_FORBIDDEN, "struct_size|args", "struct_size");
+    /* 0.1's struct (416 bytes) up to this header's; sizes ending inside workspace_size are undecided */
+    if (ba->struct_size < v01 || ba->struct_size > sizeof *ba) mark(&c, CL_FORBIDDEN, "struct_size|args", "struct_size");
+    else if (ba->struct_size != v01 && ba->struct_size != sizeof *ba) mark(&c, CL_UNKNOWN, "struct_size|args", "ends inside workspace_size");
+    /* workspace_size (0.2): 0, and a struct that ends before it, skip the check */
+    ws_claim = ba->struct_size >= sizeof *ba ? ba->workspace_size : 0;
+    if (ws_claim != 0 && ws_claim < r->ws_size) mark(&c, CL_FORBIDDEN, "workspace_size", "smaller than the launcher's workspace_size");
+    if (ws_claim != 0 && ba->workspace != NULL &&
+        ((unsigned char *)ba->workspace < r->ws || ws_claim > (size_t)(r->ws + r->ws_alloc - (unsigned char *)ba->workspace)))
+        mark(&c, CL_UNSAFE, "workspace_size", "more bytes than the buffer has");
     if (ba->batch != bt->batch) mark(&c, CL_FORBIDDEN, "batch", "differs from the traits");
     if (ba->nhead_q != bt->nhead_q) mark(&c, CL_FORBIDDEN, "nhead_q", "differs from the traits");
     if (ba->nhead_k != bt->nhead_k) mark(&c, CL_FORBIDDEN, "nhead_k", "differs from the traits");
@@ -441,7 +453,8 @@ static cls classify_run(const rctx *r) {
     }
     check_shape(&c, group, ba->batch, ba->nhead_q, ba->nhead_k, ba->seqlen_q, ba->seqlen_k, ba->max_seqlen_q, ba->max_seqlen_k,
                 ba->scale, bt->mask_type, ba->window_size_left, ba->window_size_right);
-    if (ba->workspace != r->p_ws) mark(&c, CL_FORBIDDEN, "workspace", "not the prepared workspace");
+    /* a workspace not prepared for this run: OK, and its synchronize reports WORKSPACE_NOT_PREPARED */
+    if (ba->workspace != r->p_ws) mark_dev(&c, CL_FORBIDDEN, "workspace", "not the prepared workspace");
     if (c.level >= CL_FORBIDDEN) return c;
     if (!group && (ba->seqstart_q || ba->seqstart_k || ba->seqlen_q_ptr || ba->seqlen_k_ptr))
         mark(&c, CL_UNKNOWN, "seqstart_q", "batch mode with sequence arrays");
@@ -501,7 +514,10 @@ static void random_plan(setup *s, uint64_t *rng) {
             p->row_stride = h * p->head_stride + (rng_chance(rng, 30) ? rng_int(rng, 1, 8) : 0);
             p->batch_stride = rows * p->row_stride + (rng_chance(rng, 25) ? rng_int(rng, 1, 8) : 0);
         }
-        if (s->group) p->batch_stride = rng_chance(rng, 30) ? rng_int(rng, 0, 1000000) : 0; /* unused in group mode */
+        if (s->group) { /* ignored in group mode: any value */
+            static const int64_t any[] = {0, -1, INT64_MIN, INT64_MAX, (int64_t)1 << 62, 12345};
+            p->batch_stride = rng_chance(rng, 30) ? (rng_chance(rng, 50) ? rng_int(rng, 0, 1000000) : any[rng_int(rng, 0, 5)]) : 0;
+        }
     }
     /* inputs may broadcast and alias */
     if (rng_chance(rng, 10)) s->plan[TQ].head_stride = 0;
@@ -548,9 +564,7 @@ static void random_problem(rctx *r) {
     s->group = rng_chance(rng, 45);
     s->dtype = rng_chance(rng, 50) ? FMHA_DTYPE_BF16 : FMHA_DTYPE_FP16;
     if (s->op_bwd) {
-        /* is_deterministic is "nonzero": other values than 1 now and then */
-        static const int dets[] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, -1};
-        s->det = pick(rng, dets, 20);
+        s->det = rng_chance(rng, 50); /* 0 or 1: other values are invalid */
     }
     s->hk = rng_int(rng, 1, 2);
     s->hq = s->hk * rng_int(rng, 1, 3);
@@ -702,7 +716,21 @@ static void mutate(rctx *r, undo *u) {
     u->at = NULL;
     if (r->stage == SR_FWD || r->stage == SR_RUN) {
         int fwd = r->stage == SR_FWD, choice = rng_int(rng, 0, 99);
-        if (fwd && choice < 18) {
+        if (!fwd && rng_chance(rng, 8)) {
+            /* workspace_size (0.2): checked against the launcher's size unless 0 */
+            size_t *field = &s->ba->workspace_size, v;
+            save(u, field, sizeof *field);
+            switch (rng_int(rng, 0, 5)) {
+            case 0: v = 0; break;
+            case 1: v = r->ws_size - 1; break;
+            case 2: v = 1; break;
+            case 3: v = r->ws_size; break;
+            case 4: v = r->ws_size + 64; break;
+            default: v = SIZE_MAX; break;
+            }
+            *field = v;
+            snprintf(d, sizeof d, "bwd_args.workspace_size = %zu (needed %zu)", v, r->ws_size);
+        } else if (fwd && choice < 18) {
             /* traits */
             fmha_fwd_traits *t = s->ft;
             int f = rng_int(rng, 0, 7);
@@ -919,7 +947,7 @@ void random_run(uint64_t seed, case_record *rec) {
     rctx *r = &ctx;
     setup *s = &r->s;
     cls c;
-    int attempt, want, i, valid, deferred = 0;
+    int attempt, want, i, valid, deferred = 0, prepare_failed = 0;
     fmha_status st;
     fmha_bwd_launcher *launcher = NULL;
     memset(r, 0, sizeof *r);
@@ -1125,10 +1153,32 @@ void random_run(uint64_t seed, case_record *rec) {
     }
     if (st != FMHA_OK) goto done;
     if (r->p_async) {
+        /* invalid device seqstarts: the next synchronize of the stream reports them (host backend:
+         * INVALID_ARGUMENT from the device kernel of DEVICE and AUTO, ASYNC_FAILURE from the host method) */
         fmha_status sync = fmha_stream_synchronize(s->stream);
         note_status(rec, "synchronize after the async prepare", sync);
+        if (sync != FMHA_OK) {
+            prepare_failed = 1;
+            if (r->stage == SR_PREPARE && rec->status == FMHA_OK) {
+                rec->status = sync;
+                last_message(rec->message, sizeof rec->message);
+                appendf(rec->note, sizeof rec->note, "reported by the synchronize after the prepare; ");
+                if (deferred)
+                    rec->statuses = STATUS_BIT(r->p_method == FMHA_PREPARE_HOST ? FMHA_ERR_ASYNC_FAILURE : FMHA_ERR_INVALID_ARGUMENT);
+            } else if (r->stage == SR_RUN) {
+                rec->correct = 0;
+                set_judged(rec, sync, "the synchronize after the async prepare (valid setup step)");
+                goto done;
+            }
+        }
     }
     s->ba->workspace = r->p_ws;
+    {
+        /* 0.2 callers pass the workspace's bytes (or 0: not checked) */
+        size_t avail = (size_t)(r->ws + r->ws_alloc - (unsigned char *)r->p_ws);
+        int w = rng_int(&r->rng, 0, 2);
+        s->ba->workspace_size = w == 0 ? 0 : w == 1 ? r->ws_size : avail;
+    }
     if (r->stage == SR_RUN) {
         for (i = 0; i < want; ++i) {
             undo u;
@@ -1156,18 +1206,37 @@ void random_run(uint64_t seed, case_record *rec) {
         appendf(rec->note, sizeof rec->note, "the run after the mutated call would be unsafe: stopped; ");
         goto done;
     }
+    setup_poison(s, 1);
     st = fmha_bwd_launcher_run(launcher, s->ba, s->stream);
     if (r->stage == SR_RUN) set_judged(rec, st, "fmha_bwd_launcher_run");
     else note_status(rec, "run", st);
-    /* an async prepare's failure is reported by the launcher's next call */
-    if (r->stage == SR_PREPARE && deferred && rec->status == FMHA_OK && st != FMHA_OK) {
-        rec->status = st;
-        last_message(rec->message, sizeof rec->message);
-        appendf(rec->note, sizeof rec->note, "reported by the run; ");
-    }
     {
         fmha_status sync = fmha_stream_synchronize(s->stream);
+        /* nothing may be computed with a workspace that is not prepared for the run: after a prepare that
+         * failed on the stream, or with device seqstarts other than the prepared ones */
+        int unprepared = prepare_failed;
+        if (r->stage == SR_RUN && c.level == CL_FORBIDDEN && c.deferred && s->group && s->ba->seqstart_q && s->ba->seqstart_k &&
+            s->ba->batch == s->batch &&
+            (memcmp(s->ba->seqstart_q, r->host_ssq, sizeof(int32_t) * (size_t)(s->batch + 1)) != 0 ||
+             memcmp(s->ba->seqstart_k, r->host_ssk, sizeof(int32_t) * (size_t)(s->batch + 1)) != 0))
+            unprepared = 1;
         note_status(rec, "fmha_stream_synchronize", sync);
+        if (unprepared && st == FMHA_OK) {
+            static const int t[3] = {TDQ, TDK, TDV};
+            int k;
+            if (sync == FMHA_OK) {
+                appendf(rec->note, sizeof rec->note, "the run with an unprepared workspace synchronized with FMHA_OK; ");
+                rec->correct = 0;
+            }
+            for (k = 0; k < 3; ++k) {
+                long written = setup_written(s, t[k]);
+                if (written > 0) {
+                    appendf(rec->note, sizeof rec->note, "%s: %ld bytes written by a run with an unprepared workspace; ",
+                            tensor_names[t[k]], written);
+                    rec->correct = 0;
+                }
+            }
+        }
         if (((r->stage == SR_RUN && c.deferred) || (r->stage == SR_PREPARE && deferred)) && rec->status == FMHA_OK &&
             st == FMHA_OK && sync != FMHA_OK) {
             rec->status = sync;

@@ -108,7 +108,8 @@ int tensor_extent(const setup *s, int i, uint64_t *bytes) {
     const tensor_plan *p = &s->plan[i];
     __extension__ typedef __int128 wide;
     wide b = s->batch, h = tensor_heads(s, i), r = tensor_rows(s, i), c = tensor_cols(s, i), elems;
-    if (p->batch_stride < 0 || p->head_stride < 0 || p->row_stride < 0) return -1;
+    /* group mode ignores batch_stride (any value is valid) */
+    if ((!s->group && p->batch_stride < 0) || p->head_stride < 0 || p->row_stride < 0) return -1;
     if (b <= 0 || h <= 0 || r <= 0 || c <= 0) {
         *bytes = 0;
         return 0;
@@ -215,6 +216,19 @@ void setup_poison(setup *s, int backward) {
     int i;
     for (i = 0; i < NT; ++i)
         if (is_output(s, i, backward) && s->plan[i].buf >= 0) for_each_element(s, i, poison_element, NULL);
+}
+
+static void unwritten_element(const setup *s, int i, unsigned char *at, void *user) {
+    int e;
+    for (e = 0; e < tensor_elem_bytes(s, i); ++e)
+        if (at[e] != 0xFF) ++*(long *)user;
+}
+
+long setup_written(const setup *s, int i) {
+    long written = 0;
+    if (s->plan[i].buf < 0) return 0;
+    for_each_element(s, i, unwritten_element, &written);
+    return written;
 }
 
 void setup_sync_tensors(setup *s) {

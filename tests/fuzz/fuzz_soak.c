@@ -1,12 +1,14 @@
 /*
  * The soak: N threads (16) for S seconds doing small forward and backward calls — batch and varlen,
  * deterministic and not — on shared and private streams and on shared and private launchers,
- * destroying launchers while their work is still queued, preparing workspaces synchronously and on
- * streams, waiting with stream and device synchronization, and handing pinned buffers to the default,
- * a shared (periodically replaced) and private releasers. Every output is NaN-poisoned before its call
+ * destroying launchers while their work is still queued, running with workspaces that another launcher
+ * (with the same traits) prepared, preparing workspaces synchronously and on streams, waiting with
+ * stream and device synchronization, and handing pinned buffers to the default, a shared
+ * (periodically replaced: releases race its destroy) and private releasers. Every output is NaN-poisoned before its call
  * and checked against the float64 reference of attention_reference.h (relative error < 2e-2, as the
  * examples use); deterministic backward results must be bitwise equal across repeats; every buffer
- * released with a counted allocator must be freed exactly once.
+ * released with a counted allocator must be freed exactly once, and every release must answer FMHA_OK
+ * or (the releaser was destroyed: the buffer stays the caller's) FMHA_ERR_INVALID_ARGUMENT.
  *
  * And the exit-under-load trial: threads hammer asynchronous work while the main thread calls exit(0).
  */
@@ -71,7 +73,7 @@ static const char *msg(char *buf, size_t n) {
 
 /* ---- the counted pinned allocator ---------------------------------------------------------------- */
 
-static atomic_long counted_frees, counted_releases;
+static atomic_long counted_frees, counted_releases, refused_releases;
 
 static fmha_status counted_allocate(void *user, size_t bytes, void **ptr) {
     (void)user;
@@ -106,14 +108,9 @@ static void staging_free(void *user, void *ptr) {
 
 static fmha_pinned_allocator staging_allocator = {sizeof(fmha_pinned_allocator), NULL, staging_allocate, staging_free};
 
-/* The shared releaser, replaced every few milliseconds: a slot lives until no release uses it. */
-typedef struct {
-    fmha_pinned_releaser *releaser;
-    atomic_int alive;
-    atomic_int inflight;
-} releaser_slot;
-
-static _Atomic(releaser_slot *) shared_slot;
+/* The shared releaser, replaced every few milliseconds. Handles are checked ids: a worker may use one
+ * that the swapper is destroying or has destroyed (the release then answers INVALID_ARGUMENT). */
+static _Atomic(fmha_pinned_releaser *) shared_releaser;
 static atomic_int stop_all;
 
 /* ---- shared launchers ---------------------------------------------------------------------------- */
@@ -122,6 +119,7 @@ typedef struct {
     setup shape; /* the problem (no buffers) */
     fmha_bwd_launcher *launcher;
     void *ws;
+    size_t ws_size;
     fmha_stream_t stream;
 } shared_config;
 
@@ -187,6 +185,7 @@ static int shared_setup(uint64_t *rng) {
             printf("soak: shared launcher %d: %s\n", i, msg(m, sizeof m));
             return 0;
         }
+        c->ws_size = bytes;
         setup_free(&tmp);
     }
     return 1;
@@ -281,7 +280,9 @@ out:
     setup_free(&s);
 }
 
-/* A backward on a shared launcher (its workspace, its stream), with this thread's own tensors. */
+/* A backward with a shared configuration's workspace on its stream (runs with one workspace are
+ * serialized by that stream), with this thread's own tensors: on the shared launcher, or on a fresh
+ * launcher with the same traits (the workspace describes itself), destroyed while its run is queued. */
 static void op_shared_backward(worker *w) {
     int which = rng_int(&w->rng, 0, 3);
     shared_config *c = &configs[which];
@@ -289,15 +290,24 @@ static void op_shared_backward(worker *w) {
     unsigned char *first[3] = {0};
     size_t bytes[3] = {0};
     int t[3] = {TDQ, TDK, TDV}, i, repeat;
+    fmha_bwd_launcher *fresh = NULL;
     setup_default_layout(&s);
     setup_alloc(&s, &w->rng);
     s.stream = c->stream;
     s.ba->workspace = c->ws;
+    s.ba->workspace_size = rng_chance(&w->rng, 50) ? c->ws_size : 0;
     setup_poison(&s, 0);
     CALL(w->id, "shared backward: forward", fmha_fwd(s.ft, s.fa, s.stream));
     for (repeat = 0; repeat < (s.det ? 2 : 1); ++repeat) {
         setup_poison(&s, 1);
-        CALL(w->id, "shared backward", fmha_bwd_launcher_run(c->launcher, s.ba, s.stream));
+        if (rng_chance(&w->rng, 40)) {
+            CALL(w->id, "shared workspace, fresh launcher", fmha_bwd_launcher_create(s.bt, &fresh));
+            CALL(w->id, "shared workspace, fresh launcher", fmha_bwd_launcher_run(fresh, s.ba, s.stream));
+            CALL(w->id, "shared workspace, fresh launcher", fmha_bwd_launcher_destroy(fresh));
+            fresh = NULL;
+        } else {
+            CALL(w->id, "shared backward", fmha_bwd_launcher_run(c->launcher, s.ba, s.stream));
+        }
         CALL(w->id, "shared backward", fmha_stream_synchronize(s.stream));
         if (repeat == 0) {
             check(w, &s, 1, "shared-launcher backward");
@@ -320,14 +330,16 @@ static void op_shared_backward(worker *w) {
         }
     }
 out:
+    if (fresh) fmha_bwd_launcher_destroy(fresh);
     for (i = 0; i < 3; ++i) free(first[i]);
     setup_free(&s);
 }
 
-/* A backward with a private launcher, destroyed while its work is queued. */
+/* A backward with a private launcher, destroyed while its work is queued; its workspace prepared by
+ * it or by a helper launcher with the same traits (destroyed right after the prepare). */
 static void op_private_backward(worker *w) {
     setup s;
-    fmha_bwd_launcher *launcher = NULL;
+    fmha_bwd_launcher *launcher = NULL, *helper = NULL, *preparer;
     fmha_stream_t stream = NULL;
     int private_stream = 0, method = rng_int(&w->rng, 0, 4), i, t[3] = {TDQ, TDK, TDV};
     void *ws = NULL;
@@ -349,15 +361,25 @@ static void op_private_backward(worker *w) {
     CALL(w->id, "private backward", fmha_bwd_launcher_workspace_size(launcher, &ws_size));
     CALL(w->id, "private backward", fmha_device_malloc(&ws, ws_size));
     s.ba->workspace = ws;
+    s.ba->workspace_size = rng_chance(&w->rng, 70) ? ws_size : 0;
+    preparer = launcher;
+    if (rng_chance(&w->rng, 30)) {
+        CALL(w->id, "private backward: helper launcher", fmha_bwd_launcher_create(s.bt, &helper));
+        preparer = helper;
+    }
     if (method == 0) {
         CALL(w->id, "private backward", fmha_stream_synchronize(stream)); /* the sync prepare is not ordered with the stream */
         CALL(w->id, "private backward",
-             fmha_bwd_launcher_prepare_workspace(launcher, ws, ws_size, s.group ? s.ssq : NULL, s.group ? s.ssk : NULL));
+             fmha_bwd_launcher_prepare_workspace(preparer, ws, ws_size, s.group ? s.ssq : NULL, s.group ? s.ssk : NULL));
     } else {
         CALL(w->id, "private backward",
-             fmha_bwd_launcher_prepare_workspace_async(launcher, ws, ws_size, s.group ? s.ssq : NULL, s.group ? s.ssk : NULL, stream,
+             fmha_bwd_launcher_prepare_workspace_async(preparer, ws, ws_size, s.group ? s.ssq : NULL, s.group ? s.ssk : NULL, stream,
                                                        method == 4 ? &staging_allocator : NULL,
                                                        method == 4 ? FMHA_PREPARE_HOST : method - 1));
+    }
+    if (helper) {
+        CALL(w->id, "private backward: destroy the helper launcher", fmha_bwd_launcher_destroy(helper));
+        helper = NULL;
     }
     setup_poison(&s, 1);
     CALL(w->id, "private backward", fmha_bwd_launcher_run(launcher, s.ba, stream));
@@ -387,6 +409,7 @@ static void op_private_backward(worker *w) {
                 break;
             }
 out:
+    if (helper) fmha_bwd_launcher_destroy(helper);
     if (launcher) fmha_bwd_launcher_destroy(launcher);
     if (stream) fmha_stream_synchronize(stream);
     if (private_stream && stream) fmha_stream_destroy(stream);
@@ -409,21 +432,22 @@ static void op_releaser(worker *w) {
             CALL(w->id, "releaser (private)", fmha_pinned_releaser_release(mine, p));
             atomic_fetch_add(&counted_releases, 1);
         } else {
-            releaser_slot *slot = atomic_load(&shared_slot);
-            atomic_fetch_add(&slot->inflight, 1);
-            if (atomic_load(&slot->alive)) {
-                fmha_status st = fmha_pinned_releaser_release(slot->releaser, p);
-                if (st == FMHA_OK) {
-                    atomic_fetch_add(&counted_releases, 1);
-                } else {
-                    char m[300];
-                    fail(w->id, "release on the shared releaser: %d (%s): %s", (int)st, fmha_status_string(st), msg(m, sizeof m));
-                    fmha_host_free_pinned(p);
-                }
+            /* no coordination with the swapper: OK frees p exactly once; INVALID_ARGUMENT (destroyed)
+             * leaves it to us */
+            fmha_pinned_releaser *rel = atomic_load(&shared_releaser);
+            fmha_status st;
+            if (rng_chance(&w->rng, 25)) usleep((useconds_t)rng_int(&w->rng, 0, 6000)); /* the swapper may destroy it meanwhile */
+            st = fmha_pinned_releaser_release(rel, p);
+            if (st == FMHA_OK) {
+                atomic_fetch_add(&counted_releases, 1);
+            } else if (st == FMHA_ERR_INVALID_ARGUMENT) {
+                atomic_fetch_add(&refused_releases, 1);
+                fmha_host_free_pinned(p);
             } else {
+                char m[300];
+                fail(w->id, "release on the shared releaser: %d (%s): %s", (int)st, fmha_status_string(st), msg(m, sizeof m));
                 fmha_host_free_pinned(p);
             }
-            atomic_fetch_sub(&slot->inflight, 1);
         }
     }
 out:
@@ -446,25 +470,20 @@ static void *worker_main(void *arg) {
 }
 
 /* Replaces the shared releaser every few milliseconds: the old one is destroyed while releases on it
- * may be in flight (they started before destroy; none starts after it). */
+ * may be in flight or about to start. */
 static void *swapper_main(void *arg) {
     long *swaps = (long *)arg;
     while (!atomic_load(&stop_all)) {
-        releaser_slot *fresh = (releaser_slot *)calloc(1, sizeof *fresh), *old;
+        fmha_pinned_releaser *fresh = NULL, *old;
         fmha_status st;
-        if (fmha_pinned_releaser_create(&counted_allocator, &fresh->releaser) != FMHA_OK) {
+        if (fmha_pinned_releaser_create(&counted_allocator, &fresh) != FMHA_OK) {
             char m[300];
             fail(-1, "shared releaser create: %s", msg(m, sizeof m));
-            free(fresh);
             break;
         }
-        atomic_store(&fresh->alive, 1);
-        old = atomic_exchange(&shared_slot, fresh);
-        atomic_store(&old->alive, 0);
-        st = fmha_pinned_releaser_destroy(old->releaser);
+        old = atomic_exchange(&shared_releaser, fresh);
+        st = fmha_pinned_releaser_destroy(old);
         if (st != FMHA_OK) fail(-1, "shared releaser destroy: %d", (int)st);
-        while (atomic_load(&old->inflight) > 0) usleep(100);
-        free(old);
         ++*swaps;
         usleep(3000);
     }
@@ -494,15 +513,14 @@ int soak_main(double seconds, int threads, uint64_t seed) {
     long totals[4] = {0, 0, 0, 0}, swaps = 0;
     double t0 = soak_now();
     int i;
-    releaser_slot *first = (releaser_slot *)calloc(1, sizeof *first), *last;
+    fmha_pinned_releaser *first = NULL;
     if (threads > 64) threads = 64;
     printf("soak: %d worker threads (+ a releaser swapper and a device-synchronize thread) for %.0f s (seed %llu)\n", threads,
            seconds, (unsigned long long)seed);
     fflush(stdout);
     if (!shared_setup(&rng)) return CHILD_EXIT_FAILED;
-    if (fmha_pinned_releaser_create(&counted_allocator, &first->releaser) != FMHA_OK) return CHILD_EXIT_FAILED;
-    atomic_store(&first->alive, 1);
-    atomic_store(&shared_slot, first);
+    if (fmha_pinned_releaser_create(&counted_allocator, &first) != FMHA_OK) return CHILD_EXIT_FAILED;
+    atomic_store(&shared_releaser, first);
     for (i = 0; i < threads; ++i) {
         workers[i].id = i;
         workers[i].rng = rng_mix(seed, 5000 + (uint64_t)i);
@@ -515,8 +533,7 @@ int soak_main(double seconds, int threads, uint64_t seed) {
     for (i = 0; i < threads; ++i) pthread_join(ids[i], NULL);
     pthread_join(swapper, NULL);
     pthread_join(syncer, NULL);
-    last = atomic_load(&shared_slot);
-    if (fmha_pinned_releaser_destroy(last->releaser) != FMHA_OK) fail(-1, "last shared releaser destroy failed");
+    if (fmha_pinned_releaser_destroy(atomic_load(&shared_releaser)) != FMHA_OK) fail(-1, "last shared releaser destroy failed");
     for (i = 0; i < 4; ++i) {
         fmha_bwd_launcher_destroy(configs[i].launcher);
     }
@@ -540,10 +557,10 @@ int soak_main(double seconds, int threads, uint64_t seed) {
         fail(-1, "releasers freed %ld buffers with the counted allocator, %ld were released (each must be freed exactly once)",
              atomic_load(&counted_frees), atomic_load(&counted_releases));
     printf("soak: %ld forward, %ld shared-launcher backward, %ld private-launcher backward, %ld releaser ops; %ld counted "
-           "releases, %ld shared-releaser swaps, %ld caller-allocated staging buffers, %ld device synchronizations by the "
-           "sync thread; %ld failures in %.1f s\n",
-           totals[0], totals[1], totals[2], totals[3], atomic_load(&counted_releases), swaps, atomic_load(&staging_allocs), sync_calls,
-           atomic_load(&failures),
+           "releases, %ld refused by a destroyed shared releaser, %ld shared-releaser swaps, %ld caller-allocated staging "
+           "buffers, %ld device synchronizations by the sync thread; %ld failures in %.1f s\n",
+           totals[0], totals[1], totals[2], totals[3], atomic_load(&counted_releases), atomic_load(&refused_releases), swaps,
+           atomic_load(&staging_allocs), sync_calls, atomic_load(&failures),
            soak_now() - t0);
     fflush(stdout);
     return atomic_load(&failures) == 0 ? 0 : CHILD_EXIT_FAILED;
