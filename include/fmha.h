@@ -11,9 +11,9 @@
 #include <stdint.h>
 
 #define FMHA_VERSION_MAJOR 0
-#define FMHA_VERSION_MINOR 1
+#define FMHA_VERSION_MINOR 2
 #define FMHA_VERSION_PATCH 0
-#define FMHA_VERSION_STRING "0.1.0"
+#define FMHA_VERSION_STRING "0.2.0"
 #define FMHA_VERSION_NUMBER (FMHA_VERSION_MAJOR * 10000 + FMHA_VERSION_MINOR * 100 + FMHA_VERSION_PATCH)
 
 
@@ -421,7 +421,7 @@ const char *fmha_status_string(fmha_status status);
 size_t fmha_last_error_message(char *buffer,
                                size_t length);
 
-// The library version as a static string, e.g. "0.1.0".
+// The library version as a static string, e.g. "0.2.0".
 const char *fmha_version(void);
 
 // The library version as `major * 10000 + minor * 100 + patch` (compare with `FMHA_VERSION_NUMBER`

@@ -46,7 +46,13 @@ pub struct Instance {
     pub vector_bytes: usize,
     /// Row strides (elements) of the tensors the kernels load must stay below this (0: any).
     pub max_input_row_stride: i64,
+    /// Query heads and batches the launch grids address (their y and z dimensions; 0: any).
+    pub max_grid_heads_and_batch: i64,
 }
+
+/// The GPU grids put query heads in their y and batches in their z dimension, which CUDA and HIP bound
+/// by 65535.
+const GPU_MAX_GRID_YZ: i64 = 65535;
 
 /// The AMD kernels address the rows of a loaded tile as 32-bit byte offsets from its first row (a
 /// scalar base register plus a per-lane offset): 128 rows of 16-bit elements must span less than 4 GiB.
@@ -93,6 +99,20 @@ impl Instance {
                 self.arch.name(),
                 self.max_input_row_stride
             )));
+        }
+        Ok(())
+    }
+
+    /// Refuses head and batch counts the instance's launch grids cannot address, naming the field.
+    pub fn check_grid(&self, nhead_q: i64, batch: i64) -> Result<()> {
+        let max = self.max_grid_heads_and_batch;
+        for (field, value) in [("nhead_q", nhead_q), ("batch", batch)] {
+            if max > 0 && value > max {
+                return Err(Error::unsupported(format!(
+                    "{field}: {value}; the {} kernels' launch grid addresses at most {max}",
+                    self.arch.name()
+                )));
+            }
         }
         Ok(())
     }
@@ -177,6 +197,7 @@ fn gpu_instances(arch: Arch, operation: Operation, tiles: &[(i64, i64, i64)], pi
                         hdim_multiple: 8,
                         vector_bytes: 16,
                         max_input_row_stride,
+                        max_grid_heads_and_batch: GPU_MAX_GRID_YZ,
                     });
                 }
             }
@@ -229,6 +250,7 @@ fn host_instances() -> Vec<Instance> {
                     hdim_multiple: 1,
                     vector_bytes: 0,
                     max_input_row_stride: 0,
+                    max_grid_heads_and_batch: 0,
                 });
             }
             for deterministic in [false, true] {
@@ -247,6 +269,7 @@ fn host_instances() -> Vec<Instance> {
                         hdim_multiple: 1,
                         vector_bytes: 0,
                         max_input_row_stride: 0,
+                        max_grid_heads_and_batch: 0,
                     });
                 }
             }
@@ -305,7 +328,8 @@ pub fn to_json(instances: &[Instance]) -> String {
             format!(
                 "{{\"name\":\"{}\",\"operation\":\"{}\",\"arch\":\"{}\",\"dtype\":\"{}\",\"hdim_q\":{},\"hdim_v\":{},\
                  \"masked\":{},\"deterministic\":{},\"m0\":{},\"n0\":{},\"pipeline\":\"{}\",\
-                 \"hdim_multiple\":{},\"vector_bytes\":{},\"max_input_row_stride\":{}}}",
+                 \"hdim_multiple\":{},\"vector_bytes\":{},\"max_input_row_stride\":{},\
+                 \"max_grid_heads_and_batch\":{}}}",
                 i.name(),
                 i.operation.name(),
                 i.arch.name(),
@@ -319,7 +343,8 @@ pub fn to_json(instances: &[Instance]) -> String {
                 i.pipeline,
                 i.hdim_multiple,
                 i.vector_bytes,
-                i.max_input_row_stride
+                i.max_input_row_stride,
+                i.max_grid_heads_and_batch
             )
         })
         .collect();

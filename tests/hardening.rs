@@ -358,7 +358,7 @@ fn one_launcher_serves_many_workspaces_on_many_streams() {
     ok(fmha_bwd_launcher_workspace_size(launcher, &mut size));
     let handle = launcher as usize;
     std::thread::scope(|scope| {
-        for seed in (0..8).map(|_| rng.next()) {
+        for seed in (0..8).map(|_| rng.next_u64()) {
             let case = &case;
             scope.spawn(move || {
                 let (fwd, bwd, expected) = forward_and_expected(case, &mut Rng(seed));
@@ -477,10 +477,46 @@ fn packed_dqkv_outputs_are_accepted_and_equal_separate_ones() {
     ok(fmha_device_free(packed));
 }
 
-/// Every call path keeps refusing garbage quickly: a group-mode forward with max_seqlen_q = INT32_MAX
-/// (a bound) ran a grid sized by it for seconds; the bound is clamped to the total rows.
+/// Work is sized by the data, not by counts or bounds that cover none: a group-mode forward with
+/// max_seqlen_q = INT32_MAX (a bound) ran a grid sized by it for seconds (the bound is clamped to the
+/// total rows), and an empty forward with 10^7 heads visited an empty block per head.
 #[test]
 fn huge_varlen_bounds_do_not_size_the_work() {
+    let empty = Case::batch_mode(Dtype::Bf16, 2, 10_000_000, 1, (0, 0), (64, 64), Mask::NONE);
+    let empty_tensor = fmha_tensor { data: null_mut(), batch_stride: 0, head_stride: 0, row_stride: 0 };
+    let args = fmha_fwd_args {
+        struct_size: std::mem::size_of::<fmha_fwd_args>(),
+        q: empty_tensor,
+        k: empty_tensor,
+        v: empty_tensor,
+        o: empty_tensor,
+        lse: empty_tensor,
+        seqstart_q: null(),
+        seqstart_k: null(),
+        seqlen_q_ptr: null(),
+        seqlen_k_ptr: null(),
+        batch: 2,
+        seqlen_q: 0,
+        seqlen_k: 0,
+        max_seqlen_q: 0,
+        max_seqlen_k: 0,
+        nhead_q: 10_000_000,
+        nhead_k: 1,
+        scale: 0.0,
+        window_size_left: -1,
+        window_size_right: -1,
+    };
+    let started = Instant::now();
+    let status = fmha_fwd(&Buffers::fwd_traits(&empty), &args, null_mut());
+    if host_backend() {
+        ok(status);
+    } else {
+        // The GPU grids address at most 65535 heads: refused, naming the field.
+        expect_error(status, FMHA_ERR_UNSUPPORTED, &["nhead_q"]);
+    }
+    ok(fmha_stream_synchronize(null_mut()));
+    assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
+
     let mut rng = Rng::fresh();
     let case = varlen_case(vec![(20, 30), (13, 47)], false);
     let (fwd, _, _) = forward_and_expected(&case, &mut rng);

@@ -62,7 +62,7 @@ from .ops import (  # noqa: F401
     registry_supports,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "FmhaError",

@@ -370,7 +370,7 @@ def status_string(status: int) -> str:
 
 
 def version() -> str:
-    """The library's version string, e.g. ``"0.1.0"``."""
+    """The library's version string, e.g. ``"0.2.0"``."""
     return library().fmha_version().decode()
 
 

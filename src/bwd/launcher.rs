@@ -79,6 +79,7 @@ impl BwdLauncher {
         let rt = runtime::current()?;
         let arch = rt.arch()?;
         let instance = select(&traits, &shape, arch)?;
+        instance.check_grid(traits.nhead_q, traits.batch)?;
         let layout = WorkspaceLayout::new(&workspace_params(&traits, &instance, rt.cu_count()?, arch))?;
         Ok(BwdLauncher { traits, shape, instance, layout })
     }

@@ -5,7 +5,7 @@ use std::ffi::c_char;
 
 pub use crate::abi_values::{FMHA_BACKEND_CUDA, FMHA_BACKEND_HOST, FMHA_BACKEND_ROCM};
 
-/// The library version as a static string, e.g. "0.1.0".
+/// The library version as a static string, e.g. "0.2.0".
 #[no_mangle]
 pub extern "C" fn fmha_version() -> *const c_char {
     concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr() as *const c_char

@@ -88,6 +88,7 @@ impl FwdArgs {
                 deterministic: false,
             },
         )?;
+        instance.check_grid(shape.nhead_q, shape.batch)?;
         // (field, tensor, loaded by the kernels' tiles)
         for (field, tensor, input) in
             [("q", &self.q, true), ("k", &self.k, true), ("v", &self.v, true), ("o", &self.o, false)]

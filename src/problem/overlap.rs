@@ -90,8 +90,10 @@ impl Region {
                 .checked_mul(element_bytes)
                 .ok_or_else(|| Error::invalid(&field, format!("{elements} elements overflow 64-bit byte offsets")))
         };
+        // A dimension of one element never steps by its stride, so only its sign is checked.
         let dim = |name: &str, count: i64, stride: i64| -> Result<Dim> {
-            Ok(Dim { count: count as u64, stride: bytes(name, stride)? })
+            ensure(stride >= 0, &format!("{field}.{name}"), || format!("{stride} is negative"))?;
+            Ok(Dim { count: count as u64, stride: if count > 1 { bytes(name, stride)? } else { 0 } })
         };
         Ok(Region {
             base: tensor.ptr.0 as u64,
@@ -910,7 +912,9 @@ mod tests {
         let err = |t: Tensor, extents| Region::of_tensor("dk", &t, Mode::Batch, extents, 4).unwrap_err().message;
         assert!(err(tensor(1 << 12, 100, -10, 1), (1, 1, 1, 1)).starts_with("dk.head_stride: -10 is negative"));
         assert!(err(t, (1, -2, 1, 1)).starts_with("dk: -2 heads is negative"));
-        assert!(err(tensor(1 << 12, 100, 10, i64::MAX), (1, 1, 1, 1)).starts_with("dk.row_stride"));
+        assert!(err(tensor(1 << 12, 100, 10, i64::MAX), (1, 1, 2, 1)).starts_with("dk.row_stride"));
+        // One row never steps by the row stride, however large.
+        assert!(Region::of_tensor("dk", &tensor(1 << 12, 100, 10, i64::MAX), Mode::Batch, (1, 1, 1, 1), 4).is_ok());
         assert!(err(t, (1, 1, 1, i64::MAX)).starts_with("dk.columns"));
     }
 

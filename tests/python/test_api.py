@@ -15,7 +15,7 @@ from attn_ref import BOTTOM_RIGHT, DEVICE, GPU, HOST, attention_ref, call_or_ski
 
 
 def test_version_backend_registry():
-    assert fmha.version() == "0.1.0" or fmha.version().count(".") == 2
+    assert fmha.version() == "0.2.0" or fmha.version().count(".") == 2
     major, minor, patch = (int(x) for x in fmha.version().split(".")[:3])
     assert fmha.version_number() == major * 10000 + minor * 100 + patch
     assert fmha.backend() in (fmha.BACKEND_HOST, fmha.BACKEND_CUDA, fmha.BACKEND_ROCM)

@@ -13,7 +13,7 @@ pub fn run<E: Element>(c: &BwdContext<E>, workers: i64) -> Result<()> {
     let s = &c.kargs.shape;
     let meta = c.metadata()?;
     let layout = &c.kargs.layout;
-    let tiles = ((s.max_seqlen_q + ROWS - 1) / ROWS).max(1) as usize;
+    let tiles = ((s.max_seqlen_q + ROWS - 1) / ROWS) as usize; // no rows: nothing to do
     let heads = s.nhead_q as usize;
     let (dq, group) = (s.hdim_q as usize, s.group_size());
     for_each_block(tiles * heads * s.batch as usize, workers, |block| {
