@@ -290,9 +290,10 @@ fmha_status fmha_bwd_launcher_workspace_size(const struct fmha_bwd_launcher *lau
 // Prepares `workspace` (at least `workspace_size` bytes of device memory, 16-byte aligned) for the
 // given sequence starts: group mode passes the host copies of `seqstart_q/k` (`[batch + 1]` int32),
 // batch mode passes NULL for both. Synchronous. The workspace then describes itself (its header
-// records what it was prepared for): any launcher with the same traits may run with it, on any
-// stream, and `run` initializes its dq_acc region itself, so one prepare serves any number of runs
-// with the same sequence starts.
+// records the layout it was prepared for: mode, determinism, batch, kv heads, query heads per kv head
+// × hdim_q, lengths, tile and CU count): any launcher with that layout may run with it (mask, dtype,
+// scale and hdim_v do not enter), on any stream, and `run` initializes its dq_acc region itself, so
+// one prepare serves any number of runs with the same sequence starts.
 fmha_status fmha_bwd_launcher_prepare_workspace(struct fmha_bwd_launcher *launcher,
                                                 void *workspace,
                                                 size_t workspace_size,

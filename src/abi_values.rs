@@ -1,6 +1,6 @@
 //! The integer values of the C ABI's enumerations and status codes, defined here once: cbindgen emits
 //! them into `include/fmha.h` (build.rs parses this file with `src/ffi/`), and the library's enums take
-//! their discriminants and parsers from them ([`abi_enum!`]), so the header, the enums and the checks of
+//! their discriminants and parsers from them (`abi_enum!`), so the header, the enums and the checks of
 //! every input cannot disagree. Values are fixed: never renumbered, only appended (docs/abi.md).
 
 /// `fmha_fwd_traits.dtype` / `fmha_bwd_traits.dtype`.

@@ -1,17 +1,20 @@
 //! `fmha`: fused multi-head attention behind a stable C ABI.
 //!
-//! Module map (see `docs/` and `../shared/design.md` for the architecture):
-//! - [`ffi`]: every exported `extern "C"` function; nothing else.
-//! - [`error`]: status codes and the error type.
-//! - [`runtime`]: the device runtime behind one trait (host, CUDA, ROCm).
-//! - [`problem`], [`mask`]: the attention problem (dtypes, strided tensors, shape, masks).
-//! - [`overlap`]: exact overlap tests for strided tensors (outputs must not share bytes).
-//! - [`fwd`], [`bwd`]: the forward and backward operations (traits, args, validation, launchers).
+//! Module map, top layer first (docs/architecture.md; `tests/layers.rs` checks the direction):
+//! - [`ffi`]: every exported `extern "C"` function and the handle tables; nothing else.
+//! - [`fwd`], [`bwd`]: the operations: traits, arguments, validation, launchers. Independent of each
+//!   other.
+//! - [`launch`]: the kernels' parameter blocks (the C++ header is generated from them), the launch
+//!   stubs, and the executor of this build (GPU stubs or the host backend's kernels).
+//! - [`registry`]: compiled kernel instances and their selection.
 //! - [`workspace`], [`schedule`]: the backward workspace layout and the deterministic persistent
 //!   schedule, one implementation for every backend.
-//! - [`reference`]: float64 reference attention for tests.
-//! - [`registry`]: compiled kernel instances and their selection.
-//! - [`host_kernels`]: the host backend's kernels.
+//! - [`problem`]: the attention problem (dtypes, strided tensors, shape, masks, output overlap).
+//! - [`pinned`]: the pinned-host releaser thread, pool and staging buffers.
+//! - [`runtime`]: the device runtime behind one trait (host, CUDA, ROCm); all foreign calls.
+//! - [`abi_values`], [`error`], [`host_buffer`]: ABI constants, status and error type, fallible host
+//!   allocations.
+//! - [`reference`](mod@reference): float64 reference attention for tests.
 
 pub mod abi_values;
 pub mod bwd;

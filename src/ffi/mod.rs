@@ -1,5 +1,5 @@
 //! The C ABI. Every `extern "C"` function of the library lives under this module, and every one that
-//! can fail goes through [`boundary`]: it catches panics, turns errors into status codes and keeps the
+//! can fail goes through `boundary`: it catches panics, turns errors into status codes and keeps the
 //! message in a thread-local buffer for `fmha_last_error_message`.
 
 #![allow(non_camel_case_types)]

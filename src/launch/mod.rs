@@ -1,6 +1,6 @@
 //! The launch layer: the one place that knows the kernels' parameter blocks (`abi.rs`, built by
 //! `params.rs`), the C++ launch stubs, and the host executor (`host/`). Operations hand it validated
-//! kernel arguments (`kargs.rs`); it runs them through the backend this build has: the [`Executor`] of
+//! kernel arguments (`kargs.rs`); it runs them through the backend this build has: the `Executor` of
 //! `gpu.rs` (the HIP kernels through the stubs) or of `host/` (the same algorithms on the CPU). Below it
 //! is only the runtime.
 

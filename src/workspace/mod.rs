@@ -9,8 +9,8 @@
 //! | header (ours) | 0 | `u32` magic `"FMHW"`, `u32` format version, `u64` [`fingerprint`] of the inputs |
 //! | nsplits | 16 | `i32 × (G ? batch : 1)` |
 //! | dq_acc_offsets | after nsplits | `i64 × (G ? batch + 1 : 0)` (elements; the last is the total) |
-//! | cu_state | after offsets | [`CuState`] × (G ? num_cus : 0), 32 bytes each |
-//! | batch_state | after cu_state | [`BatchState`] × (G ? batch : 0), 16 bytes each |
+//! | cu_state | after offsets | [`CuState`](crate::schedule::CuState) × (G ? num_cus : 0), 32 bytes each |
+//! | batch_state | after cu_state | [`BatchState`](crate::schedule::BatchState) × (G ? batch : 0), 16 bytes each |
 //!
 //! Bytes not covered by a section are zero, so the region is a pure function of the inputs and a
 //! device-side prepare can be compared byte for byte with the host one. The header is our addition to
