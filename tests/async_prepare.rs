@@ -67,16 +67,6 @@ fn gpu_build() -> bool {
     fmha::ffi::version::fmha_backend() != fmha::ffi::version::FMHA_BACKEND_HOST
 }
 
-fn varlen_case(seqlens: Vec<(usize, usize)>, deterministic: bool) -> Case {
-    let mut case =
-        Case::batch_mode(Dtype::Bf16, seqlens.len(), 4, 2, (1, 1), (64, 64), Mask::causal(MaskType::BottomRight));
-    case.group = true;
-    case.padding = vec![(0, 0); seqlens.len()];
-    case.seqlens = seqlens;
-    case.deterministic = deterministic;
-    case
-}
-
 struct Launcher {
     raw: *mut fmha_bwd_launcher,
     workspace: *mut c_void,
@@ -145,7 +135,7 @@ fn gated_stream_async_prepare_and_run_return_at_once_and_match_the_sync_path() {
     let _alone = gated();
     let mut rng = Rng::fresh();
     eprintln!("seed {}", rng.0);
-    let case = varlen_case(vec![(70, 130), (0, 33), (129, 64)], true);
+    let case = Case::varlen_causal(vec![(70, 130), (0, 33), (129, 64)], true);
     let (fwd, bwd, expected) = forward_and_expected(&case, &mut rng);
     // Reference: synchronous prepare.
     let sync = Launcher::new(&case);
@@ -189,7 +179,7 @@ fn gated_stream_async_prepare_and_run_return_at_once_and_match_the_sync_path() {
 fn launcher_destroyed_while_the_stream_is_gated() {
     let _alone = gated();
     let mut rng = Rng::fresh();
-    let case = varlen_case(vec![(50, 90), (31, 0), (64, 64)], true);
+    let case = Case::varlen_causal(vec![(50, 90), (31, 0), (64, 64)], true);
     let (fwd, bwd, expected) = forward_and_expected(&case, &mut rng);
     for method in [FMHA_PREPARE_HOST, FMHA_PREPARE_DEVICE] {
         let mut stream = null_mut();
@@ -229,7 +219,7 @@ fn one_launcher_and_workspace_reused_over_a_hundred_varlen_calls() {
         }
         lens
     };
-    let first = varlen_case(vec![(24, 30); 4], true);
+    let first = Case::varlen_causal(vec![(24, 30); 4], true);
     let mut template = first.clone();
     template.max_seqlen = Some((total_q, total_k));
     let launcher = Launcher::new(&template);
@@ -254,7 +244,7 @@ fn one_launcher_and_workspace_reused_over_a_hundred_varlen_calls() {
 fn failures_on_the_stream_are_reported_by_its_next_synchronize() {
     let _shared = not_gated();
     let mut rng = Rng::fresh();
-    let case = varlen_case(vec![(20, 30), (13, 47)], false);
+    let case = Case::varlen_causal(vec![(20, 30), (13, 47)], false);
     let (fwd, bwd, expected) = forward_and_expected(&case, &mut rng);
     let launcher = Launcher::new(&case);
     let args = bwd.args(&case, &fwd, launcher.workspace);
@@ -317,7 +307,7 @@ fn failures_on_the_stream_are_reported_by_its_next_synchronize() {
 fn bad_inputs_of_prepare_async() {
     let _shared = not_gated();
     let mut rng = Rng::fresh();
-    let case = varlen_case(vec![(20, 30), (13, 47)], true);
+    let case = Case::varlen_causal(vec![(20, 30), (13, 47)], true);
     let (fwd, _bwd, _) = forward_and_expected(&case, &mut rng);
     let launcher = Launcher::new(&case);
     let (q, k) = fwd.fwd_args_for_prepare();
@@ -467,7 +457,7 @@ unsafe extern "C" fn failing_allocate(_user: *mut c_void, _bytes: usize, _ptr: *
 fn caller_allocator_buffers_are_freed_once_on_the_releaser_thread() {
     let _shared = not_gated();
     let mut rng = Rng::fresh();
-    let case = varlen_case(vec![(20, 30), (13, 47)], true);
+    let case = Case::varlen_causal(vec![(20, 30), (13, 47)], true);
     let (fwd, _bwd, _) = forward_and_expected(&case, &mut rng);
     let launcher = Launcher::new(&case);
     let allocator = fmha_pinned_allocator {
@@ -576,7 +566,7 @@ fn prepare_async_returns_long_before_a_busy_stream_gets_to_it() {
     eprintln!("seed {}", rng.0);
     // Group-mode deterministic backward of a realistic varlen batch (host: a smaller one).
     let lengths: &[usize] = if gpu { &[1024, 3000, 17, 0, 2048, 511] } else { &[100, 300, 17, 0, 204, 51] };
-    let mut case = varlen_case(lengths.iter().map(|&l| (l, l)).collect(), true);
+    let mut case = Case::varlen_causal(lengths.iter().map(|&l| (l, l)).collect(), true);
     case.nhead_q = 16;
     case.nhead_k = 4;
     case.hdim_q = 128;
@@ -639,7 +629,7 @@ fn one_launcher_serves_varlen_batches_within_its_bounds() {
     let _shared = not_gated();
     let mut rng = Rng::fresh();
     eprintln!("seed {}", rng.0);
-    let template = varlen_case(vec![(1, 1); 3], true);
+    let template = Case::varlen_causal(vec![(1, 1); 3], true);
     let mut traits = bwd_traits(&template);
     (traits.seqlen_q, traits.seqlen_k, traits.max_seqlen_q, traits.max_seqlen_k) = (300, 360, 200, 240);
     let launcher = Launcher::with_traits(&traits);
@@ -711,7 +701,7 @@ fn auto_method_never_touches_pinned_memory() {
         status
     };
     let batch = Case::batch_mode(Dtype::Bf16, 2, 4, 2, (70, 90), (64, 64), Mask::causal(MaskType::BottomRight));
-    let group = varlen_case(vec![(20, 30), (13, 47)], true);
+    let group = Case::varlen_causal(vec![(20, 30), (13, 47)], true);
     let (fwd, _, _) = forward_and_expected(&group, &mut Rng::fresh());
     // Batch and group mode: the device kernel, whatever the allocator.
     assert_eq!(prepare(&batch, (null(), null()), FMHA_PREPARE_AUTO), FMHA_OK);

@@ -23,16 +23,6 @@ fn host_backend() -> bool {
     fmha::runtime::ACTIVE_BACKEND == fmha::runtime::BackendKind::Host
 }
 
-fn varlen_case(seqlens: Vec<(usize, usize)>, deterministic: bool) -> Case {
-    let mut case =
-        Case::batch_mode(Dtype::Bf16, seqlens.len(), 4, 2, (1, 1), (64, 64), Mask::causal(MaskType::BottomRight));
-    case.group = true;
-    case.padding = vec![(0, 0); seqlens.len()];
-    case.seqlens = seqlens;
-    case.deterministic = deterministic;
-    case
-}
-
 /// A host function that holds a stream until opened; it then fails with `AsyncFailure` if asked to.
 struct Gate {
     state: Arc<(Mutex<bool>, Condvar)>,
@@ -165,7 +155,7 @@ fn releaser_destroy_racing_releases_touches_no_freed_memory() {
 /// aborted the process on a failed 60 GB allocation.
 #[test]
 fn absurd_batch_sizes_are_refused_not_aborted() {
-    let case = varlen_case(vec![(8, 8); 2], true);
+    let case = Case::varlen_causal(vec![(8, 8); 2], true);
     let traits = fmha_bwd_traits { batch: i32::MAX, ..bwd_traits(&case) };
     let mut launcher = null_mut();
     expect_error(fmha_bwd_launcher_create(&traits, &mut launcher), FMHA_ERR_INVALID_ARGUMENT, &["batch"]);
@@ -233,7 +223,7 @@ fn prepares_check_alignment_and_name_the_right_seqstart() {
 #[test]
 fn header_and_code_agree_on_flags_strides_and_allocators() {
     let mut rng = Rng::fresh();
-    let case = varlen_case(vec![(20, 30), (13, 47)], false);
+    let case = Case::varlen_causal(vec![(20, 30), (13, 47)], false);
     let (fwd, _bwd, _) = forward_and_expected(&case, &mut rng);
     let traits = Buffers::fwd_traits(&case);
     let args = fwd.fwd_args(&case);
@@ -312,7 +302,7 @@ impl Drop for GuardedBytes {
 #[test]
 fn struct_size_is_read_first_and_nothing_past_it() {
     let mut rng = Rng::fresh();
-    let case = varlen_case(vec![(20, 30), (13, 47)], true);
+    let case = Case::varlen_causal(vec![(20, 30), (13, 47)], true);
     let (fwd, bwd, expected) = forward_and_expected(&case, &mut rng);
     let prepared = common::attention::PreparedLauncher::new(&case);
     let v1 = 416;
@@ -350,7 +340,7 @@ fn struct_size_is_read_first_and_nothing_past_it() {
 fn one_launcher_serves_many_workspaces_on_many_streams() {
     let mut rng = Rng::fresh();
     eprintln!("seed {}", rng.0);
-    let case = varlen_case(vec![(40, 50), (0, 17), (33, 64)], true);
+    let case = Case::varlen_causal(vec![(40, 50), (0, 17), (33, 64)], true);
     let traits = bwd_traits(&case);
     let mut launcher = null_mut();
     ok(fmha_bwd_launcher_create(&traits, &mut launcher));
@@ -518,7 +508,7 @@ fn huge_varlen_bounds_do_not_size_the_work() {
     assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
 
     let mut rng = Rng::fresh();
-    let case = varlen_case(vec![(20, 30), (13, 47)], false);
+    let case = Case::varlen_causal(vec![(20, 30), (13, 47)], false);
     let (fwd, _, _) = forward_and_expected(&case, &mut rng);
     let args = fmha_fwd_args { max_seqlen_q: i32::MAX, max_seqlen_k: i32::MAX, ..fwd.fwd_args(&case) };
     let started = Instant::now();

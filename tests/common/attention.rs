@@ -8,7 +8,7 @@ use fmha::ffi::attention::*;
 use fmha::ffi::backward::{fmha_bwd_args, fmha_bwd_traits};
 use fmha::ffi::runtime::*;
 use fmha::ffi::status::*;
-use fmha::problem::mask::Mask;
+use fmha::problem::mask::{Mask, MaskType};
 use fmha::reference::{Precision, RefProblem};
 use std::ffi::c_void;
 use std::ptr::null_mut;
@@ -71,6 +71,18 @@ impl Case {
             scale: 0.0,
             max_seqlen: None,
         }
+    }
+
+    /// A small group-mode problem (bf16, 4 query heads over 2 kv heads, head dim 64, bottom-right
+    /// causal) with the given (q, k) lengths: the async-preparation and hardening tests' workload.
+    pub fn varlen_causal(seqlens: Vec<(usize, usize)>, deterministic: bool) -> Case {
+        let mut case =
+            Case::batch_mode(Dtype::Bf16, seqlens.len(), 4, 2, (1, 1), (64, 64), Mask::causal(MaskType::BottomRight));
+        case.group = true;
+        case.padding = vec![(0, 0); seqlens.len()];
+        case.seqlens = seqlens;
+        case.deterministic = deterministic;
+        case
     }
 
     fn physical(&self, b: usize) -> (usize, usize) {
