@@ -81,11 +81,6 @@ struct BackwardShared {
   }
 };
 
-// 4 bytes global → shared; `valid == false` writes zero.
-__device__ inline void copy_async_4(uint32_t shared, const void* global, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared), "l"(global), "r"(valid ? 4 : 0));
-}
-
 // Everything a work unit keeps across its q tiles.
 template <typename Tile>
 struct UnitState {
@@ -207,7 +202,7 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
       for (int r = 0; r < 2; ++r) {
         const int key = warp * 16 + g + 8 * r;
         const uint32_t at = sh.ds + Tile::DsLayout::offset(key, 2 * kk + half) + 4 * t;
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(ds_frag[kk][2 * half + r]));
+        arch::shared_store_4(at, ds_frag[kk][2 * half + r]);
       }
     }
   }
@@ -299,7 +294,7 @@ __device__ inline void issue_q_tile(const fmha_bwd_params& p, const BackwardShar
                               : reinterpret_cast<const float*>(p.d) + batch * p.d_batch_stride +
                                     tile.h * p.d_head_stride + row;
     const bool valid = r < valid_rows;
-    copy_async_4((is_lse ? sh.lse(stage) : sh.d(stage)) + 4 * r, valid ? src + r : src, valid);
+    arch::copy_async_4((is_lse ? sh.lse(stage) : sh.d(stage)) + 4 * r, valid ? src + r : src, valid);
   }
 }
 
