@@ -218,7 +218,7 @@ valgrind --error-exitcode=99 --leak-check=no -q "$(cargo test --release --lib --
     sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)" --test-threads=1 pinned::
 
 begin "AMD kernels (CPU emulation)"
-# hip/fwd/forward_kernel_amd.h and the backward's stages (bwd/dq_dk_dv_kernel_amd.h with dot_do_o and
+# The AMD forward (hip/fwd/amd/) and the backward's stages (dq_dk_dv in hip/bwd/amd/ with dot_do_o and
 # convert_dq), unmodified, with every work-item a fiber and MFMA / buffer loads / lane exchange emulated
 # from the documented register layouts, against a float64 reference (no AMD GPU here).
 mkdir -p "$build"

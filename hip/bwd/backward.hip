@@ -7,9 +7,11 @@
 #include "bwd/dot_do_o.h"
 
 #if defined(FMHA_PLATFORM_NVIDIA)
-#include "bwd/dq_dk_dv_kernel.h"
+#include "bwd/sm90/kernel.h"
+#include "bwd/sm90/tile.h"
 #else
-#include "bwd/dq_dk_dv_kernel_amd.h"
+#include "bwd/amd/kernel.h"
+#include "bwd/amd/tile.h"
 #endif
 
 namespace fmha {

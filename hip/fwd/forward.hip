@@ -4,7 +4,8 @@
 #include "launch.h"
 
 #if defined(FMHA_PLATFORM_NVIDIA)
-#include "fwd/forward_kernel.h"
+#include "fwd/sm90/kernel.h"
+#include "fwd/sm90/tile.h"
 
 namespace fmha {
 
@@ -54,7 +55,8 @@ extern "C" int32_t fmha_hip_load_forward(void) {
 }
 
 #else
-#include "fwd/forward_kernel_amd.h"
+#include "fwd/amd/kernel.h"
+#include "fwd/amd/tile.h"
 
 namespace fmha {
 

@@ -1,5 +1,5 @@
 // CPU emulation test of the AMD backward: the unmodified kernel sources of the whole run (dot_do_o,
-// the dq_acc zeroing, bwd/dq_dk_dv_kernel_amd.h, convert_dq), with every work-item a fiber and MFMA,
+// the dq_acc zeroing, dq_dk_dv in bwd/amd/, convert_dq), with every work-item a fiber and MFMA,
 // buffer loads and the lane exchange emulated per the documented layouts (arch/amd/matrix_core.h
 // here), on a workspace prepared by the project's own prepare_metadata. dQ, dK and dV are held to the
 // field's rule against a float64 reference: at most 3x the error of the same computation in the input
@@ -15,7 +15,8 @@
 
 #include "bwd/convert_dq.h"
 #include "bwd/dot_do_o.h"
-#include "bwd/dq_dk_dv_kernel_amd.h"
+#include "bwd/amd/kernel.h"
+#include "bwd/amd/tile.h"
 #include "bwd/prepare_workspace.h"
 
 using namespace fmha;

@@ -1,14 +1,16 @@
-// CPU emulation test of hip/fwd/forward_kernel_amd.h: runs the unmodified kernel source with every
-// work-item a fiber, the MFMA and lane exchange emulated per the documented layouts
-// (emu/arch/amd/matrix_core.h), and compares with a float64 reference. Poisoned padding columns,
-// gap rows (group mode with logical lengths), poisoned outputs and LDS.
+// CPU emulation test of the AMD forward (hip/fwd/amd/kernel.h with its tile, copy and mainloop): runs the
+// unmodified kernel sources with every work-item a fiber, the MFMA and lane exchange emulated per the
+// documented layouts (tests/hip_emulation/arch/amd/matrix_core.h), and compares with a float64
+// reference. Poisoned padding columns, gap rows (group mode with logical lengths), poisoned outputs and
+// LDS.
 #include "emu_test.h"
 
 #include <math.h>
 
 #include <string>
 
-#include "fwd/forward_kernel_amd.h"
+#include "fwd/amd/kernel.h"
+#include "fwd/amd/tile.h"
 
 using namespace fmha;
 using emu::from_bits;

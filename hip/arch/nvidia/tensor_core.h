@@ -1,6 +1,6 @@
 // NVIDIA primitives around the tensor cores (the products themselves: arch/nvidia/warpgroup.h):
-// asynchronous global→shared copies, packing fp32 results into 16-bit operand registers, and the
-// reductions and exp2 of the softmax over the register fragments.
+// asynchronous global→shared copies and 32-bit shared stores, packing fp32 results into 16-bit operand
+// registers, and the reductions and exp2 of the softmax over the register fragments.
 //
 // A warp's fragments of a 16-row tile (PTX ISA, "mma.m16n8k16"; wgmma uses them per warp), with
 // g = lane / 4 and t = lane % 4:
@@ -22,10 +22,21 @@ __device__ inline uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// 4 bytes to shared memory at `shared` (a 32-bit shared-window address).
+__device__ inline void shared_store_4(uint32_t shared, uint32_t value) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(shared), "r"(value));
+}
+
 // 16 bytes global → shared (a 32-bit shared-window address), bypassing L1; `valid == false` writes
 // zeros (rows past the sequence).
 __device__ inline void copy_async_16(uint32_t shared, const void* global, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared), "l"(global), "r"(valid ? 16 : 0));
+}
+
+// 4 bytes global → shared (a 32-bit shared-window address), through L1 (`cg` takes 16 bytes only);
+// `valid == false` writes zero.
+__device__ inline void copy_async_4(uint32_t shared, const void* global, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared), "l"(global), "r"(valid ? 4 : 0));
 }
 
 __device__ inline void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }

@@ -1,19 +1,6 @@
-// Stage 2 of the backward on Hopper tensor cores (wgmma, sm_90a) with cp.async copies:
-// FlashAttention-2's dK/dV-resident algorithm (host twin: src/host_kernels/backward/dq_dk_dv.rs).
-//
-// A work unit is one (batch, kv head, K tile of kBlockN keys); one warpgroup owns 64 keys. K and V stay
-// in shared memory while the q tiles (kBlockM rows) of every query head of the GQA group stream past,
-// double-buffered with their dO, LSE and D rows. Per q tile, each warpgroup computes its keys'
-// transposed scores Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (both operands from shared memory), so that the
-// accumulators are directly the register A operands of
-//   dV += Pᵀ·dO,   dK += dSᵀ·Q,     with P = 2^(scale_log2 · S - LSE · log2 e), dS = P ∘ (dP - D),
-// and stores dSᵀ to shared memory, from which each warpgroup then computes its half of the columns of
-// dQ = dS·K for the tile and adds it to the unit's dq_acc split slot with vector atomics.
-// Non-deterministic mode: one workgroup per unit, slot 0, adds in any order. Deterministic mode: the
-// persistent schedule gives every slot to one workgroup, and every element of it to one thread, whose
-// adds apply in program order; the workgroup's first unit in a slot stores instead, and zeroes the
-// rows it does not visit (no zeroing pass over the slots).
-// dK (scaled) and dV are stored once per unit. Fully masked q tiles are never visited.
+// The backward's (dq_dk_dv) mainloop on Hopper (sm_90a): the wgmma operands of a warpgroup, one q tile
+// against the unit's K/V (Sᵀ, dPᵀ, dV, dK, dSᵀ to shared memory), its dQ added to the dq_acc slot, the
+// deterministic mode's L2 prefetch of the next dq_acc rows, and the cp.async copies of a step.
 #pragma once
 
 #include "arch/nvidia/shared_tile.h"
@@ -23,68 +10,10 @@
 #include "launch.h"
 #include "bwd/unit_walk.h"
 #include "common/kept_range.h"
+#include "common/sequence.h"
+#include "bwd/sm90/tile.h"
 
 namespace fmha {
-
-template <int kHeadDim, int kWarps_, int kBlockM_, bool kMasked_, bool kDeterministic_>
-struct BackwardTile {
-  static constexpr int kWarps = kWarps_;
-  static constexpr int kThreads = kWarps * arch::kWarpSize;
-  static constexpr int kBlockN = 16 * kWarps;  // one warpgroup per 64 keys
-  static constexpr int kBlockM = kBlockM_;
-  static constexpr bool kMasked = kMasked_;
-  static constexpr bool kDeterministic = kDeterministic_;
-  static constexpr int kDim = kHeadDim;
-  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of a Q/K/V/dO row
-  static constexpr int kMChunks = kBlockM / 8;  // of a dSᵀ row
-  // The wgmma shapes compiled in arch/nvidia/warpgroup.h: Sᵀ and dPᵀ are 64 keys × kBlockM, dK and dV
-  // 64 keys × kDim, each warpgroup's half of dQ kBlockM × kDim / 2.
-  static_assert(kWarps == 8 && kBlockM == 64 && (kHeadDim == 64 || kHeadDim == 128), "wgmma tile shapes");
-  static_assert(kMChunks == 8, "dSᵀ rows are one 128-byte swizzle block");
-  // dQ = dS·K: warpgroup w computes columns [w · kDqCols, (w + 1) · kDqCols) of the kBlockM rows.
-  static constexpr int kDqCols = kDim / 2;
-  using KVLayout = Swizzle128<kChunks, kBlockN>;
-  using QLayout = Swizzle128<kChunks, kBlockM>;
-  using DsLayout = Swizzle128<kMChunks, kBlockN>;  // dSᵀ: kBlockN key rows of kBlockM q columns
-  // Shared memory (bytes), from a 1024-byte boundary: K, V, dSᵀ, two stages of Q and dO, two stages
-  // of LSE and D.
-  static constexpr int kKVBytes = kBlockN * kDim * 2;
-  static constexpr int kQBytes = kBlockM * kDim * 2;
-  static constexpr int kDsBytes = kBlockN * kBlockM * 2;
-  static constexpr int kRowStatBytes = kBlockM * 4;
-  static constexpr int kSharedBytes = 2 * kKVBytes + 4 * kQBytes + kDsBytes + 4 * kRowStatBytes + kSwizzle128Slack;
-};
-
-// Shared-memory addresses (32-bit shared window) of one workgroup's buffers. Stages are selected by
-// arithmetic, not by indexing an array: a runtime index into an array would put it in local memory.
-template <typename Tile>
-struct BackwardShared {
-  uint32_t k, v, ds, q0, d_o0, lse0, d0;
-  const unsigned char* base;  // generic pointer to the same bytes, for the fp32 row statistics
-  uint32_t base_address;
-
-  __device__ explicit BackwardShared(unsigned char* bytes) : base(bytes), base_address(arch::shared_address(bytes)) {
-    k = swizzle128_base(bytes);
-    v = k + Tile::kKVBytes;
-    ds = v + Tile::kKVBytes;
-    q0 = ds + Tile::kDsBytes;             // then the second stage of Q
-    d_o0 = q0 + 2 * Tile::kQBytes;        // two stages of dO
-    lse0 = d_o0 + 2 * Tile::kQBytes;      // two stages of LSE
-    d0 = lse0 + 2 * Tile::kRowStatBytes;  // two stages of D
-  }
-  __device__ uint32_t q(int stage) const { return q0 + stage * Tile::kQBytes; }
-  __device__ uint32_t d_o(int stage) const { return d_o0 + stage * Tile::kQBytes; }
-  __device__ uint32_t lse(int stage) const { return lse0 + stage * Tile::kRowStatBytes; }
-  __device__ uint32_t d(int stage) const { return d0 + stage * Tile::kRowStatBytes; }
-  __device__ const float* row_stats(uint32_t address) const {
-    return reinterpret_cast<const float*>(base + (address - base_address));
-  }
-};
-
-// 4 bytes global → shared; `valid == false` writes zero.
-__device__ inline void copy_async_4(uint32_t shared, const void* global, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared), "l"(global), "r"(valid ? 4 : 0));
-}
 
 // Everything a work unit keeps across its q tiles.
 template <typename Tile>
@@ -207,7 +136,7 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
       for (int r = 0; r < 2; ++r) {
         const int key = warp * 16 + g + 8 * r;
         const uint32_t at = sh.ds + Tile::DsLayout::offset(key, 2 * kk + half) + 4 * t;
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(ds_frag[kk][2 * half + r]));
+        arch::shared_store_4(at, ds_frag[kk][2 * half + r]);
       }
     }
   }
@@ -299,116 +228,8 @@ __device__ inline void issue_q_tile(const fmha_bwd_params& p, const BackwardShar
                               : reinterpret_cast<const float*>(p.d) + batch * p.d_batch_stride +
                                     tile.h * p.d_head_stride + row;
     const bool valid = r < valid_rows;
-    copy_async_4((is_lse ? sh.lse(stage) : sh.d(stage)) + 4 * r, valid ? src + r : src, valid);
+    arch::copy_async_4((is_lse ? sh.lse(stage) : sh.d(stage)) + 4 * r, valid ? src + r : src, valid);
   }
-}
-
-template <typename Tile, typename T>
-__device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, unsigned char* shared_bytes) {
-  using E = arch::Element<T>;
-  constexpr int M = Tile::kBlockM, N = Tile::kBlockN, kDTiles = Tile::kDim / 8;
-  const UnitQTiles<M, N, Tile::kMasked> walk(p, unit);
-  const DqAccBlock acc = dq_acc_block(p, unit.batch);
-  // The unit's split slot: rows of group · hdim_q, a q tile's query head gh at column gh · hdim_q.
-  float* const unit_slot = dq_acc_region(p) + acc.index(unit.head, unit.split, 0, 0);
-  const int64_t slot_row_elements = acc.row_elements;
-  const bool store_dq = unit.first_in_slot;
-  if (store_dq) walk.template zero_unvisited_rows<Tile::kThreads>(unit_slot, slot_row_elements);
-  if (!walk.has_keys()) return;
-  const BatchRows& rows = walk.rows;
-  const int64_t batch = walk.batch, j0 = walk.j0, j1 = walk.j1, steps = walk.steps;
-  const int hk = unit.head;
-  const BackwardShared<Tile> sh(shared_bytes);
-  const int lane = arch::thread_index() % arch::kWarpSize, warp = arch::thread_index() / arch::kWarpSize;
-  const int g = lane / 4, t = lane % 4;
-
-  const TileCopy<Tile, M, typename Tile::QLayout> q_copy;
-  const TileCopy<Tile, N, typename Tile::KVLayout> kv_copy;
-  const T* k = reinterpret_cast<const T*>(p.k) + batch * p.k_batch_stride + hk * p.k_head_stride +
-               (rows.k_start + j0) * p.k_row_stride;
-  const T* v = reinterpret_cast<const T*>(p.v) + batch * p.v_batch_stride + hk * p.v_head_stride +
-               (rows.k_start + j0) * p.v_row_stride;
-  kv_copy.issue(sh.k, k, p.k_row_stride, static_cast<int>(j1 - j0), p.hdim_q);
-  kv_copy.issue(sh.v, v, p.v_row_stride, static_cast<int>(j1 - j0), p.hdim_v);
-  QTile tile = walk.tile(0);
-  if (steps > 0) issue_q_tile<Tile, T>(p, sh, 0, q_copy, rows, batch, tile);
-  arch::copy_async_commit();
-
-  UnitState<Tile> st;
-#pragma unroll
-  for (int n = 0; n < kDTiles; ++n) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) st.dk[n][e] = st.dv[n][e] = 0.f;
-  }
-  const BackwardOperands operands = backward_operands(sh, warp / 4);
-  // The query rows each of this thread's two keys (g and g + 8 of the warp's 16) keeps, once per unit.
-  IndexRange kept_rows[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    kept_rows[r] = rows_of_key<Tile::kMasked>(walk.mask, j0 + warp * 16 + g + 8 * r, rows.sq, rows.sk);
-  }
-  auto slot_of = [&](const QTile& q) { return unit_slot + (q.h - walk.first_head) * p.hdim_q; };
-  auto prefetch_dq = [&](const QTile& q) {
-    // The first unit overwrites whole sectors: nothing to fetch.
-    if (Tile::kDeterministic && !store_dq) prefetch_dq_rows<Tile>(slot_of(q), slot_row_elements, q.i0, rows.sq, p.hdim_q);
-  };
-  if (steps > 0) prefetch_dq(tile);
-
-  for (int64_t step = 0; step < steps; ++step) {
-    const int stage = static_cast<int>(step & 1);
-    const QTile next = walk.next(tile);
-    if (step + 1 < steps) {
-      issue_q_tile<Tile, T>(p, sh, stage ^ 1, q_copy, rows, batch, next);
-      arch::copy_async_commit();
-      prefetch_dq(next);
-      arch::copy_async_wait<1>();
-    } else {
-      arch::copy_async_wait<0>();
-    }
-    arch::fence_shared_for_async_proxy();
-    arch::block_barrier();
-
-    if (walk.edge(tile)) {
-      accumulate_dk_dv<Tile, T, true>(st, sh, stage, operands, p.scale_log2, kept_rows, tile.i0, warp, g, t);
-    } else {
-      accumulate_dk_dv<Tile, T, false>(st, sh, stage, operands, p.scale_log2, kept_rows, tile.i0, warp, g, t);
-    }
-    arch::block_barrier();  // dSᵀ complete; this stage's Q/dO are no longer read
-
-    accumulate_dq<Tile, T>(operands, slot_of(tile), slot_row_elements, tile.i0, rows.sq, p.hdim_q, p.scale, store_dq,
-                           warp, g, t);
-    tile = next;
-  }
-
-  // dK = scale · Σ dSᵀ·Q and dV, the warp's 16 keys (zero when no query row reached the tile).
-  T* dk = reinterpret_cast<T*>(p.dk) + batch * p.dk_batch_stride + hk * p.dk_head_stride;
-  T* dv = reinterpret_cast<T*>(p.dv) + batch * p.dv_batch_stride + hk * p.dv_head_stride;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t key = j0 + warp * 16 + g + 8 * r;
-    if (key >= rows.sk) continue;
-    T* dk_row = dk + (rows.k_start + key) * p.dk_row_stride;
-    T* dv_row = dv + (rows.k_start + key) * p.dv_row_stride;
-#pragma unroll
-    for (int n = 0; n < kDTiles; ++n) {
-      const int col = n * 8 + 2 * t;
-      if (col < p.hdim_q) {
-        *reinterpret_cast<uint32_t*>(dk_row + col) = E::pack(st.dk[n][2 * r] * p.scale, st.dk[n][2 * r + 1] * p.scale);
-      }
-      if (col < p.hdim_v) {
-        *reinterpret_cast<uint32_t*>(dv_row + col) = E::pack(st.dv[n][2 * r], st.dv[n][2 * r + 1]);
-      }
-    }
-  }
-  arch::block_barrier();  // the next unit overwrites K and V, which the last dQ step read
-}
-
-template <typename Tile, typename T>
-__global__ void __launch_bounds__(Tile::kThreads, 1) dq_dk_dv_kernel(fmha_bwd_params p) {
-  extern __shared__ __align__(1024) unsigned char shared_bytes[];
-  if (!workspace_prepared(p)) return;
-  for_each_unit<Tile::kDeterministic>(p, Tile::kMasked,
-                                      [&](const WorkUnit& unit) { run_unit<Tile, T>(p, unit, shared_bytes); });
 }
 
 }  // namespace fmha

@@ -1,4 +1,4 @@
-// The attention forward mainloop on Hopper tensor cores (wgmma, sm_90a) with cp.async copies:
+// The attention forward kernel on Hopper tensor cores (wgmma, sm_90a) with cp.async copies:
 // FlashAttention-2's algorithm on warpgroup MMAs.
 //
 // One CTA computes a tile of kBlockM query rows of one (batch, query head): one warpgroup (4 warps) per
@@ -8,6 +8,10 @@
 // (fp32, both operands from shared memory), mask on edge tiles, online softmax in the exp2 domain, P
 // rounded to the input type in registers as the A operand of O += P·V (V read N-major from shared
 // memory). Fully masked tiles are never visited. Rows with no kept key get O = 0 and LSE = -inf.
+//
+// The kernel is its tile (fwd/sm90/tile.h: the CTA's shape and shared-memory layout), its mainloop
+// (fwd/sm90/mainloop.h: one K/V tile for one warpgroup) and, at the end of forward_kernel below, the
+// epilogue (normalise O, store O and the LSE). The copies are arch/nvidia/shared_tile.h's TileCopy.
 #pragma once
 
 #include "arch/nvidia/shared_tile.h"
@@ -16,107 +20,9 @@
 #include "arch/thread.h"
 #include "common/sequence.h"
 #include "launch.h"
+#include "fwd/sm90/mainloop.h"
 
 namespace fmha {
-
-template <typename T, int kHeadDim, int kWarpgroups_, int kBlockN_, bool kMasked_>
-struct ForwardTile {
-  static constexpr int kWarpgroups = kWarpgroups_;
-  static constexpr int kWarps = 4 * kWarpgroups;
-  static constexpr int kBlockM = 64 * kWarpgroups;
-  static constexpr int kBlockN = kBlockN_;
-  static constexpr bool kMasked = kMasked_;
-  static constexpr int kThreads = kWarps * arch::kWarpSize;
-  static constexpr int kDim = kHeadDim;
-  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
-  // The wgmma N shapes compiled in arch/nvidia/warpgroup.h: 64 and 128 (S is 64 x kBlockN, O 64 x D).
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
-  static_assert(kBlockN == 64 || kBlockN == 128, "64 or 128 keys per tile");
-  using QLayout = Swizzle128<kChunks, kBlockM>;
-  using KVLayout = Swizzle128<kChunks, kBlockN>;
-  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;
-  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * 2;
-  // Q, two stages of K and of V, from a 1024-byte boundary.
-  static constexpr int kSharedBytes = kQBytes + 4 * kKVBytes + kSwizzle128Slack;
-};
-
-// The running state of one thread's share of its warp's 16 query rows: the O accumulator and the
-// online softmax statistics (in the exp2 domain of unscaled scores: max is of raw S).
-template <typename Tile>
-struct RowState {
-  float o[Tile::kDim / 8][4];
-  float row_max[2];
-  float row_sum[2];
-};
-
-// One K/V tile for one warpgroup: S = Q·Kᵀ, mask (edge tiles only: the masks are compiled out of the
-// interior path), online softmax, O += P·V. `q`, `k`, `v`: the descriptors of the warpgroup's Q rows
-// and of this stage's K and V tiles.
-template <typename Tile, typename T, bool kEdge>
-__device__ inline void attend_tile(RowState<Tile>& st, uint64_t q, uint64_t k, uint64_t v, float scale_log2,
-                                   const ResolvedMask& mask, int64_t j0, int64_t sk, const int64_t (&row_of)[2], int t) {
-  constexpr int N = Tile::kBlockN, D = Tile::kDim, kNTiles = N / 8, kDTiles = D / 8;
-
-  float s[kNTiles][4];
-  arch::warpgroup_fence();
-  arch::mma_rows_by_rows<T, D, Tile::QLayout::kBlockBytes, Tile::KVLayout::kBlockBytes>(s, q, k);
-  arch::warpgroup_commit();
-  arch::warpgroup_wait<0>();
-  arch::hold_registers(s);
-  if (kEdge) {
-#pragma unroll
-    for (int n = 0; n < kNTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t i = row_of[e / 2], j = j0 + n * 8 + 2 * t + (e & 1);
-        const bool keep = Tile::kMasked ? mask.kept(i, j, sk) : j < sk;
-        if (!keep) s[n][e] = -INFINITY;
-      }
-    }
-  }
-
-  // Online softmax on raw scores: P = 2^(scale_log2 · (S - max)), one FFMA and one EX2 per element.
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float tile_max = -INFINITY;
-#pragma unroll
-    for (int n = 0; n < kNTiles; ++n) tile_max = fmaxf(tile_max, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-    tile_max = arch::quad_max(tile_max);
-    const float new_max = fmaxf(st.row_max[r], tile_max);
-    // A row with every key so far masked keeps max = -inf; 0 keeps the exponent away from NaN.
-    const float base = new_max == -INFINITY ? 0.f : new_max * scale_log2;
-    // Exact exp2 here: the running sum is rescaled by this factor on every tile whose max grows, and
-    // the approximate one's ~2^-22 error compounds over the tiles into the LSE (O cancels it).
-    const float correction = exp2f(st.row_max[r] * scale_log2 - base);
-    st.row_max[r] = new_max;
-    st.row_sum[r] *= correction;
-#pragma unroll
-    for (int n = 0; n < kDTiles; ++n) {
-      st.o[n][2 * r] *= correction;
-      st.o[n][2 * r + 1] *= correction;
-    }
-    // The tile's sum first, then one add into the running sum: thousands of keys would otherwise
-    // accumulate one rounding each.
-    float tile_sum = 0.f;
-#pragma unroll
-    for (int n = 0; n < kNTiles; ++n) {
-      s[n][2 * r] = arch::fast_exp2(fmaf(s[n][2 * r], scale_log2, -base));
-      s[n][2 * r + 1] = arch::fast_exp2(fmaf(s[n][2 * r + 1], scale_log2, -base));
-      tile_sum += s[n][2 * r] + s[n][2 * r + 1];
-    }
-    st.row_sum[r] += tile_sum;
-  }
-
-  // O += P·V: P's accumulator layout is the A-fragment layout of a 16-key step.
-  uint32_t p[N / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < N / 16; ++kk) arch::a_fragment<T>(p[kk], s, kk);
-  arch::warpgroup_fence();
-  arch::mma_registers_by_columns<T>(st.o, p, v);
-  arch::warpgroup_commit();
-  arch::warpgroup_wait<0>();
-  arch::hold_registers(st.o);
-}
 
 template <typename Tile, typename T>
 __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(fmha_fwd_params p) {

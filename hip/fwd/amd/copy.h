@@ -1,0 +1,102 @@
+// The forward's K/V copy on AMD (gfx942 / gfx950): one K tile and one V tile, global → registers →
+// the swizzled LDS stages of fwd/amd/tile.h (V transposed on the way).
+#pragma once
+
+#include "arch/amd/lds_swizzle.h"
+#include "arch/amd/matrix_core.h"
+#include "fwd/amd/tile.h"
+
+namespace fmha {
+
+// A thread's share of moving one K tile and one V tile global → registers → LDS. Addresses are the
+// tile's row 0 (wave-uniform) plus a 32-bit byte offset per thread (global_load with a scalar base:
+// the launch stub refuses row strides for which 128 rows overflow 32 bits). Loads of rows past
+// `valid_rows` or of columns past the head dim read row 0 instead (which exists; no branch), and
+// `store` writes zeros for them: a zero V row times P = 0 adds nothing, where garbage could be NaN.
+// The zeros are selected at the store, not at the load, so that nothing waits for the loads before
+// the step's compute.
+//   K: 16-byte chunk `k_col / 8` of rows k_row + i · kRowStep, stored as two 8-byte units. Lanes 0-7
+//      take chunks 0-7 of one row, lanes 8-15 the same chunks of the next row, so that each 16-lane
+//      phase of a ds_write_b64 hits 16 distinct slots of the bank window.
+//   V: 16-byte chunk `v_col / 8` (8 dims) of the 4 keys 4 v_group .. 4 v_group + 3, transposed in
+//      registers into 8 units of Vᵀ (one per dim, 4 keys each). Lane bit 0 is the chunk's low bit and
+//      lane bits 1-3 the group's low bits: the 16 lanes of a phase write 16 distinct slots (rows of
+//      128 bytes). At most one V job per thread; threads past the last group have none.
+template <typename Tile>
+struct KVCopy {
+  static constexpr int N = Tile::kBlockN, kChunks = Tile::kChunks, kThreads = Tile::kThreads;
+  static constexpr int kRowStep = kThreads / kChunks;
+  static constexpr int kKLoads = N / kRowStep;
+  static constexpr int kGroups = N / 4;
+  static_assert(N % kRowStep == 0 && kGroups * kChunks <= kThreads && kChunks % 8 == 0, "copy mapping");
+
+  int k_row, k_col;  // first row and first column (elements) of this thread's K chunks
+  int v_group, v_col;
+  uint32_t k_offset, k_step;  // bytes from row 0 to the first K chunk; bytes per kRowStep rows
+  uint32_t v_offset, v_step;  // bytes from row 0 to the first V chunk; bytes per row
+  arch::u32x4 k[kKLoads];
+  arch::u32x4 v[4];
+
+  __device__ KVCopy(int tid, int64_t k_stride, int64_t v_stride) {
+    constexpr int kHigh = kChunks / 8;  // chunk bits above the first 128 bytes of a row
+    k_col = ((tid & 7) + 8 * ((tid >> 4) % kHigh)) * 8;
+    k_row = ((tid >> 3) & 1) + 2 * ((tid >> 4) / kHigh);
+    constexpr int kHalfChunks = kChunks / 2;
+    v_col = ((tid & 1) + 2 * ((tid >> 4) % kHalfChunks)) * 8;
+    v_group = ((tid >> 1) & 7) + 8 * ((tid >> 4) / kHalfChunks);
+    k_offset = static_cast<uint32_t>((k_row * k_stride + k_col) * 2);
+    k_step = static_cast<uint32_t>(kRowStep * k_stride * 2);
+    v_offset = static_cast<uint32_t>((4 * v_group * v_stride + v_col) * 2);
+    v_step = static_cast<uint32_t>(v_stride * 2);
+  }
+
+  __device__ bool k_valid(int i, int valid_rows, int hdim_q) const {
+    return k_col < hdim_q && k_row + i * kRowStep < valid_rows;
+  }
+  __device__ bool v_valid(int e, int valid_rows, int hdim_v) const {
+    return v_group < kGroups && v_col < hdim_v && 4 * v_group + e < valid_rows;
+  }
+
+  // `kg` / `vg`: row 0 of the tile.
+  __device__ void load(const uint16_t* kg, const uint16_t* vg, int valid_rows, int hdim_q, int hdim_v) {
+    const uint8_t* kb = reinterpret_cast<const uint8_t*>(kg);
+    const uint8_t* vb = reinterpret_cast<const uint8_t*>(vg);
+#pragma unroll
+    for (int i = 0; i < kKLoads; ++i) {
+      k[i] = arch::global_load_16(kb + (k_valid(i, valid_rows, hdim_q) ? k_offset + i * k_step : 0u));
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      v[e] = arch::global_load_16(vb + (v_valid(e, valid_rows, hdim_v) ? v_offset + e * v_step : 0u));
+    }
+  }
+
+  // K into the K tile at byte offset `k_tile`, Vᵀ into the Vᵀ tile at `v_tile`; the same `valid_rows`
+  // and head dims as the load.
+  __device__ void store(arch::lds_byte* lds, uint32_t k_tile, uint32_t v_tile, int valid_rows, int hdim_q,
+                        int hdim_v) const {
+    const int unit = k_col / 4;
+#pragma unroll
+    for (int i = 0; i < kKLoads; ++i) {
+      const arch::u32x4 x = k_valid(i, valid_rows, hdim_q) ? k[i] : arch::u32x4(0u);
+      const int r = k_row + i * kRowStep;
+      arch::lds_store_8(lds, k_tile + swizzled<Tile::kKUnits>(r, unit), arch::u32x2{x.x, x.y});
+      arch::lds_store_8(lds, k_tile + swizzled<Tile::kKUnits>(r, unit + 1), arch::u32x2{x.z, x.w});
+    }
+    if (v_group >= kGroups) return;
+    arch::u32x4 y[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) y[e] = v_valid(e, valid_rows, hdim_v) ? v[e] : arch::u32x4(0u);
+#pragma unroll
+    for (int x = 0; x < 8; ++x) {
+      // Dim v_col + x of keys 4 v_group + e: the low or high half of word x / 2 of y[e].
+      uint32_t d[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) d[e] = (x & 1) ? y[e][x / 2] >> 16 : y[e][x / 2] & 0xffffu;
+      arch::lds_store_8(lds, v_tile + swizzled<Tile::kVUnits>(v_col + x, v_group),
+                        arch::u32x2{d[0] | (d[1] << 16), d[2] | (d[3] << 16)});
+    }
+  }
+};
+
+}  // namespace fmha

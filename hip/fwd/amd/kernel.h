@@ -1,0 +1,171 @@
+// The attention forward kernel on AMD matrix cores (gfx942 / gfx950, wave64, MFMA 32x32): the
+// algorithm and semantics of fwd/sm90/kernel.h (FlashAttention-2) in AMD's fragments.
+//
+// One workgroup computes a tile of kBlockM = 128 query rows of one (batch, query head): four waves of
+// 32 rows. A wave computes the transposed scores Sᵀ = K·Qᵀ (keys × its 32 rows), so that lane l owns
+// query row l % 32 and, of every 32-key block, the 16 keys of its half l / 32: the row max and sum
+// are reductions within the lane plus one exchange between the halves, the rescale of O is per lane,
+// and Pᵀ, rounded to the input type, is the B operand of Oᵀ += Vᵀ·Pᵀ as it stands
+// (arch/amd/matrix_core.h). The Q tile is loaded once from global memory into registers as B
+// fragments. K and Vᵀ tiles stream through a double-buffered, XOR-swizzled LDS ring: the global loads
+// of tile j+1 go to registers at the start of step j and to the other stage after step j's compute,
+// one barrier per step. V is transposed on its way to LDS (4 keys × 8 dims per thread) so that an A
+// fragment of Vᵀ is one 8-byte LDS read. Per tile: S, mask on edge tiles, online softmax in the exp2
+// domain, O += P·V. Fully masked tiles are never visited; rows with no kept key get O = 0 and
+// LSE = -inf.
+//
+// The kernel is its tile (fwd/amd/tile.h: the workgroup's shape and LDS layout), its K/V copy
+// (fwd/amd/copy.h: global → registers → LDS), its mainloop (fwd/amd/mainloop.h: one K/V tile for one
+// wave) and, at the end of forward_kernel_amd below, the epilogue (normalise O, store O and the LSE).
+#pragma once
+
+#include "arch/amd/lds_swizzle.h"
+#include "arch/amd/matrix_core.h"
+#include "arch/thread.h"
+#include "common/kept_range.h"
+#include "common/sequence.h"
+#include "launch.h"
+#include "fwd/amd/copy.h"
+#include "fwd/amd/mainloop.h"
+#include "fwd/amd/tile.h"
+
+namespace fmha {
+
+template <typename T, int kHeadDim, bool kMasked>
+__global__ void __launch_bounds__(AmdForwardTile<kHeadDim>::kThreads) FMHA_AMD_MIN_WAVES_PER_SIMD(2)
+    forward_kernel_amd(fmha_fwd_params p) {
+  using Tile = AmdForwardTile<kHeadDim>;
+  constexpr int M = Tile::kBlockM, N = Tile::kBlockN, kDimBlocks = Tile::kDim / 32;
+  constexpr uint32_t kKV = Tile::kKVBytes, kVTiles = 2 * kKV;  // Vᵀ stages follow the two K stages
+  __shared__ __attribute__((aligned(16))) uint8_t lds_bytes[Tile::kLdsBytes];
+  arch::lds_byte* const lds = arch::lds_pointer(lds_bytes);
+
+  // Masked grids run their last (for causal masks: heaviest) q tiles first, so the long tail of a
+  // launch is made of short tiles.
+  const int tile = kMasked ? static_cast<int>(arch::grid_blocks_x() - 1 - arch::block_index_x())
+                           : static_cast<int>(arch::block_index_x());
+  const int h = arch::block_index_y(), b = arch::block_index_z();
+  const BatchRows rows = batch_rows(b, p.group_mode != 0, p.seqlen_q, p.seqlen_k,
+                                    arch::global_pointer<const int32_t>(p.seqstart_q),
+                                    arch::global_pointer<const int32_t>(p.seqstart_k),
+                                    arch::global_pointer<const int32_t>(p.seqlen_q_ptr),
+                                    arch::global_pointer<const int32_t>(p.seqlen_k_ptr));
+  const int i0 = tile * M;
+  if (i0 >= rows.sq) return;
+  const int i1 = i0 + M < rows.sq ? i0 + M : rows.sq;
+  const int hk = h / (p.nhead_q / p.nhead_k);
+  const int64_t batch = p.group_mode ? 0 : b;
+
+  const uint16_t* q = arch::global_pointer<const uint16_t>(p.q) + batch * p.q_batch_stride + h * p.q_head_stride +
+                      (rows.q_start + i0) * p.q_row_stride;
+  const uint16_t* k = arch::global_pointer<const uint16_t>(p.k) + batch * p.k_batch_stride + hk * p.k_head_stride +
+                      rows.k_start * p.k_row_stride;
+  const uint16_t* v = arch::global_pointer<const uint16_t>(p.v) + batch * p.v_batch_stride + hk * p.v_head_stride +
+                      rows.k_start * p.v_row_stride;
+
+  // Keys that any row of this tile keeps: [key_lo, key_hi); tiles outside are never visited.
+  const ResolvedMask mask = resolve_mask(p.mask_type, p.window_left, p.window_right, rows.sq, rows.sk);
+  int64_t key_lo = 0, key_hi = rows.sk;
+  if (kMasked) {
+    const int64_t lo = i0 + mask.off - mask.left, hi = (i1 - 1) + mask.off + mask.right + 1;
+    key_lo = lo > 0 ? lo : 0;
+    key_hi = hi < rows.sk ? hi : rows.sk;
+  }
+  const int first_tile = static_cast<int>(key_lo / N);
+  const int end_tile = key_hi > key_lo ? static_cast<int>((key_hi + N - 1) / N) : first_tile;
+
+  const int tid = arch::thread_index(), lane = tid % arch::kWaveSize, wave = tid / arch::kWaveSize;
+  const int lane32 = lane % 32, half = lane / 32;
+  const int row = i0 + wave * 32 + lane32;  // this lane's query row
+
+  // Q first: the wait for the prologue's K/V loads (before their LDS stores) then covers it, and the
+  // mainloop's waits are for its own loads only. Lanes past the batch's rows or the head dim read row
+  // i0 (which exists) and keep zeros.
+  LaneState<Tile> st;
+  {
+    const bool valid = row < rows.sq;
+    const uint32_t offset = static_cast<uint32_t>(((wave * 32 + lane32) * p.q_row_stride + 4 * half) * 2);
+#pragma unroll
+    for (int k8 = 0; k8 < Tile::kDim / 8; ++k8) {
+      const bool load = valid && 8 * k8 + 4 * half < p.hdim_q;
+      const arch::u32x2 x = arch::global_load_8(reinterpret_cast<const uint8_t*>(q) + (load ? offset + 16 * k8 : 0u));
+      st.q[k8] = load ? x : arch::u32x2(0u);
+    }
+  }
+
+  // Rows of the tile starting at key j0 that exist.
+  auto valid_keys = [&](int j0) { return rows.sk - j0 < N ? rows.sk - j0 : N; };
+  KVCopy<Tile> copy(tid, p.k_row_stride, p.v_row_stride);
+  if (first_tile < end_tile) {
+    const int j0 = first_tile * N;
+    copy.load(k + j0 * p.k_row_stride, v + j0 * p.v_row_stride, valid_keys(j0), p.hdim_q, p.hdim_v);
+  }
+#pragma unroll
+  for (int db = 0; db < kDimBlocks; ++db) st.o[db] = arch::zero_accumulator();
+  st.row_max = -__builtin_inff();
+  st.row_sum = 0.f;
+
+  if (first_tile < end_tile) {
+    copy.store(lds, 0, kVTiles, valid_keys(first_tile * N), p.hdim_q, p.hdim_v);
+  }
+  arch::block_barrier();
+
+  const uint32_t k_lane = swizzled<Tile::kKUnits>(lane32, half), v_lane = swizzled<Tile::kVUnits>(lane32, half);
+  // Tiles [j0, j0 + N) with interior_lo <= j0 and j0 + N - 1 <= interior_hi need no per-element checks:
+  // every row of the workgroup keeps all their keys (clamped to [0, sk] and [-1, sk - 1], which keeps
+  // the tests' outcome for tiles starting in [0, sk), and includes the end of the sequence).
+  int64_t interior_lo = kMasked ? (i1 - 1) + mask.off - mask.left : 0;
+  int64_t interior_hi = kMasked && i0 + mask.off + mask.right < rows.sk - 1 ? i0 + mask.off + mask.right : rows.sk - 1;
+  interior_lo = interior_lo < 0 ? 0 : (interior_lo > rows.sk ? rows.sk : interior_lo);
+  interior_hi = interior_hi < -1 ? -1 : interior_hi;
+  const int interior_first = static_cast<int>(interior_lo), interior_last = static_cast<int>(interior_hi);
+  const IndexRange keys = keys_of_row<kMasked>(mask, row, rows.sk);
+
+  for (int jt = first_tile; jt < end_tile; ++jt) {
+    const uint32_t stage = static_cast<uint32_t>((jt - first_tile) & 1) * kKV;
+    const bool more = jt + 1 < end_tile;
+    const int next_valid = valid_keys((jt + 1) * N);
+    if (more) {
+      const int j0 = (jt + 1) * N;
+      copy.load(k + j0 * p.k_row_stride, v + j0 * p.v_row_stride, next_valid, p.hdim_q, p.hdim_v);
+    }
+
+    const int j0 = jt * N;
+    const bool edge = j0 < interior_first || j0 + N - 1 > interior_last;
+    const uint32_t k_base = stage + k_lane, v_base = kVTiles + stage + v_lane;
+    attend_tile<Tile, T>(st, lds, k_base, v_base, p.scale_log2, edge, kept_range<N>(keys, j0 + 4 * half));
+
+    // The other stage was last read before the previous barrier; the barrier below publishes it.
+    if (more) copy.store(lds, kKV - stage, kVTiles + kKV - stage, next_valid, p.hdim_q, p.hdim_v);
+    arch::block_barrier();
+  }
+
+  // Normalise and store O (rows past the batch's length are not written) and the natural-log LSE.
+  // The halves' sums are combined before any lane leaves: every lane takes part in the exchange.
+  const float sum = arch::halves_sum(st.row_sum);
+  if (row >= rows.sq) return;
+  const float inverse = sum > 0.f ? 1.f / sum : 0.f;
+  uint16_t* out_row = arch::global_pointer<uint16_t>(p.o) + batch * p.o_batch_stride + h * p.o_head_stride +
+                      (rows.q_start + row) * p.o_row_stride;
+#pragma unroll
+  for (int db = 0; db < kDimBlocks; ++db) {
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      const int col = db * 32 + 8 * g + 4 * half;  // 4 consecutive dims: registers 4g .. 4g + 3
+      if (col < p.hdim_v) {
+        const arch::f32x16& o = st.o[db];
+        arch::global_store_8(out_row + col, arch::pack4<T>(o[4 * g] * inverse, o[4 * g + 1] * inverse,
+                                                           o[4 * g + 2] * inverse, o[4 * g + 3] * inverse));
+      }
+    }
+  }
+  float* lse = arch::global_pointer<float>(p.lse);
+  if (lse != nullptr && half == 0) {
+    // LSE = ln(Σ exp(scale · S)) = (scale_log2 · max + log2 Σ) · ln 2
+    const float natural =
+        sum > 0.f ? (st.row_max * p.scale_log2 + arch::exact_log2(sum)) * 0.69314718055994531f : -__builtin_inff();
+    lse[(p.group_mode ? 0 : b * p.lse_batch_stride) + h * p.lse_head_stride + rows.q_start + row] = natural;
+  }
+}
+
+}  // namespace fmha

@@ -1,0 +1,101 @@
+// The forward's mainloop on AMD (gfx942 / gfx950): one K/V tile for one wave (Sᵀ = K·Qᵀ on MFMA, the
+// mask of edge tiles, the online softmax, Oᵀ += Vᵀ·Pᵀ) and the per-lane running state it updates.
+#pragma once
+
+#include "arch/amd/matrix_core.h"
+#include "common/kept_range.h"
+#include "fwd/amd/tile.h"
+
+namespace fmha {
+
+// The running state of one lane's query row: its Qᵀ fragments, its Oᵀ accumulators (16 dims of each
+// 32-dim block) and the online softmax statistics (exp2 domain of unscaled scores: max is of raw S).
+template <typename Tile>
+struct LaneState {
+  arch::u32x2 q[Tile::kDim / 8];      // B fragment of the 8-dim step k8: dims 8 k8 + 4 half + 0..3
+  arch::f32x16 o[Tile::kDim / 32];    // Oᵀ block db: dims 32 db + 8 (r / 4) + 4 half + r % 4
+  float row_max, row_sum;             // row_sum: this half's keys only, until the end
+};
+
+// One K/V tile for one wave: Sᵀ = K·Qᵀ, mask (edge tiles only), online softmax, Oᵀ += Vᵀ·Pᵀ.
+// `k_base` / `v_base`: LDS offsets of the tile plus this lane's swizzled(lane % 32, half) base;
+// `edge`: the tile needs per-element checks, against `kept` (a uniform branch around the checks only,
+// so that both kinds of tile share one body and one register assignment).
+template <typename Tile, typename T>
+__device__ inline void attend_tile(LaneState<Tile>& st, const arch::lds_byte* lds, uint32_t k_base, uint32_t v_base,
+                                   float scale_log2, bool edge, KeptRange kept) {
+  using E = arch::Element<T>;
+  constexpr int N = Tile::kBlockN, D = Tile::kDim, kKeyBlocks = N / 32, kDimBlocks = D / 32;
+  constexpr uint32_t kKBlockBytes = 32 * Tile::kKUnits * 8, kVBlockBytes = 32 * Tile::kVUnits * 8;
+
+  // Sᵀ block kb: keys 32 kb + 8 (r / 4) + 4 half + r % 4 of this lane's row. Two 8-dim steps per mma2:
+  // units 4 ks + half and 4 ks + 2 + half of key row 32 kb + lane % 32.
+  arch::f32x16 s[kKeyBlocks];
+#pragma unroll
+  for (int kb = 0; kb < kKeyBlocks; ++kb) s[kb] = arch::zero_accumulator();
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+#pragma unroll
+    for (int kb = 0; kb < kKeyBlocks; ++kb) {
+      const arch::u32x2 a0 = arch::lds_load_8(lds, (k_base ^ (ks * 32)) + kb * kKBlockBytes);
+      const arch::u32x2 a1 = arch::lds_load_8(lds, (k_base ^ (ks * 32 + 16)) + kb * kKBlockBytes);
+      E::mma2(s[kb], a0, a1, st.q[2 * ks], st.q[2 * ks + 1]);
+    }
+  }
+
+  if (edge) {
+#pragma unroll
+    for (int kb = 0; kb < kKeyBlocks; ++kb) {
+#pragma unroll
+      for (int r = 0; r < 16; ++r) s[kb][r] = masked_score(s[kb][r], kb * 32 + 8 * (r / 4) + r % 4, kept);
+    }
+  }
+
+  // Online softmax on raw scores: P = 2^(scale_log2 · (S - max)), one FMA and one v_exp per element.
+  float tile_max = -__builtin_inff();
+#pragma unroll
+  for (int kb = 0; kb < kKeyBlocks; ++kb) {
+#pragma unroll
+    for (int r = 0; r < 16; ++r) tile_max = __builtin_fmaxf(tile_max, s[kb][r]);
+  }
+  tile_max = arch::halves_max(tile_max);
+  const float new_max = __builtin_fmaxf(st.row_max, tile_max);
+  // A row with every key so far masked keeps max = -inf; 0 keeps the exponent away from NaN.
+  const float base = new_max == -__builtin_inff() ? 0.f : new_max * scale_log2;
+  // Exact exp2 here: the running sum is rescaled by this factor on every tile whose max grows.
+  const float correction = arch::exact_exp2(st.row_max * scale_log2 - base);
+  st.row_max = new_max;
+  st.row_sum *= correction;
+#pragma unroll
+  for (int db = 0; db < kDimBlocks; ++db) st.o[db] *= correction;
+  // The tile's sum first, then one add into the running sum.
+  float tile_sum = 0.f;
+#pragma unroll
+  for (int kb = 0; kb < kKeyBlocks; ++kb) {
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      s[kb][r] = arch::fast_exp2(__builtin_fmaf(s[kb][r], scale_log2, -base));
+      tile_sum += s[kb][r];
+    }
+  }
+  st.row_sum += tile_sum;
+
+  // Oᵀ += Vᵀ·Pᵀ over 16 keys per mma2: the 8-key steps 2 kp and 2 kp + 1 are registers 8 (kp % 2) ..
+  // 8 (kp % 2) + 7 of Sᵀ block kp / 2 (B fragments), and units 4 kp + half and 4 kp + 2 + half of Vᵀ
+  // row 32 db + lane % 32 (A fragments).
+#pragma unroll
+  for (int kp = 0; kp < N / 16; ++kp) {
+    const arch::f32x16& p = s[kp / 2];
+    const int r0 = 8 * (kp % 2);
+    const arch::u32x2 b0 = arch::pack4<T>(p[r0], p[r0 + 1], p[r0 + 2], p[r0 + 3]);
+    const arch::u32x2 b1 = arch::pack4<T>(p[r0 + 4], p[r0 + 5], p[r0 + 6], p[r0 + 7]);
+#pragma unroll
+    for (int db = 0; db < kDimBlocks; ++db) {
+      const arch::u32x2 a0 = arch::lds_load_8(lds, (v_base ^ (kp * 32)) + db * kVBlockBytes);
+      const arch::u32x2 a1 = arch::lds_load_8(lds, (v_base ^ (kp * 32 + 16)) + db * kVBlockBytes);
+      E::mma2(st.o[db], a0, a1, b0, b1);
+    }
+  }
+}
+
+}  // namespace fmha
