@@ -1,6 +1,6 @@
 // Stage 3 of the backward: dQ = Σ_split dq_acc[split] over the slots holding partials (summed_splits),
 // summed in split order (bit-reproducible), cast to the input type; batches without keys get dQ = 0
-// without reading dq_acc (host twin: src/host_kernels/backward/convert_dq.rs). Also the zeroing of
+// without reading dq_acc (host twin: src/launch/host/backward/convert_dq.rs). Also the zeroing of
 // dq_acc before stage 2.
 #pragma once
 

@@ -1,5 +1,5 @@
 // Stage 1 of the backward: D[i] = Σ_d dO[i, d] · O[i, d] per query row, fp32, in the LSE layout
-// (host twin: src/host_kernels/backward/dot_do_o.rs). Block 0's first thread also checks the
+// (host twin: src/launch/host/backward/dot_do_o.rs). Block 0's first thread also checks the
 // workspace's fingerprint against the run's seqstarts (workspace_view.h) before the later stages read
 // the metadata. Head dims are multiples of 8 and rows 16-byte aligned (the registry's rule), so a
 // lane reads 16-byte vectors; kLanesPerRow lanes share a row.

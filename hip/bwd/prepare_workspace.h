@@ -1,6 +1,6 @@
 // The backward workspace's metadata region, built from the sequence starts: the C++ twin of
-// `workspace::prepare_metadata` (src/workspace.rs) with `workspace::fingerprint`,
-// `schedule::BatchPersistent` and `schedule::build_group_table` (src/schedule.rs). This ONE
+// `workspace::prepare_metadata` (src/workspace/metadata.rs) with `workspace::fingerprint`,
+// `schedule::BatchPersistent` and `schedule::build_group_table` (src/schedule/mod.rs). This ONE
 // implementation runs
 //   * on the GPU, in one thread (bwd/prepare_workspace.hip): the graph-capture-safe prepare that reads
 //     the seqstarts where they already are, on the device, so preparing needs no device-to-host copy,

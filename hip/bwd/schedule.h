@@ -1,5 +1,5 @@
 // The work units of the backward dq_dk_dv kernels: one (batch, kv head, K tile) with its dq_acc split
-// slot. The deterministic walkers are the device loops of src/schedule.rs (`BatchPersistent::jobs`,
+// slot. The deterministic walkers are the device loops of src/schedule/mod.rs (`BatchPersistent::jobs`,
 // `group_jobs`), which the host executor runs too; the tests hold the two to the same units through
 // the slot-ownership check of the host executor and the bitwise results of the GPU.
 #pragma once

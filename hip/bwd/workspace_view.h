@@ -1,4 +1,4 @@
-// The backward kernels' view of a prepared workspace (src/workspace.rs): the header check, the
+// The backward kernels' view of a prepared workspace (src/workspace/): the header check, the
 // per-batch dq_acc block, and the group-mode schedule records. Reads only; the layout offsets come
 // from the host in fmha_bwd_params, the values from the bytes the prepare wrote.
 #pragma once

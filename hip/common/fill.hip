@@ -1,5 +1,5 @@
 // Fills a buffer with one 32-bit value: the first kernel path, proving build, link and launch on
-// every GPU backend (its host-backend twin is src/host_kernels/fill.rs).
+// every GPU backend (its host-backend twin is src/launch/host/fill.rs).
 #include "arch/thread.h"
 #include "launch.h"
 

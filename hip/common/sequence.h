@@ -1,6 +1,6 @@
 // Per-batch row ranges as every kernel reads them: physical offsets from `seqstart` in group mode,
 // logical lengths from the optional length arrays, and the mask resolved for the batch's lengths
-// (the semantics of src/mask.rs, spec ck_fmha_bwd.md §1.6).
+// (the semantics of src/problem/mask.rs, spec ck_fmha_bwd.md §1.6).
 #pragma once
 
 #include <stdint.h>

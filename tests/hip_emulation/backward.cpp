@@ -156,7 +156,7 @@ static Grads reference(const Problem& pr, const std::vector<double>& q, const st
   return g;
 }
 
-// The workspace of src/workspace.rs for the case: the metadata layout (WorkspaceLayout::new, for the
+// The workspace of src/workspace/ for the case: the metadata layout (WorkspaceLayout::new, for the
 // launcher's params: units are kv heads, dq_acc rows group · hdim_q wide), filled by the project's
 // prepare_metadata, then dq_acc.
 struct Workspace {
