@@ -59,8 +59,15 @@ const GPU_MAX_GRID_YZ: i64 = 65535;
 const AMD_MAX_INPUT_ROW_STRIDE: i64 = 1 << 24;
 
 impl Instance {
-    /// Refuses tensors the instance cannot address with its vector loads, naming the field.
-    pub fn check_tensor(&self, field: &str, tensor: &crate::problem::Tensor, element_bytes: usize) -> Result<()> {
+    /// Refuses tensors the instance cannot address with its vector loads, naming the field. Group mode
+    /// ignores the batch stride, so only batch mode checks it.
+    pub fn check_tensor(
+        &self,
+        field: &str,
+        tensor: &crate::problem::Tensor,
+        mode: crate::problem::Mode,
+        element_bytes: usize,
+    ) -> Result<()> {
         let ptr = tensor.ptr.0;
         if self.vector_bytes == 0 || ptr == 0 {
             return Ok(());
@@ -74,11 +81,10 @@ impl Instance {
                 self.arch.name()
             )));
         }
-        for (name, stride) in [
-            ("batch_stride", tensor.batch_stride),
-            ("head_stride", tensor.head_stride),
-            ("row_stride", tensor.row_stride),
-        ] {
+        let batch_stride = if mode == crate::problem::Mode::Batch { tensor.batch_stride } else { 0 };
+        for (name, stride) in
+            [("batch_stride", batch_stride), ("head_stride", tensor.head_stride), ("row_stride", tensor.row_stride)]
+        {
             if stride % elements != 0 {
                 return Err(Error::unsupported(format!(
                     "{field}.{name}: {stride} is not a multiple of {elements} elements, which the {} kernels need",
@@ -408,6 +414,32 @@ mod tests {
         assert!(e.message.starts_with("do.row_stride: 16777216 elements; the gfx950"), "{}", e.message);
         let sm90 = &gpu_instances(Arch::Sm90, Operation::Forward, &SM90_FORWARD_TILES, "wgmma_cp_async")[0];
         sm90.check_input_rows("q", &tensor(1 << 40)).unwrap();
+    }
+
+    #[test]
+    fn gpu_instances_check_vector_strides_and_grids_naming_the_field() {
+        use crate::problem::{Mode, Tensor};
+        let sm90 = &gpu_instances(Arch::Sm90, Operation::Forward, &SM90_FORWARD_TILES, "wgmma_cp_async")[0];
+        let t = Tensor {
+            ptr: crate::runtime::DeviceAddr(1 << 20),
+            batch_stride: -12345,
+            head_stride: 64,
+            row_stride: 1024,
+        };
+        // Group mode ignores the batch stride; batch mode needs it in whole 16-byte vectors.
+        sm90.check_tensor("q", &t, Mode::Group, 2).unwrap();
+        let e = sm90.check_tensor("q", &t, Mode::Batch, 2).unwrap_err();
+        assert_eq!(e.status, crate::Status::Unsupported);
+        assert!(e.message.starts_with("q.batch_stride: -12345 is not a multiple of 8"), "{}", e.message);
+        let e = sm90.check_tensor("k", &Tensor { head_stride: 3, ..t }, Mode::Group, 2).unwrap_err();
+        assert!(e.message.starts_with("k.head_stride: 3"), "{}", e.message);
+        sm90.check_grid(65535, 65535).unwrap();
+        let e = sm90.check_grid(65536, 1).unwrap_err();
+        assert!(e.status == crate::Status::Unsupported && e.message.starts_with("nhead_q: 65536"), "{}", e.message);
+        assert!(sm90.check_grid(1, 1 << 31).unwrap_err().message.starts_with("batch"));
+        let host = select(Arch::Host, &request(Operation::Forward, 64, 64)).unwrap();
+        host.check_grid(1 << 40, 1 << 40).unwrap();
+        host.check_tensor("q", &t, Mode::Batch, 2).unwrap();
     }
 
     #[test]

@@ -79,8 +79,9 @@ impl BwdLauncher {
         let rt = runtime::current()?;
         let arch = rt.arch()?;
         let instance = select(&traits, &shape, arch)?;
-        instance.check_grid(traits.nhead_q, traits.batch)?;
+        // Invalid sizes (the workspace layout's bounds) are reported before what this build cannot run.
         let layout = WorkspaceLayout::new(&workspace_params(&traits, &instance, rt.cu_count()?, arch))?;
+        instance.check_grid(traits.nhead_q, traits.batch)?;
         Ok(BwdLauncher { traits, shape, instance, layout })
     }
 
@@ -177,7 +178,7 @@ impl BwdLauncher {
             ("dk", &args.dk, false),
             ("dv", &args.dv, false),
         ] {
-            self.instance.check_tensor(field, tensor, 2)?;
+            self.instance.check_tensor(field, tensor, shape.mode, 2)?;
             if input {
                 self.instance.check_input_rows(field, tensor)?;
             }

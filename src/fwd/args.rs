@@ -93,7 +93,7 @@ impl FwdArgs {
         for (field, tensor, input) in
             [("q", &self.q, true), ("k", &self.k, true), ("v", &self.v, true), ("o", &self.o, false)]
         {
-            instance.check_tensor(field, tensor, 2)?;
+            instance.check_tensor(field, tensor, shape.mode, 2)?;
             if input {
                 instance.check_input_rows(field, tensor)?;
             }

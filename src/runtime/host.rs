@@ -229,21 +229,6 @@ impl HostRuntime {
     }
 }
 
-/// Null pointers and ranges that run past the end of the address space are refused (where a GPU
-/// runtime would answer "invalid value"); beyond that, like `cudaMemcpy`, the caller vouches for the
-/// ranges.
-fn check_copy_args(dst: usize, src: usize, bytes: usize) -> Result<()> {
-    for (field, ptr) in [("dst", dst), ("src", src)] {
-        if bytes > 0 && ptr == 0 {
-            return Err(Error::null(field));
-        }
-        crate::error::ensure(ptr.checked_add(bytes).is_some(), field, || {
-            format!("{bytes} bytes from {ptr:#x} run past the end of the address space")
-        })?;
-    }
-    Ok(())
-}
-
 fn copy_bytes(dst: usize, src: usize, bytes: usize) {
     if bytes > 0 {
         // SAFETY: the host backend's device memory is host memory; like `cudaMemcpy`, the caller
@@ -293,7 +278,7 @@ impl Runtime for HostRuntime {
         self.stream_synchronize(Stream(0))
     }
     fn memcpy_async(&self, dst: usize, src: usize, bytes: usize, _kind: CopyKind, stream: Stream) -> Result<()> {
-        check_copy_args(dst, src, bytes)?;
+        super::check_copy_args(dst, src, bytes)?;
         self.enqueue(stream, move || {
             copy_bytes(dst, src, bytes);
             Ok(())
@@ -304,7 +289,7 @@ impl Runtime for HostRuntime {
         self.stream_synchronize(Stream(0))
     }
     fn memset_async(&self, dst: usize, value: u8, bytes: usize, stream: Stream) -> Result<()> {
-        check_copy_args(dst, dst, bytes)?;
+        super::check_copy_args(dst, dst, bytes)?;
         self.enqueue(stream, move || {
             set_bytes(dst, value, bytes);
             Ok(())

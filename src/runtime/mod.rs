@@ -221,3 +221,19 @@ pub fn current() -> Result<&'static dyn Runtime> {
         Ok(host::runtime())
     }
 }
+
+/// The checks every backend makes on a copy or memset range before the runtime sees it: null pointers
+/// and ranges that run past the end of the address space are refused, naming the field (a GPU runtime
+/// would answer only "invalid value"); beyond that, like `cudaMemcpy`, the caller vouches for the ranges.
+/// A memset passes `dst` as both.
+pub fn check_copy_args(dst: usize, src: usize, bytes: usize) -> Result<()> {
+    for (field, ptr) in [("dst", dst), ("src", src)] {
+        if bytes > 0 && ptr == 0 {
+            return Err(Error::null(field));
+        }
+        crate::error::ensure(ptr.checked_add(bytes).is_some(), field, || {
+            format!("{bytes} bytes from {ptr:#x} run past the end of the address space")
+        })?;
+    }
+    Ok(())
+}

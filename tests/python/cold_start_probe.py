@@ -100,13 +100,19 @@ def main():
     qkv, extra = tensors(a.mode, lengths)
     grad = None
     torch.cuda.synchronize()
-    # Calibrate _sleep's cycles per ms on this GPU.
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(10_000_000)
-    end.record()
-    end.synchronize()
-    cycles_per_ms = 10_000_000 / start.elapsed_time(end)
+    # Calibrate _sleep's cycles per ms on this GPU, after a spin that brings an idle GPU to its running
+    # clock (a rate measured at an idle clock makes the busy period far shorter than asked); the fastest
+    # of three rates errs toward a longer busy period.
+    torch.cuda._sleep(200_000_000)
+    rates = []
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(20_000_000)
+        end.record()
+        end.synchronize()
+        rates.append(20_000_000 / start.elapsed_time(end))
+    cycles_per_ms = max(rates)
     slow_calls.clear()
     result = {"mode": a.mode, "warm": a.warm, "busy_ms": a.busy_ms}
     t0 = time.perf_counter()
