@@ -515,4 +515,14 @@ fn huge_varlen_bounds_do_not_size_the_work() {
     ok(fmha_fwd(&Buffers::fwd_traits(&case), &args, null_mut()));
     ok(fmha_stream_synchronize(null_mut()));
     assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
+
+    // A grid with no block still checks the device arrays: max_seqlen_q = 0 leaves no q tile, yet a
+    // batch has 20 rows. The host backend reports it at the synchronize (a GPU clamps device arrays).
+    let args = fmha_fwd_args { max_seqlen_q: 0, ..fwd.fwd_args(&case) };
+    ok(fmha_fwd(&Buffers::fwd_traits(&case), &args, null_mut()));
+    if host_backend() {
+        expect_error(fmha_stream_synchronize(null_mut()), FMHA_ERR_INVALID_ARGUMENT, &["max_seqlen_q", "batch 0"]);
+    } else {
+        ok(fmha_stream_synchronize(null_mut()));
+    }
 }

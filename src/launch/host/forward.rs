@@ -20,9 +20,12 @@ pub fn run<E: Element>(k: &FwdKargs, cu_count: i64) -> Result<()> {
     let lse = if k.lse.ptr.is_null() { None } else { Some(TensorView::<f32>::new(k.lse, k.extents.lse, mode, "lse")?) };
     let seqs = Sequences::new(s, k.seqstart_q, k.seqstart_k, k.seqlen_q_ptr, k.seqlen_k_ptr)?;
     let (m0, n0) = (k.instance.m0, k.instance.n0);
-    let q_tiles = ((s.max_seqlen_q + m0 - 1) / m0) as usize; // no rows: nothing to do
+    let q_tiles = ((s.max_seqlen_q + m0 - 1) / m0) as usize;
     let heads = s.nhead_q as usize;
     let blocks = q_tiles * heads * s.batch as usize;
+    if blocks == 0 {
+        return seqs.check_all(); // no rows to compute; the device arrays are still checked
+    }
 
     for_each_block(blocks, cu_count, |block| {
         let (tile, rest) = (block % q_tiles, block / q_tiles);

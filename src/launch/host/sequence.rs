@@ -10,6 +10,7 @@ use crate::runtime::DevicePtr;
 #[derive(Debug, Clone, Copy)]
 pub struct Sequences {
     mode: Mode,
+    batch: usize,
     seqlen_q: i64,
     seqlen_k: i64,
     max_seqlen_q: i64,
@@ -54,6 +55,7 @@ impl Sequences {
         };
         Ok(Sequences {
             mode: shape.mode,
+            batch: b,
             seqlen_q: shape.seqlen_q,
             seqlen_k: shape.seqlen_k,
             max_seqlen_q: shape.max_seqlen_q,
@@ -104,6 +106,17 @@ impl Sequences {
         let (q_start, sq, sq_physical) = side(starts_q, self.logical_q, self.seqlen_q, self.max_seqlen_q, true)?;
         let (k_start, sk, sk_physical) = side(starts_k, self.logical_k, self.seqlen_k, self.max_seqlen_k, false)?;
         Ok(BatchRows { q_start, k_start, sq, sk, sq_physical, sk_physical })
+    }
+
+    /// Checks every batch's rows (what the blocks of a grid check for their own batch): for a grid with
+    /// no block, whose device arrays must still be reported when they are wrong.
+    pub fn check_all(&self) -> Result<()> {
+        if self.seqstart_q.is_some() {
+            for b in 0..self.batch {
+                self.rows(b)?;
+            }
+        }
+        Ok(())
     }
 
     pub fn mode(&self) -> Mode {
