@@ -236,7 +236,6 @@ mod tests {
     use super::*;
     use crate::problem::mask::MaskType;
 
-    /// splitmix64, seeded from the clock (or `FMHA_TEST_SEED`); the seed is in every failure message.
     use crate::test_rng::Rng;
 
     /// `n` values uniform in [-1, 1), rounded to `t` when given.

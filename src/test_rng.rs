@@ -40,6 +40,18 @@ impl Rng {
         (0..count).map(|_| if self.range(0, 3) == 0 { 0 } else { self.size(1, max) as i32 }).collect()
     }
 
+    /// `count` lengths that mix zeros, short and long sequences: of ten equally likely draws,
+    /// `zero_bias` give 0, the rest below 7 give 1..=400, and the last three 1..=20000.
+    pub fn mixed_lengths(&mut self, count: usize, zero_bias: i64) -> Vec<i32> {
+        (0..count)
+            .map(|_| match self.range(0, 9) {
+                x if x < zero_bias => 0,
+                x if x < 7 => self.range(1, 400) as i32,
+                _ => self.range(1, 20000) as i32,
+            })
+            .collect()
+    }
+
     /// Uniform in [-1, 1), never exactly zero-filled tensors.
     pub fn unit(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 52) as f64 - 1.0

@@ -12,8 +12,7 @@ use crate::schedule::XcdRemap;
 use crate::workspace::{prepare_metadata, WorkspaceLayout, WorkspaceParams};
 use crate::Status;
 
-/// splitmix64, seeded from the clock (or `FMHA_TEST_SEED`); the seed is in every failure message.
-use crate::test_rng::Rng;
+use crate::test_rng::{starts, Rng};
 
 /// One of `special` values, or (as often as any one of them) any value in `lo..=hi`.
 fn pick_or_range(rng: &mut Rng, special: &[i64], lo: i64, hi: i64) -> i64 {
@@ -39,42 +38,22 @@ impl Case {
     }
 }
 
-/// Lengths 0..=20000: zeros, short and long ones, mixed.
-fn random_lengths(rng: &mut Rng, batch: usize, zero_bias: i64) -> Vec<i32> {
-    (0..batch)
-        .map(|_| match rng.range(0, 9) {
-            x if x < zero_bias => 0,
-            x if x < 7 => rng.range(1, 400) as i32,
-            _ => rng.range(1, 20000) as i32,
-        })
-        .collect()
-}
-
-fn starts(lengths: &[i32]) -> Vec<i32> {
-    std::iter::once(0)
-        .chain(lengths.iter().scan(0, |total, &l| {
-            *total += l;
-            Some(*total)
-        }))
-        .collect()
-}
-
 /// A valid random case of the given mode (every parameter range of the task: batch 1–64, lengths
 /// 0–20000 with zeros and key-less batches, heads 1–64, hdim 8–256, tiles 16–128, 1–320 CUs, both remaps).
 fn random_case(rng: &mut Rng, group_mode: bool, deterministic: bool) -> Case {
     let batch = pick_or_range(rng, &[1, 2, 3, 8, 64], 1, 64);
     let zeros = rng.range(0, 4);
-    let q_lengths = random_lengths(rng, batch as usize, zeros);
+    let q_lengths = rng.mixed_lengths(batch as usize, zeros);
     let zeros = rng.range(0, 4);
     let no_keys = rng.range(0, 15) == 0;
-    let k_lengths = if no_keys { vec![0; batch as usize] } else { random_lengths(rng, batch as usize, zeros) };
+    let k_lengths = if no_keys { vec![0; batch as usize] } else { rng.mixed_lengths(batch as usize, zeros) };
     let (seqstart_q, seqstart_k) = (starts(&q_lengths), starts(&k_lengths));
     let longest_k = i64::from(*k_lengths.iter().max().unwrap());
     let slack = if rng.range(0, 1) == 0 { 0 } else { rng.range(0, 3000) };
     let (seqlen_q, seqlen_k, max_seqlen_k) = if group_mode {
         (i64::from(seqstart_q[batch as usize]), i64::from(seqstart_k[batch as usize]), longest_k + slack)
     } else {
-        let (sq, sk) = (random_lengths(rng, 1, 2)[0], random_lengths(rng, 1, 2)[0]);
+        let (sq, sk) = (rng.mixed_lengths(1, 2)[0], rng.mixed_lengths(1, 2)[0]);
         (i64::from(sq), i64::from(sk), i64::from(sk) + slack)
     };
     let params = WorkspaceParams {

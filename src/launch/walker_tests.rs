@@ -9,21 +9,8 @@ use super::cpu_twin;
 use crate::host_buffer::AlignedBytes;
 use crate::runtime::DevicePtr;
 use crate::schedule::{group_jobs, WorkUnit, XcdRemap};
-use crate::test_rng::Rng;
+use crate::test_rng::{starts, Rng};
 use crate::workspace::{prepare_metadata, MetadataView, WorkspaceLayout, WorkspaceParams};
-
-fn lengths(rng: &mut Rng, batch: usize, max: i64) -> Vec<i32> {
-    (0..batch).map(|_| if rng.range(0, 4) == 0 { 0 } else { rng.range(1, max) as i32 }).collect()
-}
-
-fn starts(lengths: &[i32]) -> Vec<i32> {
-    std::iter::once(0)
-        .chain(lengths.iter().scan(0, |total, &l| {
-            *total += l;
-            Some(*total)
-        }))
-        .collect()
-}
 
 #[test]
 fn cpp_walkers_walk_the_rust_schedule() {
@@ -33,7 +20,7 @@ fn cpp_walkers_walk_the_rust_schedule() {
     for case in 0..3000 {
         let group_mode = case % 2 == 1;
         let batch = rng.range(1, 24) as usize;
-        let (q_lengths, k_lengths) = (lengths(&mut rng, batch, 1500), lengths(&mut rng, batch, 1500));
+        let (q_lengths, k_lengths) = (rng.lengths(batch, 1500), rng.lengths(batch, 1500));
         let (seqstart_q, seqstart_k) = (starts(&q_lengths), starts(&k_lengths));
         let num_cus = rng.range(1, 320);
         let p = WorkspaceParams {

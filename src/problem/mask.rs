@@ -230,7 +230,6 @@ mod tests {
     use super::*;
     use crate::error::Status;
 
-    /// splitmix64: a tiny deterministic generator, seeded per test from the clock.
     use crate::test_rng::Rng;
 
     fn random_mask(rng: &mut Rng) -> Mask {

@@ -441,8 +441,7 @@ pub fn group_jobs<'a>(
 mod tests {
     use super::*;
 
-    /// splitmix64, seeded from the clock (or `FMHA_TEST_SEED`); the seed is in every failure message.
-    use crate::test_rng::Rng;
+    use crate::test_rng::{starts, Rng};
 
     #[test]
     fn interleave_order() {
@@ -623,14 +622,6 @@ mod tests {
         ncu: i64,
         remap: XcdRemap,
     ) -> (Table, i64) {
-        let starts = |lens: &[i32]| {
-            std::iter::once(0)
-                .chain(lens.iter().scan(0, |a, &l| {
-                    *a += l;
-                    Some(*a)
-                }))
-                .collect::<Vec<i32>>()
-        };
         let (qs, ks) = (starts(sq), starts(sk));
         let nb = sq.len();
         let mut t = Table {
@@ -649,16 +640,6 @@ mod tests {
         (t, bytes)
     }
 
-    fn random_lengths(rng: &mut Rng, nb: usize, zero_bias: i64) -> Vec<i32> {
-        (0..nb)
-            .map(|_| match rng.range(0, 9) {
-                x if x < zero_bias => 0,
-                x if x < 7 => rng.range(1, 400) as i32,
-                _ => rng.range(1, 20000) as i32,
-            })
-            .collect()
-    }
-
     #[test]
     fn group_persistent_properties() {
         let mut rng = Rng::fresh();
@@ -667,9 +648,9 @@ mod tests {
         while cases < 3000 {
             let nb = rng.range(1, 64) as usize;
             let zeros = rng.range(0, 4);
-            let sq = random_lengths(&mut rng, nb, zeros);
+            let sq = rng.mixed_lengths(nb, zeros);
             let zeros = rng.range(0, 4);
-            let sk = if rng.range(0, 20) == 0 { vec![0; nb] } else { random_lengths(&mut rng, nb, zeros) };
+            let sk = if rng.range(0, 20) == 0 { vec![0; nb] } else { rng.mixed_lengths(nb, zeros) };
             let any_nhead = rng.range(1, 64);
             let nhead = rng.pick(&[1, 1, 2, 3, 8, 16, 64, any_nhead]);
             let (m0, n0) = (rng.pick(&[16, 32, 64, 128]), rng.pick(&[16, 64, 128]));

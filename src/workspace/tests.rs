@@ -4,8 +4,7 @@ use super::*;
 use crate::schedule::{group_jobs, XcdRemap};
 use crate::Status;
 
-/// splitmix64, seeded from the clock (or `FMHA_TEST_SEED`); the seed is in every failure message.
-use crate::test_rng::Rng;
+use crate::test_rng::{starts, Rng};
 
 /// A zeroed buffer of `len` bytes starting 16-byte aligned (plus `skew` bytes), in safe code.
 fn aligned(len: usize, skew: usize) -> (Vec<u8>, usize) {
@@ -199,20 +198,9 @@ fn random_prepare_round_trip() {
         let group_mode = rng.range(0, 2) > 0;
         let deterministic = rng.range(0, 2) > 0;
         let batch = rng.range(1, 40);
-        let lens = |rng: &mut Rng, zero_all: bool| -> Vec<i32> {
-            (0..batch).map(|_| if zero_all || rng.range(0, 3) == 0 { 0 } else { rng.range(1, 3000) as i32 }).collect()
-        };
-        let sq = lens(&mut rng, false);
+        let sq = rng.lengths(batch as usize, 3000);
         let no_keys = rng.range(0, 10) == 0;
-        let sk = lens(&mut rng, no_keys);
-        let starts = |l: &[i32]| {
-            std::iter::once(0)
-                .chain(l.iter().scan(0, |a, &x| {
-                    *a += x;
-                    Some(*a)
-                }))
-                .collect::<Vec<i32>>()
-        };
+        let sk = if no_keys { vec![0; batch as usize] } else { rng.lengths(batch as usize, 3000) };
         let (qs, ks) = (starts(&sq), starts(&sk));
         let max_sk = *sk.iter().max().unwrap() as i64 + rng.range(0, 1) * rng.range(0, 500);
         let p = WorkspaceParams {
