@@ -4,7 +4,7 @@ use super::traits::BwdTraits;
 use crate::error::{ensure, Result};
 use crate::launch::BwdExtents;
 use crate::problem::mask::Mask;
-use crate::problem::{check_lse_layout, check_memory_overlap, check_sequence_arrays, Operand, Shape, Tensor};
+use crate::problem::{check_lse_layout, check_memory_overlap, Operand, SequenceArrays, Shape, Tensor};
 use crate::runtime::DevicePtr;
 
 /// Pointers, strides (elements), lengths and scalars of one backward call.
@@ -23,10 +23,7 @@ pub struct BwdArgs {
     pub workspace: DevicePtr<u8>,
     /// Bytes at `workspace`, or 0 when the caller did not say (checked against the launcher's size).
     pub workspace_size: usize,
-    pub seqstart_q: DevicePtr<i32>,
-    pub seqstart_k: DevicePtr<i32>,
-    pub seqlen_q_ptr: DevicePtr<i32>,
-    pub seqlen_k_ptr: DevicePtr<i32>,
+    pub sequences: SequenceArrays,
     pub batch: i64,
     pub seqlen_q: i64,
     pub seqlen_k: i64,
@@ -90,7 +87,7 @@ impl BwdArgs {
         if self.scale != 0.0 {
             shape.scale = self.scale;
         }
-        check_sequence_arrays(&shape, self.seqstart_q, self.seqstart_k, self.seqlen_q_ptr, self.seqlen_k_ptr)?;
+        self.sequences.check(&shape)?;
         Ok(shape)
     }
 

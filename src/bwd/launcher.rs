@@ -200,10 +200,7 @@ impl BwdLauncher {
             dk: args.dk,
             dv: args.dv,
             extents,
-            seqstart_q: args.seqstart_q,
-            seqstart_k: args.seqstart_k,
-            seqlen_q_ptr: args.seqlen_q_ptr,
-            seqlen_k_ptr: args.seqlen_k_ptr,
+            sequences: args.sequences,
             workspace: args.workspace,
             layout: self.layout,
         };

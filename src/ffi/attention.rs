@@ -4,7 +4,7 @@ use super::{boundary, flag, fmha_status, read_extensible, Extensible};
 use crate::error::{Error, Result};
 use crate::fwd::{FwdArgs, FwdTraits};
 use crate::problem::mask::MaskType;
-use crate::problem::{BiasType, Dtype, Mode, Tensor};
+use crate::problem::{BiasType, Dtype, Mode, SequenceArrays, Tensor};
 use crate::runtime::{DeviceAddr, DevicePtr, Stream};
 use std::ffi::{c_char, c_void};
 
@@ -131,10 +131,12 @@ impl fmha_fwd_args {
             v: self.v.to_tensor(),
             o: self.o.to_tensor(),
             lse: self.lse.to_tensor(),
-            seqstart_q: DevicePtr::new(self.seqstart_q as usize),
-            seqstart_k: DevicePtr::new(self.seqstart_k as usize),
-            seqlen_q_ptr: DevicePtr::new(self.seqlen_q_ptr as usize),
-            seqlen_k_ptr: DevicePtr::new(self.seqlen_k_ptr as usize),
+            sequences: SequenceArrays {
+                seqstart_q: DevicePtr::new(self.seqstart_q as usize),
+                seqstart_k: DevicePtr::new(self.seqstart_k as usize),
+                seqlen_q: DevicePtr::new(self.seqlen_q_ptr as usize),
+                seqlen_k: DevicePtr::new(self.seqlen_k_ptr as usize),
+            },
             batch: i64::from(self.batch),
             seqlen_q: i64::from(self.seqlen_q),
             seqlen_k: i64::from(self.seqlen_k),

@@ -6,7 +6,7 @@ use super::runtime::fmha_stream_t;
 use super::{boundary, flag, fmha_status, read_extensible, read_slice, write_out, Extensible};
 use crate::bwd::{launcher, BwdArgs, BwdLauncher, BwdTraits};
 use crate::error::{Error, Result};
-use crate::problem::{BiasType, Dtype, Mode};
+use crate::problem::{BiasType, Dtype, Mode, SequenceArrays};
 use crate::runtime::{DevicePtr, Stream};
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -155,10 +155,12 @@ impl fmha_bwd_args {
             dv: self.dv.to_tensor(),
             workspace: DevicePtr::new(self.workspace as usize),
             workspace_size: self.workspace_size,
-            seqstart_q: DevicePtr::new(self.seqstart_q as usize),
-            seqstart_k: DevicePtr::new(self.seqstart_k as usize),
-            seqlen_q_ptr: DevicePtr::new(self.seqlen_q_ptr as usize),
-            seqlen_k_ptr: DevicePtr::new(self.seqlen_k_ptr as usize),
+            sequences: SequenceArrays {
+                seqstart_q: DevicePtr::new(self.seqstart_q as usize),
+                seqstart_k: DevicePtr::new(self.seqstart_k as usize),
+                seqlen_q: DevicePtr::new(self.seqlen_q_ptr as usize),
+                seqlen_k: DevicePtr::new(self.seqlen_k_ptr as usize),
+            },
             batch: i64::from(self.batch),
             seqlen_q: i64::from(self.seqlen_q),
             seqlen_k: i64::from(self.seqlen_k),

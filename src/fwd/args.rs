@@ -5,11 +5,10 @@ use crate::error::Result;
 use crate::launch::{FwdExtents, FwdKargs};
 use crate::problem::mask::Mask;
 use crate::problem::{
-    check_lse_layout, check_memory_overlap, check_sequence_arrays, require_no_dropout, Operand, Shape, Tensor,
+    check_lse_layout, check_memory_overlap, require_no_dropout, Operand, SequenceArrays, Shape, Tensor,
 };
 use crate::registry::{Operation, Request};
 use crate::runtime::Arch;
-use crate::runtime::DevicePtr;
 
 /// Pointers, strides (elements) and lengths of one forward call.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -19,10 +18,7 @@ pub struct FwdArgs {
     pub v: Tensor,
     pub o: Tensor,
     pub lse: Tensor,
-    pub seqstart_q: DevicePtr<i32>,
-    pub seqstart_k: DevicePtr<i32>,
-    pub seqlen_q_ptr: DevicePtr<i32>,
-    pub seqlen_k_ptr: DevicePtr<i32>,
+    pub sequences: SequenceArrays,
     pub batch: i64,
     pub seqlen_q: i64,
     pub seqlen_k: i64,
@@ -52,7 +48,7 @@ impl FwdArgs {
             self.scale,
             mask,
         )?;
-        check_sequence_arrays(&shape, self.seqstart_q, self.seqstart_k, self.seqlen_q_ptr, self.seqlen_k_ptr)?;
+        self.sequences.check(&shape)?;
         let (b, mode) = (shape.batch, shape.mode);
         let extents = FwdExtents {
             q: self.q.extent("q", mode, b, shape.nhead_q, shape.seqlen_q, shape.hdim_q, 2)?,
@@ -107,10 +103,7 @@ impl FwdArgs {
             o: self.o,
             lse: self.lse,
             extents,
-            seqstart_q: self.seqstart_q,
-            seqstart_k: self.seqstart_k,
-            seqlen_q_ptr: self.seqlen_q_ptr,
-            seqlen_k_ptr: self.seqlen_k_ptr,
+            sequences: self.sequences,
         })
     }
 }

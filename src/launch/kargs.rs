@@ -2,7 +2,7 @@
 //! addresses as typed values. The host executor reads them directly; the GPU executor turns them into
 //! the kernels' parameter blocks (`abi.rs`, built in `params.rs`).
 
-use crate::problem::{Shape, Tensor};
+use crate::problem::{SequenceArrays, Shape, Tensor};
 use crate::registry::Instance;
 use crate::runtime::DevicePtr;
 use crate::workspace::WorkspaceLayout;
@@ -20,11 +20,7 @@ pub struct FwdKargs {
     pub lse: Tensor,
     /// Element counts each tensor spans (bounds of the host backend's device views).
     pub extents: FwdExtents,
-    /// Device arrays: `seqstart_q/k` `[batch + 1]` (group mode), optional logical lengths `[batch]`.
-    pub seqstart_q: DevicePtr<i32>,
-    pub seqstart_k: DevicePtr<i32>,
-    pub seqlen_q_ptr: DevicePtr<i32>,
-    pub seqlen_k_ptr: DevicePtr<i32>,
+    pub sequences: SequenceArrays,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -55,10 +51,7 @@ pub struct BwdKargs {
     pub dk: Tensor,
     pub dv: Tensor,
     pub extents: BwdExtents,
-    pub seqstart_q: DevicePtr<i32>,
-    pub seqstart_k: DevicePtr<i32>,
-    pub seqlen_q_ptr: DevicePtr<i32>,
-    pub seqlen_k_ptr: DevicePtr<i32>,
+    pub sequences: SequenceArrays,
     pub workspace: DevicePtr<u8>,
     /// The kernels check the workspace header's fingerprint against the sequence starts they read.
     pub layout: WorkspaceLayout,

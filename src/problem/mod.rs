@@ -10,7 +10,7 @@ pub mod tensor;
 
 pub use mask::{Mask, MaskType};
 pub use operands::{check_memory_overlap, Operand};
-pub use shape::{check_sequence_arrays, Shape};
+pub use shape::{SequenceArrays, Shape};
 pub use tensor::{check_device_array, check_lse_layout, Tensor};
 
 use crate::abi_values::{

@@ -112,33 +112,44 @@ impl Shape {
     }
 }
 
-/// Checks the sequence arrays against the mode: group mode needs `seqstart_q/k` (`[batch + 1]`) and
-/// may pass logical lengths `seqlen_q/k_ptr` (`[batch]`); batch mode must not pass any of them (they
-/// would be silently ignored otherwise). Each array is checked as a device array of int32.
-pub fn check_sequence_arrays(
-    shape: &Shape,
-    seqstart_q: DevicePtr<i32>,
-    seqstart_k: DevicePtr<i32>,
-    lens_q: DevicePtr<i32>,
-    lens_k: DevicePtr<i32>,
-) -> Result<()> {
-    let arrays =
-        [("seqstart_q", seqstart_q), ("seqstart_k", seqstart_k), ("seqlen_q_ptr", lens_q), ("seqlen_k_ptr", lens_k)];
-    match shape.mode {
-        Mode::Group => {
-            for (name, ptr) in &arrays[..2] {
-                ensure(!ptr.is_null(), name, || "must not be null in group mode".into())?;
+/// The device arrays of a call: in group (varlen) mode `seqstart_q/k` (`[batch + 1]` physical row
+/// offsets) and optional logical lengths `seqlen_q/k` (`[batch]`, the C fields `seqlen_q_ptr/k_ptr`);
+/// in batch mode all null.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SequenceArrays {
+    pub seqstart_q: DevicePtr<i32>,
+    pub seqstart_k: DevicePtr<i32>,
+    pub seqlen_q: DevicePtr<i32>,
+    pub seqlen_k: DevicePtr<i32>,
+}
+
+impl SequenceArrays {
+    /// Checks the arrays against the mode: group mode needs `seqstart_q/k` and may pass logical lengths;
+    /// batch mode must not pass any of them (they would be silently ignored otherwise). Each array is
+    /// checked as a device array of int32.
+    pub fn check(&self, shape: &Shape) -> Result<()> {
+        let arrays = [
+            ("seqstart_q", self.seqstart_q),
+            ("seqstart_k", self.seqstart_k),
+            ("seqlen_q_ptr", self.seqlen_q),
+            ("seqlen_k_ptr", self.seqlen_k),
+        ];
+        match shape.mode {
+            Mode::Group => {
+                for (name, ptr) in &arrays[..2] {
+                    ensure(!ptr.is_null(), name, || "must not be null in group mode".into())?;
+                }
+                let batch = shape.batch as usize;
+                for (i, (name, ptr)) in arrays.into_iter().enumerate() {
+                    check_device_array(ptr, if i < 2 { batch + 1 } else { batch }, name)?;
+                }
             }
-            let batch = shape.batch as usize;
-            for (i, (name, ptr)) in arrays.into_iter().enumerate() {
-                check_device_array(ptr, if i < 2 { batch + 1 } else { batch }, name)?;
+            Mode::Batch => {
+                for (name, ptr) in arrays {
+                    ensure(ptr.is_null(), name, || "must be null in batch mode (set is_group_mode for varlen)".into())?;
+                }
             }
         }
-        Mode::Batch => {
-            for (name, ptr) in arrays {
-                ensure(ptr.is_null(), name, || "must be null in batch mode (set is_group_mode for varlen)".into())?;
-            }
-        }
+        Ok(())
     }
-    Ok(())
 }

@@ -18,7 +18,7 @@ pub fn run<E: Element>(k: &FwdKargs, cu_count: i64) -> Result<()> {
     let v = TensorView::<E>::new(k.v, k.extents.v, mode, "v")?;
     let o = TensorView::<E>::new(k.o, k.extents.o, mode, "o")?;
     let lse = if k.lse.ptr.is_null() { None } else { Some(TensorView::<f32>::new(k.lse, k.extents.lse, mode, "lse")?) };
-    let seqs = Sequences::new(s, k.seqstart_q, k.seqstart_k, k.seqlen_q_ptr, k.seqlen_k_ptr)?;
+    let seqs = Sequences::new(s, &k.sequences)?;
     let (m0, n0) = (k.instance.m0, k.instance.n0);
     let q_tiles = ((s.max_seqlen_q + m0 - 1) / m0) as usize;
     let heads = s.nhead_q as usize;

@@ -2,7 +2,7 @@
 //! offsets) and optional logical-length arrays in device memory, at execution time.
 
 use crate::error::{ensure, Result};
-use crate::problem::{Mode, Shape};
+use crate::problem::{Mode, SequenceArrays, Shape};
 use crate::runtime::host::DeviceSlice;
 use crate::runtime::DevicePtr;
 
@@ -38,13 +38,7 @@ pub struct BatchRows {
 impl Sequences {
     /// The device arrays: `seqstart_*` (`[batch + 1]`, group mode only) and optional logical lengths
     /// `seqlen_*_ptr` (`[batch]`).
-    pub fn new(
-        shape: &Shape,
-        seqstart_q: DevicePtr<i32>,
-        seqstart_k: DevicePtr<i32>,
-        logical_q: DevicePtr<i32>,
-        logical_k: DevicePtr<i32>,
-    ) -> Result<Self> {
+    pub fn new(shape: &Shape, arrays: &SequenceArrays) -> Result<Self> {
         let b = shape.batch as usize;
         let optional = |ptr: DevicePtr<i32>, len: usize, field: &str| -> Result<Option<DeviceSlice<i32>>> {
             if ptr.is_null() {
@@ -60,10 +54,10 @@ impl Sequences {
             seqlen_k: shape.seqlen_k,
             max_seqlen_q: shape.max_seqlen_q,
             max_seqlen_k: shape.max_seqlen_k,
-            seqstart_q: optional(seqstart_q, b + 1, "seqstart_q")?,
-            seqstart_k: optional(seqstart_k, b + 1, "seqstart_k")?,
-            logical_q: optional(logical_q, b, "seqlen_q_ptr")?,
-            logical_k: optional(logical_k, b, "seqlen_k_ptr")?,
+            seqstart_q: optional(arrays.seqstart_q, b + 1, "seqstart_q")?,
+            seqstart_k: optional(arrays.seqstart_k, b + 1, "seqstart_k")?,
+            logical_q: optional(arrays.seqlen_q, b, "seqlen_q_ptr")?,
+            logical_k: optional(arrays.seqlen_k, b, "seqlen_k_ptr")?,
         })
     }
 

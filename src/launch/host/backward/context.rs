@@ -50,8 +50,8 @@ impl<E: Element> BwdContext<E> {
         let batch = s.batch as usize;
         let (seqstart_q, seqstart_k) = match m {
             Mode::Group => (
-                Some(read_i32s(kargs.seqstart_q, batch + 1, "seqstart_q")?),
-                Some(read_i32s(kargs.seqstart_k, batch + 1, "seqstart_k")?),
+                Some(read_i32s(kargs.sequences.seqstart_q, batch + 1, "seqstart_q")?),
+                Some(read_i32s(kargs.sequences.seqstart_k, batch + 1, "seqstart_k")?),
             ),
             Mode::Batch => (None, None),
         };
@@ -75,7 +75,7 @@ impl<E: Element> BwdContext<E> {
                 dq_acc_len,
                 "workspace",
             )?,
-            sequences: Sequences::new(s, kargs.seqstart_q, kargs.seqstart_k, kargs.seqlen_q_ptr, kargs.seqlen_k_ptr)?,
+            sequences: Sequences::new(s, &kargs.sequences)?,
             metadata,
             seqstart_q,
         })
