@@ -91,13 +91,18 @@ impl BwdArgs {
         Ok(shape)
     }
 
-    /// Refuses outputs (dq, dk, dv, the D scratch, the workspace of `workspace_bytes`) that share
-    /// memory with each other or with an input.
-    pub fn check_overlap(&self, s: &Shape, workspace_bytes: usize) -> Result<()> {
+    /// Every tensor argument, checked (the LSE/D layouts, then each extent), in the order q, k, v, o,
+    /// lse, d_o, d, dq, dk, dv.
+    pub fn tensors(&self, s: &Shape) -> Result<[Operand<'static>; 10]> {
         let (m, b) = (s.mode, s.batch);
+        check_lse_layout(&self.lse, "lse")?;
+        check_lse_layout(&self.d, "d")?;
+        for (name, t) in [("lse", &self.lse), ("d", &self.d)] {
+            ensure(!t.ptr.is_null() || s.seqlen_q == 0, &format!("{name}.data"), || "must not be null".into())?;
+        }
         let (q, k) = ((b, s.nhead_q, s.seqlen_q), (b, s.nhead_k, s.seqlen_k));
         let with = |(b, h, r): (i64, i64, i64), columns: i64| (b, h, r, columns);
-        check_memory_overlap(&[
+        Ok([
             Operand::tensor("q", &self.q, m, with(q, s.hdim_q), 2, false)?,
             Operand::tensor("k", &self.k, m, with(k, s.hdim_q), 2, false)?,
             Operand::tensor("v", &self.v, m, with(k, s.hdim_v), 2, false)?,
@@ -108,29 +113,20 @@ impl BwdArgs {
             Operand::tensor("dq", &self.dq, m, with(q, s.hdim_q), 2, true)?,
             Operand::tensor("dk", &self.dk, m, with(k, s.hdim_q), 2, true)?,
             Operand::tensor("dv", &self.dv, m, with(k, s.hdim_v), 2, true)?,
-            Operand::bytes("workspace", self.workspace.addr(), workspace_bytes, true),
         ])
     }
 
-    /// Element extents of every tensor (and the checks of their layouts).
-    pub fn extents(&self, s: &Shape) -> Result<BwdExtents> {
-        let (m, b) = (s.mode, s.batch);
-        check_lse_layout(&self.lse, "lse")?;
-        check_lse_layout(&self.d, "d")?;
-        for (name, t) in [("lse", &self.lse), ("d", &self.d)] {
-            ensure(!t.ptr.is_null() || s.seqlen_q == 0, &format!("{name}.data"), || "must not be null".into())?;
-        }
-        Ok(BwdExtents {
-            q: self.q.extent("q", m, b, s.nhead_q, s.seqlen_q, s.hdim_q, 2)?,
-            k: self.k.extent("k", m, b, s.nhead_k, s.seqlen_k, s.hdim_q, 2)?,
-            v: self.v.extent("v", m, b, s.nhead_k, s.seqlen_k, s.hdim_v, 2)?,
-            o: self.o.extent("o", m, b, s.nhead_q, s.seqlen_q, s.hdim_v, 2)?,
-            lse: self.lse.extent("lse", m, b, s.nhead_q, s.seqlen_q, 1, 4)?,
-            d_o: self.d_o.extent("d_o", m, b, s.nhead_q, s.seqlen_q, s.hdim_v, 2)?,
-            d: self.d.extent("d", m, b, s.nhead_q, s.seqlen_q, 1, 4)?,
-            dq: self.dq.extent("dq", m, b, s.nhead_q, s.seqlen_q, s.hdim_q, 2)?,
-            dk: self.dk.extent("dk", m, b, s.nhead_k, s.seqlen_k, s.hdim_q, 2)?,
-            dv: self.dv.extent("dv", m, b, s.nhead_k, s.seqlen_k, s.hdim_v, 2)?,
-        })
+    /// Refuses outputs (dq, dk, dv, the D scratch, the workspace of `workspace_bytes`) that share
+    /// memory with each other or with an input; `tensors` is [`tensors`](Self::tensors).
+    pub fn check_overlap(&self, tensors: &[Operand<'static>; 10], workspace_bytes: usize) -> Result<()> {
+        let workspace = Operand::bytes("workspace", self.workspace.addr(), workspace_bytes, true);
+        let operands: Vec<Operand<'_>> = tensors.iter().copied().chain([workspace]).collect();
+        check_memory_overlap(&operands)
     }
+}
+
+/// The element extents of [`BwdArgs::tensors`].
+pub fn extents(tensors: &[Operand<'_>; 10]) -> BwdExtents {
+    let [q, k, v, o, lse, d_o, d, dq, dk, dv] = tensors.map(|t| t.elements);
+    BwdExtents { q, k, v, o, lse, d_o, d, dq, dk, dv }
 }

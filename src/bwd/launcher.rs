@@ -16,7 +16,7 @@ use crate::problem::{Mode, Shape};
 use crate::registry::{Instance, Operation, Request};
 use crate::runtime::{self, Arch, CopyKind, DevicePtr, Stream};
 use crate::schedule::XcdRemap;
-use crate::workspace::{self, WorkspaceLayout, WorkspaceParams, SECTION_ALIGNMENT};
+use crate::workspace::{self, WorkspaceLayout, WorkspaceParams};
 
 #[derive(Debug)]
 pub struct BwdLauncher {
@@ -102,20 +102,14 @@ impl BwdLauncher {
         self.layout.workspace_size()
     }
 
-    /// Checks a workspace argument: not null, [`SECTION_ALIGNMENT`]-aligned (the kernels read its
+    /// Checks a workspace argument: not null, [`workspace::SECTION_ALIGNMENT`]-aligned (the kernels read its
     /// sections as aligned structs), and — when the caller says how large it is (`bytes > 0`, or always
     /// with `size_required`) — at least [`workspace_size`](Self::workspace_size) bytes.
     pub(crate) fn check_workspace(&self, workspace: DevicePtr<u8>, bytes: usize, size_required: bool) -> Result<()> {
         if workspace.is_null() {
             return Err(Error::null("workspace"));
         }
-        let address = workspace.addr().0;
-        let misalign = address % SECTION_ALIGNMENT;
-        ensure(misalign == 0, "workspace", || {
-            format!(
-                "{address:#x} is not {SECTION_ALIGNMENT}-byte aligned (address mod {SECTION_ALIGNMENT} = {misalign})"
-            )
-        })?;
+        workspace::check_section_aligned("workspace", workspace.addr().0)?;
         let need = self.workspace_size();
         if (size_required || bytes > 0) && bytes < need {
             return Err(Error::new(
@@ -166,7 +160,7 @@ impl BwdLauncher {
     /// Validates `args` against the traits and the prepared workspace, and enqueues the backward.
     pub fn run(&self, args: &BwdArgs, stream: Stream) -> Result<()> {
         let shape = args.shape(&self.traits)?;
-        let extents = args.extents(&shape)?;
+        let tensors = args.tensors(&shape)?;
         // (field, tensor, loaded by the kernels' tiles)
         for (field, tensor, input) in [
             ("q", &args.q, true),
@@ -184,7 +178,7 @@ impl BwdLauncher {
             }
         }
         self.check_workspace(args.workspace, args.workspace_size, false)?;
-        args.check_overlap(&shape, self.workspace_size())?;
+        args.check_overlap(&tensors, self.workspace_size())?;
         let kargs = BwdKargs {
             shape,
             instance: self.instance,
@@ -199,7 +193,7 @@ impl BwdLauncher {
             dq: args.dq,
             dk: args.dk,
             dv: args.dv,
-            extents,
+            extents: super::args::extents(&tensors),
             sequences: args.sequences,
             workspace: args.workspace,
             layout: self.layout,

@@ -50,28 +50,25 @@ impl FwdArgs {
         )?;
         self.sequences.check(&shape)?;
         let (b, mode) = (shape.batch, shape.mode);
-        let extents = FwdExtents {
-            q: self.q.extent("q", mode, b, shape.nhead_q, shape.seqlen_q, shape.hdim_q, 2)?,
-            k: self.k.extent("k", mode, b, shape.nhead_k, shape.seqlen_k, shape.hdim_q, 2)?,
-            v: self.v.extent("v", mode, b, shape.nhead_k, shape.seqlen_k, shape.hdim_v, 2)?,
-            o: self.o.extent("o", mode, b, shape.nhead_q, shape.seqlen_q, shape.hdim_v, 2)?,
-            lse: if self.lse.ptr.is_null() {
-                0
-            } else {
-                check_lse_layout(&self.lse, "lse")?;
-                self.lse.extent("lse", mode, b, shape.nhead_q, shape.seqlen_q, 1, 4)?
-            },
-        };
         let (q_rows, k_rows) = (shape.seqlen_q, shape.seqlen_k);
-        let mut operands = vec![
-            Operand::tensor("q", &self.q, mode, (b, shape.nhead_q, q_rows, shape.hdim_q), 2, false)?,
-            Operand::tensor("k", &self.k, mode, (b, shape.nhead_k, k_rows, shape.hdim_q), 2, false)?,
-            Operand::tensor("v", &self.v, mode, (b, shape.nhead_k, k_rows, shape.hdim_v), 2, false)?,
-            Operand::tensor("o", &self.o, mode, (b, shape.nhead_q, q_rows, shape.hdim_v), 2, true)?,
-        ];
-        if !self.lse.ptr.is_null() {
-            operands.push(Operand::tensor("lse", &self.lse, mode, (b, shape.nhead_q, q_rows, 1), 4, true)?);
-        }
+        let q = Operand::tensor("q", &self.q, mode, (b, shape.nhead_q, q_rows, shape.hdim_q), 2, false)?;
+        let k = Operand::tensor("k", &self.k, mode, (b, shape.nhead_k, k_rows, shape.hdim_q), 2, false)?;
+        let v = Operand::tensor("v", &self.v, mode, (b, shape.nhead_k, k_rows, shape.hdim_v), 2, false)?;
+        let o = Operand::tensor("o", &self.o, mode, (b, shape.nhead_q, q_rows, shape.hdim_v), 2, true)?;
+        let lse = if self.lse.ptr.is_null() {
+            None
+        } else {
+            check_lse_layout(&self.lse, "lse")?;
+            Some(Operand::tensor("lse", &self.lse, mode, (b, shape.nhead_q, q_rows, 1), 4, true)?)
+        };
+        let extents = FwdExtents {
+            q: q.elements,
+            k: k.elements,
+            v: v.elements,
+            o: o.elements,
+            lse: lse.map_or(0, |lse| lse.elements),
+        };
+        let operands: Vec<Operand<'_>> = [q, k, v, o].into_iter().chain(lse).collect();
         check_memory_overlap(&operands)?;
         let instance = crate::registry::select(
             arch,

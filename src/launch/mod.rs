@@ -14,9 +14,9 @@ mod params;
 
 pub use kargs::{BwdExtents, BwdKargs, FwdExtents, FwdKargs};
 
-use crate::error::{ensure, Error, Result};
+use crate::error::{Error, Result};
 use crate::runtime::{DevicePtr, Stream};
-use crate::workspace::{WorkspaceLayout, SECTION_ALIGNMENT};
+use crate::workspace::WorkspaceLayout;
 
 /// How one backend runs the library's kernels. Each call only enqueues work on `stream`.
 trait Executor {
@@ -73,10 +73,7 @@ pub fn prepare_workspace(
     if workspace.is_null() {
         return Err(Error::null("workspace"));
     }
-    let misalign = workspace.addr().0 % SECTION_ALIGNMENT;
-    ensure(misalign == 0, "workspace", || {
-        format!("must be {SECTION_ALIGNMENT}-byte aligned (address mod {SECTION_ALIGNMENT} = {misalign})")
-    })?;
+    crate::workspace::check_section_aligned("workspace", workspace.addr().0)?;
     Active::prepare_workspace(layout, workspace, seqstart_q, seqstart_k, stream)
 }
 

@@ -6,32 +6,39 @@ use super::{Mode, Tensor};
 use crate::error::{Error, Result};
 use crate::runtime::DeviceAddr;
 
-/// One memory argument of a call, for [`check_memory_overlap`]: its C field, the bytes it covers, and
-/// whether the call writes it.
+/// One memory argument of a call, checked: its C field, the elements from its base that the kernels
+/// may touch, the bytes it covers (for [`check_memory_overlap`]), and whether the call writes it.
 #[derive(Debug, Clone, Copy)]
 pub struct Operand<'a> {
     pub field: &'a str,
+    /// [`Tensor::extent`]: one past the last element the shape covers, counted from the base.
+    pub elements: usize,
     pub region: Region,
     pub written: bool,
 }
 
 impl<'a> Operand<'a> {
-    /// The bytes `tensor` covers with the given extents; `written` for outputs.
+    /// `tensor` with the given `(batch, heads, rows, columns)`, checked as [`Tensor::extent`] checks it;
+    /// `written` for outputs.
     pub fn tensor(
         field: &'a str,
         tensor: &Tensor,
         mode: Mode,
         extents: (i64, i64, i64, i64),
-        element_bytes: u64,
+        element_bytes: usize,
         written: bool,
     ) -> Result<Operand<'a>> {
-        Ok(Operand { field, region: Region::of_tensor(field, tensor, mode, extents, element_bytes)?, written })
+        let (batch, heads, rows, columns) = extents;
+        let elements = tensor.extent(field, mode, batch, heads, rows, columns, element_bytes)?;
+        let region = Region::of_tensor(field, tensor, mode, extents, element_bytes as u64)?;
+        Ok(Operand { field, elements, region, written })
     }
 
     /// `bytes` contiguous bytes at `ptr` (a workspace).
     pub fn bytes(field: &'a str, ptr: DeviceAddr, bytes: usize, written: bool) -> Operand<'a> {
         let one = super::overlap::Dim::ONE;
-        Operand { field, region: Region { base: ptr.0 as u64, dims: [one; 3], run: bytes as u64 }, written }
+        let region = Region { base: ptr.0 as u64, dims: [one; 3], run: bytes as u64 };
+        Operand { field, elements: bytes, region, written }
     }
 }
 

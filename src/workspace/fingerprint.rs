@@ -1,7 +1,6 @@
 //! The workspace header's fingerprint: what a workspace was prepared for.
 
 use super::layout::{WorkspaceParams, FORMAT_VERSION};
-use crate::schedule::XcdRemap;
 
 /// Folds one 64-bit word into the fingerprint state: `mix((h ^ word) + 0x9E3779B97F4A7C15)` with `mix`
 /// the splitmix64 finaliser (a bijection with full avalanche; the added constant keeps a zero state
@@ -35,10 +34,6 @@ pub fn fingerprint(params: &WorkspaceParams, seqstart_q: Option<&[i32]>, seqstar
 /// device seqstarts of a run into it and compare with the header.
 pub fn fingerprint_of_params(params: &WorkspaceParams) -> u64 {
     let p = params;
-    let remap = match p.remap {
-        XcdRemap::None => 0,
-        XcdRemap::Xcd8 => 1,
-    };
     let words = [
         i64::from(p.group_mode),
         i64::from(p.deterministic),
@@ -51,7 +46,7 @@ pub fn fingerprint_of_params(params: &WorkspaceParams) -> u64 {
         p.m0,
         p.n0,
         p.num_cus,
-        remap,
+        p.remap.code(),
     ];
     words.iter().fold(u64::from(FORMAT_VERSION), |h, &w| absorb(h, w as u64))
 }

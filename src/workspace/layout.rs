@@ -7,6 +7,14 @@ use crate::schedule::{ceil_div, BatchPersistent, XcdRemap};
 
 /// Alignment of every metadata section (the device reads them as 16-byte aligned structs).
 pub const SECTION_ALIGNMENT: usize = 16;
+
+/// Refuses a workspace (or metadata buffer) at `address` that does not start [`SECTION_ALIGNMENT`]-aligned.
+pub fn check_section_aligned(field: &str, address: usize) -> Result<()> {
+    let misalign = address % SECTION_ALIGNMENT;
+    ensure(misalign == 0, field, || {
+        format!("{address:#x} is not {SECTION_ALIGNMENT}-byte aligned (address mod {SECTION_ALIGNMENT} = {misalign})")
+    })
+}
 // The host builds metadata regions in `AlignedBytes`.
 const _: () = assert!(crate::host_buffer::ALIGNMENT % SECTION_ALIGNMENT == 0);
 /// The metadata region is rounded up to this, so dq_acc starts page-aligned.

@@ -2,9 +2,7 @@
 //! `hip/bwd/prepare_workspace.h`), and read back (`MetadataView`, what the host executor's kernels use).
 
 use super::fingerprint::fingerprint;
-use super::layout::{
-    size_product, to_usize, WorkspaceLayout, WorkspaceParams, FORMAT_VERSION, MAGIC, SECTION_ALIGNMENT,
-};
+use super::layout::{size_product, to_usize, WorkspaceLayout, WorkspaceParams, FORMAT_VERSION, MAGIC};
 use crate::error::{ensure, Error, Result, Status};
 use crate::schedule::{build_group_table, check_seqstart, BatchState, CuState, GroupTableOut};
 
@@ -68,10 +66,7 @@ pub fn prepare_metadata(
             format!("workspace: {} bytes given, the metadata region needs {}", metadata.len(), layout.metadata_bytes),
         ));
     }
-    let misalign = metadata.as_ptr() as usize % SECTION_ALIGNMENT;
-    ensure(misalign == 0, "workspace", || {
-        format!("must be {SECTION_ALIGNMENT}-byte aligned (address mod {SECTION_ALIGNMENT} = {misalign})")
-    })?;
+    super::check_section_aligned("workspace", metadata.as_ptr() as usize)?;
     let seqstarts = match (p.group_mode, seqstart_q, seqstart_k) {
         (true, Some(q), Some(k)) => {
             check_group_seqstarts(p, q, k)?;
