@@ -54,7 +54,8 @@ pub extern "C" fn fmha_host_free_pinned(ptr: *mut c_void) -> fmha_status {
 pub extern "C" fn fmha_memcpy(dst: *mut c_void, src: *const c_void, bytes: usize, kind: i32) -> fmha_status {
     boundary(|| {
         let kind = CopyKind::from_i32(kind)?;
-        runtime::check_copy_args(dst as usize, src as usize, bytes)?;
+        runtime::check_range("dst", dst as usize, bytes)?;
+        runtime::check_range("src", src as usize, bytes)?;
         runtime::current()?.memcpy(dst as usize, src as usize, bytes, kind)
     })
 }
@@ -71,7 +72,8 @@ pub extern "C" fn fmha_memcpy_async(
 ) -> fmha_status {
     boundary(|| {
         let kind = CopyKind::from_i32(kind)?;
-        runtime::check_copy_args(dst as usize, src as usize, bytes)?;
+        runtime::check_range("dst", dst as usize, bytes)?;
+        runtime::check_range("src", src as usize, bytes)?;
         runtime::current()?.memcpy_async(dst as usize, src as usize, bytes, kind, Stream(stream as usize))
     })
 }
@@ -81,7 +83,7 @@ pub extern "C" fn fmha_memcpy_async(
 pub extern "C" fn fmha_memset(dst: *mut c_void, value: i32, bytes: usize) -> fmha_status {
     boundary(|| {
         let value = byte_value(value)?;
-        runtime::check_copy_args(dst as usize, dst as usize, bytes)?;
+        runtime::check_range("dst", dst as usize, bytes)?;
         runtime::current()?.memset(dst as usize, value, bytes)
     })
 }
@@ -91,7 +93,7 @@ pub extern "C" fn fmha_memset(dst: *mut c_void, value: i32, bytes: usize) -> fmh
 pub extern "C" fn fmha_memset_async(dst: *mut c_void, value: i32, bytes: usize, stream: fmha_stream_t) -> fmha_status {
     boundary(|| {
         let value = byte_value(value)?;
-        runtime::check_copy_args(dst as usize, dst as usize, bytes)?;
+        runtime::check_range("dst", dst as usize, bytes)?;
         runtime::current()?.memset_async(dst as usize, value, bytes, Stream(stream as usize))
     })
 }

@@ -278,7 +278,8 @@ impl Runtime for HostRuntime {
         self.stream_synchronize(Stream(0))
     }
     fn memcpy_async(&self, dst: usize, src: usize, bytes: usize, _kind: CopyKind, stream: Stream) -> Result<()> {
-        super::check_copy_args(dst, src, bytes)?;
+        super::check_range("dst", dst, bytes)?;
+        super::check_range("src", src, bytes)?;
         self.enqueue(stream, move || {
             copy_bytes(dst, src, bytes);
             Ok(())
@@ -289,7 +290,7 @@ impl Runtime for HostRuntime {
         self.stream_synchronize(Stream(0))
     }
     fn memset_async(&self, dst: usize, value: u8, bytes: usize, stream: Stream) -> Result<()> {
-        super::check_copy_args(dst, dst, bytes)?;
+        super::check_range("dst", dst, bytes)?;
         self.enqueue(stream, move || {
             set_bytes(dst, value, bytes);
             Ok(())
@@ -469,6 +470,20 @@ impl<T: Copy> DeviceSlice<T> {
         let _ = self.element(start + out.len() - 1);
         // SAFETY: the whole range [start, start + len) is in bounds (its last element was checked).
         unsafe { std::ptr::copy_nonoverlapping(self.element(start), out.as_mut_ptr(), out.len()) }
+    }
+
+    /// Sets the `count` contiguous elements starting at `start` to `value`.
+    pub fn fill(&self, start: usize, count: usize, value: T) {
+        if count == 0 {
+            return;
+        }
+        let _ = self.element(start + count - 1);
+        let first = self.element(start);
+        for i in 0..count {
+            // SAFETY: the range is in bounds (its last element was checked); written through raw
+            // pointers, as `set` writes, so no reference to the elements exists.
+            unsafe { first.add(i).write(value) }
+        }
     }
 
     /// Writes `values` to the contiguous elements starting at `start`.

@@ -222,18 +222,15 @@ pub fn current() -> Result<&'static dyn Runtime> {
     }
 }
 
-/// The checks every backend makes on a copy or memset range before the runtime sees it: null pointers
-/// and ranges that run past the end of the address space are refused, naming the field (a GPU runtime
-/// would answer only "invalid value"); beyond that, like `cudaMemcpy`, the caller vouches for the ranges.
-/// A memset passes `dst` as both.
-pub fn check_copy_args(dst: usize, src: usize, bytes: usize) -> Result<()> {
-    for (field, ptr) in [("dst", dst), ("src", src)] {
-        if bytes > 0 && ptr == 0 {
-            return Err(Error::null(field));
-        }
-        crate::error::ensure(ptr.checked_add(bytes).is_some(), field, || {
-            format!("{bytes} bytes from {ptr:#x} run past the end of the address space")
-        })?;
+/// The check every backend makes on each range of a copy or memset before the runtime sees it (at the C
+/// boundary; the host runtime again before it touches the memory itself): a null pointer or a range
+/// that runs past the end of the address space is refused, naming the field (a GPU runtime would answer
+/// only "invalid value"); beyond that, like `cudaMemcpy`, the caller vouches for the range.
+pub fn check_range(field: &str, ptr: usize, bytes: usize) -> Result<()> {
+    if bytes > 0 && ptr == 0 {
+        return Err(Error::null(field));
     }
-    Ok(())
+    crate::error::ensure(ptr.checked_add(bytes).is_some(), field, || {
+        format!("{bytes} bytes from {ptr:#x} run past the end of the address space")
+    })
 }
