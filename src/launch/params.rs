@@ -3,7 +3,6 @@
 use super::abi::{BwdParams, FwdParams, PrepareParams};
 use super::kargs::{BwdKargs, FwdKargs};
 use crate::runtime::{DeviceAddr, DevicePtr};
-use crate::schedule::XcdRemap;
 use crate::workspace::WorkspaceLayout;
 
 impl FwdParams {
@@ -172,10 +171,7 @@ impl PrepareParams {
             m0: p.m0,
             n0: p.n0,
             num_cus: p.num_cus,
-            remap: match p.remap {
-                XcdRemap::None => 0,
-                XcdRemap::Xcd8 => 1,
-            },
+            remap: p.remap.code(),
             nsplits_offset: size(layout.nsplits.offset),
             nsplits_count: size(layout.nsplits.count),
             dq_acc_offsets_offset: size(layout.dq_acc_offsets.offset),

@@ -177,6 +177,14 @@ pub enum XcdRemap {
 }
 
 impl XcdRemap {
+    /// The value the kernels' parameter blocks and the workspace fingerprint use (0 none, 1 Xcd8).
+    pub fn code(self) -> i64 {
+        match self {
+            XcdRemap::None => 0,
+            XcdRemap::Xcd8 => 1,
+        }
+    }
+
     /// The workgroup id (`blockIdx.x`) that runs logical CU `l` of `ncu`.
     pub fn logical_to_output(self, l: i64, ncu: i64) -> i64 {
         match self {
