@@ -17,7 +17,7 @@
 use super::launcher::BwdLauncher;
 use crate::abi_values::{abi_enum, FMHA_PREPARE_AUTO, FMHA_PREPARE_DEVICE, FMHA_PREPARE_HOST};
 use crate::error::{Error, Result, Status};
-use crate::host_buffer::{try_filled, AlignedBytes};
+use crate::launch::host::prepare_region;
 use crate::pinned::{PinnedAllocator, PinnedStaging};
 use crate::problem::Mode;
 use crate::runtime::host::DeviceSlice;
@@ -106,9 +106,7 @@ impl BwdLauncher {
         // Allocated before anything is queued: a failure leaves no partial work on the stream.
         let staging = Arc::new(PinnedStaging::allocate(&allocator, staging_bytes)?);
         let base = staging.ptr();
-        if base % SECTION_ALIGNMENT != 0 {
-            return Err(Error::invalid("allocator.allocate", "returned memory that is not 16-byte aligned"));
-        }
+        workspace::check_section_aligned("allocator.allocate", base)?;
         if entries > 0 {
             rt.memcpy_async(base, seqstart_q.addr().0, entries * 4, CopyKind::DeviceToHost, stream)?;
             rt.memcpy_async(base + stride, seqstart_k.addr().0, entries * 4, CopyKind::DeviceToHost, stream)?;
@@ -117,40 +115,20 @@ impl BwdLauncher {
         rt.launch_host_func(
             stream,
             Box::new(move || {
-                // Pinned host memory: addressable from this host function as host-backend device memory is.
-                let meta_ptr = DevicePtr::new(pack_staging.ptr() + meta_at);
-                let meta = DeviceSlice::<u8>::new(meta_ptr, layout.metadata_bytes, "staging")?;
-                let read = |at: usize, field: &str| -> Result<Vec<i32>> {
-                    let mut values = try_filled(entries, 0i32, field)?;
-                    DeviceSlice::<i32>::new(DevicePtr::new(at), entries, field)?.read_into(0, &mut values);
-                    Ok(values)
+                // Pinned host memory (this closure owns a reference, so it lives until the closure
+                // ran): addressable from this host function as host-backend device memory is.
+                let base = pack_staging.ptr();
+                let meta = DeviceSlice::<u8>::new(DevicePtr::new(base + meta_at), layout.metadata_bytes, "staging")?;
+                let seqstart = |at: usize, field: &str| {
+                    (entries > 0).then(|| DeviceSlice::<i32>::new(DevicePtr::new(at), entries, field)).transpose()
                 };
-                let packed = || -> Result<AlignedBytes> {
-                    let (q, k) = if entries > 0 {
-                        (Some(read(base, "seqstart_q")?), Some(read(base + stride, "seqstart_k")?))
-                    } else {
-                        (None, None)
-                    };
-                    let mut bytes = AlignedBytes::new(layout.metadata_bytes, 0, "batch")?;
-                    workspace::prepare_metadata(&layout, q.as_deref(), k.as_deref(), bytes.as_mut_slice())?;
-                    Ok(bytes)
-                };
-                match packed() {
-                    Ok(bytes) => {
-                        meta.write_from(0, bytes.as_slice());
-                        Ok(())
-                    }
-                    Err(error) => {
-                        // An all-zero region is "not prepared": a run with it computes nothing.
-                        for i in 0..meta.len() {
-                            meta.set(i, 0);
-                        }
-                        Err(Error::new(
-                            Status::AsyncFailure,
-                            format!("prepare_workspace_async (host method) failed on the stream: {}", error.message),
-                        ))
-                    }
-                }
+                let (q, k) = (seqstart(base, "seqstart_q")?, seqstart(base + stride, "seqstart_k")?);
+                prepare_region(&layout, q, k, meta).map_err(|error| {
+                    Error::new(
+                        Status::AsyncFailure,
+                        format!("prepare_workspace_async (host method) failed on the stream: {}", error.message),
+                    )
+                })
             }),
         )?;
         rt.memcpy_async(workspace.addr().0, base + meta_at, layout.metadata_bytes, CopyKind::HostToDevice, stream)?;

@@ -19,6 +19,42 @@ use crate::workspace::WorkspaceLayout;
 
 pub struct HostExecutor;
 
+/// The workspace prepare as the device kernel does it, on memory the host addresses (host-backend
+/// device memory, or pinned staging memory in a GPU stream's host function): reads the seqstart arrays
+/// (group mode), packs the metadata region into `out` with `workspace::prepare_metadata`, or, when that
+/// fails, leaves `out` all zero ("not prepared": a run with it computes nothing) and returns the error.
+pub fn prepare_region(
+    layout: &WorkspaceLayout,
+    seqstart_q: Option<DeviceSlice<i32>>,
+    seqstart_k: Option<DeviceSlice<i32>>,
+    out: DeviceSlice<u8>,
+) -> Result<()> {
+    let packed = || -> Result<AlignedBytes> {
+        let read = |s: Option<DeviceSlice<i32>>, field: &str| -> Result<Option<Vec<i32>>> {
+            s.map(|s| {
+                let mut host = try_filled(s.len(), 0, field)?;
+                s.read_into(0, &mut host);
+                Ok(host)
+            })
+            .transpose()
+        };
+        let (q, k) = (read(seqstart_q, "seqstart_q")?, read(seqstart_k, "seqstart_k")?);
+        let mut bytes = AlignedBytes::new(layout.metadata_bytes, 0, "batch")?;
+        crate::workspace::prepare_metadata(layout, q.as_deref(), k.as_deref(), bytes.as_mut_slice())?;
+        Ok(bytes)
+    };
+    match packed() {
+        Ok(bytes) => {
+            out.write_from(0, bytes.as_slice());
+            Ok(())
+        }
+        Err(error) => {
+            out.fill(0, out.len(), 0);
+            Err(error)
+        }
+    }
+}
+
 impl Executor for HostExecutor {
     fn load_kernels() -> Result<()> {
         Ok(())
@@ -46,25 +82,7 @@ impl Executor for HostExecutor {
         };
         let (q, k) = (seqstart(seqstart_q, "seqstart_q")?, seqstart(seqstart_k, "seqstart_k")?);
         let layout = *layout;
-        runtime().enqueue(stream, move || {
-            let read = |s: Option<DeviceSlice<i32>>, field: &str| -> Result<Option<Vec<i32>>> {
-                s.map(|s| {
-                    let mut host = try_filled(s.len(), 0, field)?;
-                    s.read_into(0, &mut host);
-                    Ok(host)
-                })
-                .transpose()
-            };
-            let (q, k) = (read(q, "seqstart_q")?, read(k, "seqstart_k")?);
-            let mut buffer = AlignedBytes::new(layout.metadata_bytes, 0, "batch")?;
-            let region = buffer.as_mut_slice();
-            let outcome = crate::workspace::prepare_metadata(&layout, q.as_deref(), k.as_deref(), region);
-            if outcome.is_err() {
-                region.fill(0); // as the GPU kernel leaves it: "not prepared", no work
-            }
-            out.write_from(0, region);
-            outcome.map(|_| ())
-        })
+        runtime().enqueue(stream, move || prepare_region(&layout, q, k, out))
     }
 
     fn forward(kargs: &FwdKargs, stream: Stream) -> Result<()> {

@@ -14,13 +14,6 @@ pub fn run<E: Element>(c: &BwdContext<E>) -> Result<()> {
     } else {
         layout.zero_dq_acc_elements(&c.metadata()?)
     };
-    const CHUNK: usize = 4096;
-    let zeros = [0f32; CHUNK];
-    let mut start = 0;
-    while start < elements {
-        let n = CHUNK.min(elements - start);
-        c.dq_acc.write_from(start, &zeros[..n]);
-        start += n;
-    }
+    c.dq_acc.fill(0, elements, 0.0);
     Ok(())
 }
