@@ -6,7 +6,7 @@
 mod common;
 
 use common::attention::{bwd_traits, check_gradients, forward_and_expected, Buffers, Case, DeviceArray, Dtype, Rng};
-use common::{expect_error, ok};
+use common::{expect_error, host_backend, ok, Gate};
 use fmha::ffi::backward::*;
 use fmha::ffi::pinned::*;
 use fmha::ffi::runtime::*;
@@ -16,7 +16,7 @@ use fmha::runtime::Stream;
 use std::collections::HashSet;
 use std::ffi::c_void;
 use std::ptr::{null, null_mut};
-use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 /// Tests that hold a stream with a [`Gate`] run alone (write lock), all others share (read lock). On a
@@ -31,40 +31,6 @@ fn gated() -> RwLockWriteGuard<'static, ()> {
 
 fn not_gated() -> RwLockReadGuard<'static, ()> {
     GATE_LOCK.read().unwrap_or_else(|p| p.into_inner())
-}
-
-/// A host function that holds a stream until `open` is called.
-struct Gate {
-    state: Arc<(Mutex<bool>, Condvar)>,
-}
-
-impl Gate {
-    fn close(stream: fmha_stream_t) -> Gate {
-        let state = Arc::new((Mutex::new(false), Condvar::new()));
-        let waiter = Arc::clone(&state);
-        let rt = fmha::runtime::current().unwrap();
-        rt.launch_host_func(
-            Stream(stream as usize),
-            Box::new(move || {
-                let (open, changed) = &*waiter;
-                let mut open = open.lock().unwrap();
-                while !*open {
-                    open = changed.wait(open).unwrap();
-                }
-                Ok(())
-            }),
-        )
-        .unwrap();
-        Gate { state }
-    }
-    fn open(&self) {
-        *self.state.0.lock().unwrap() = true;
-        self.state.1.notify_all();
-    }
-}
-
-fn gpu_build() -> bool {
-    fmha::ffi::version::fmha_backend() != fmha::ffi::version::FMHA_BACKEND_HOST
 }
 
 struct Launcher {
@@ -154,7 +120,7 @@ fn gated_stream_async_prepare_and_run_return_at_once_and_match_the_sync_path() {
         ok(fmha_stream_create(&mut stream));
         bwd.poison(&case);
         let poisoned = bwd.bits();
-        let gate = Gate::close(stream);
+        let gate = Gate::close(stream, false);
         let started = Instant::now();
         ok(launcher.prepare_async(&fwd, stream, method));
         ok(fmha_bwd_launcher_run(launcher.raw, &bwd.args(&case, &fwd, launcher.workspace), stream));
@@ -162,7 +128,7 @@ fn gated_stream_async_prepare_and_run_return_at_once_and_match_the_sync_path() {
         assert!(host_time < Duration::from_millis(200), "prepare_async + run blocked for {host_time:?}");
         // Nothing was written while the stream was held. (Only observable on the host backend: a GPU
         // runtime's synchronous copy waits for every blocking stream, the gated one included.)
-        if !gpu_build() {
+        if host_backend() {
             std::thread::sleep(Duration::from_millis(20));
             assert!(launcher.metadata(meta).iter().all(|&b| b == 0x7F), "metadata written before the gate opened");
             assert_eq!(bwd.bits(), poisoned, "gradients written before the gate opened");
@@ -186,7 +152,7 @@ fn launcher_destroyed_while_the_stream_is_gated() {
         ok(fmha_stream_create(&mut stream));
         let launcher = Launcher::new(&case);
         bwd.poison(&case);
-        let gate = Gate::close(stream);
+        let gate = Gate::close(stream, false);
         ok(launcher.prepare_async(&fwd, stream, method));
         ok(fmha_bwd_launcher_run(launcher.raw, &bwd.args(&case, &fwd, launcher.workspace), stream));
         // Destroy the launcher (not the workspace: the queued run still uses it) before the stream
@@ -561,7 +527,7 @@ fn prepare_async_returns_long_before_a_busy_stream_gets_to_it() {
         return;
     }
     let _serial = common::CU_COUNT_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    let gpu = gpu_build();
+    let gpu = !host_backend();
     let mut rng = Rng::fresh();
     eprintln!("seed {}", rng.0);
     // Group-mode deterministic backward of a realistic varlen batch (host: a smaller one).

@@ -1,9 +1,50 @@
-//! Helpers shared by the integration tests: they call the library only through its C ABI.
+//! Helpers shared by the integration tests: they call the library through its C ABI (only [`Gate`]
+//! uses the runtime's host functions directly, which the C ABI does not export).
 #![allow(dead_code)]
 
 pub mod attention;
 
+use fmha::ffi::runtime::fmha_stream_t;
 use fmha::ffi::status::*;
+use std::sync::{Arc, Condvar, Mutex};
+
+/// Whether this build is the host backend (else a GPU build).
+pub fn host_backend() -> bool {
+    fmha::runtime::ACTIVE_BACKEND == fmha::runtime::BackendKind::Host
+}
+
+/// A host function that holds a stream until [`open`](Gate::open) is called; it then fails with
+/// `AsyncFailure` if asked to (the stream's sticky error).
+pub struct Gate {
+    state: Arc<(Mutex<bool>, Condvar)>,
+}
+
+impl Gate {
+    pub fn close(stream: fmha_stream_t, fail: bool) -> Gate {
+        let state = Arc::new((Mutex::new(false), Condvar::new()));
+        let waiter = Arc::clone(&state);
+        let func = Box::new(move || {
+            let (open, changed) = &*waiter;
+            let mut open = open.lock().unwrap();
+            while !*open {
+                open = changed.wait(open).unwrap();
+            }
+            if fail {
+                Err(fmha::Error::new(fmha::Status::AsyncFailure, "gate: failed on purpose"))
+            } else {
+                Ok(())
+            }
+        });
+        let stream = fmha::runtime::Stream(stream as usize);
+        fmha::runtime::current().unwrap().launch_host_func(stream, func).unwrap();
+        Gate { state }
+    }
+
+    pub fn open(&self) {
+        *self.state.0.lock().unwrap() = true;
+        self.state.1.notify_all();
+    }
+}
 
 /// The thread-local message of the last failed call.
 pub fn last_error() -> String {
@@ -28,7 +69,7 @@ pub fn expect_error(status: fmha_status, expected: fmha_status, needles: &[&str]
 /// without writing outside its buffers and the synchronize succeeds.
 #[track_caller]
 pub fn expect_stream_error(status: fmha_status, expected: fmha_status, needles: &[&str]) {
-    if fmha::runtime::ACTIVE_BACKEND == fmha::runtime::BackendKind::Host {
+    if host_backend() {
         expect_error(status, expected, needles);
     } else {
         ok(status);
