@@ -95,6 +95,17 @@ note() { printf -- '--- %s\n' "$*"; }
 
 # --- helpers --------------------------------------------------------------------------------------
 
+# valgrind_tests CARGO_TEST_TARGET_ARGS -- FILTERS...: the release test executable of the target, under
+# valgrind, one test at a time, only the tests matching the filters.
+valgrind_tests() {
+    local target=() exe
+    while [[ $1 != -- ]]; do target+=("$1"); shift; done
+    shift
+    exe=$(cargo test --release "${target[@]}" --no-run --message-format=json 2>/dev/null |
+        sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
+    valgrind --error-exitcode=99 --leak-check=no -q "$exe" --test-threads=1 "$@"
+}
+
 # run_ctest DIR [allow-skips]: ctest with output on failure; skipped tests (exit 77) are failures
 # unless allowed (GPU builds without a GPU).
 run_ctest() {
@@ -208,14 +219,9 @@ cargo test --release
 begin "valgrind (async prepare, releaser)"
 # The lifetime tests (stream held by a gate, launcher destroyed while work is queued, failures inside
 # host functions, the releaser under concurrency) run under valgrind: any invalid read or write fails.
-async_tests=$(cargo test --release --test async_prepare --no-run --message-format=json 2>/dev/null |
-    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
-valgrind --error-exitcode=99 --leak-check=no -q "$async_tests" --test-threads=1 \
-    gated launcher_destroyed failures caller_allocator releaser_c_api
-valgrind --error-exitcode=99 --leak-check=no -q "$(cargo test --release --test hardening --no-run --message-format=json 2>/dev/null |
-    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)" --test-threads=1 releaser device_synchronize struct_size
-valgrind --error-exitcode=99 --leak-check=no -q "$(cargo test --release --lib --no-run --message-format=json 2>/dev/null |
-    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)" --test-threads=1 pinned::
+valgrind_tests --test async_prepare -- gated launcher_destroyed failures caller_allocator releaser_c_api
+valgrind_tests --test hardening -- releaser device_synchronize struct_size
+valgrind_tests --lib -- pinned::
 
 begin "AMD kernels (CPU emulation)"
 # The AMD forward (hip/fwd/amd/) and the backward's stages (dq_dk_dv in hip/bwd/amd/ with dot_do_o and
