@@ -486,4 +486,13 @@ fn huge_varlen_bounds_do_not_size_the_work() {
     let args = fmha_fwd_args { max_seqlen_q: 0, ..fwd.fwd_args(&case) };
     ok(fmha_fwd(&Buffers::fwd_traits(&case), &args, null_mut()));
     expect_stream_error(fmha_stream_synchronize(null_mut()), FMHA_ERR_INVALID_ARGUMENT, &["max_seqlen_q", "batch 0"]);
+
+    // The same in the backward, where every stage's grid is empty: no query rows (no dot_do_o or
+    // convert_dq block) and max_seqlen_k = 0 (no dK/dV unit), yet batch 0 has 11 keys.
+    let case = Case::varlen_causal(vec![(0, 11)], false);
+    let prepared = common::attention::PreparedLauncher::new(&case);
+    let (fwd, bwd, _) = forward_and_expected(&case, &mut rng);
+    let args = fmha_bwd_args { max_seqlen_k: 0, ..bwd.args(&case, &fwd, prepared.workspace) };
+    ok(fmha_bwd_launcher_run(prepared.launcher, &args, null_mut()));
+    expect_stream_error(fmha_stream_synchronize(null_mut()), FMHA_ERR_INVALID_ARGUMENT, &["max_seqlen_k", "batch 0"]);
 }

@@ -10,7 +10,6 @@ use crate::runtime::DevicePtr;
 #[derive(Debug, Clone, Copy)]
 pub struct Sequences {
     mode: Mode,
-    batch: usize,
     seqlen_q: i64,
     seqlen_k: i64,
     max_seqlen_q: i64,
@@ -37,7 +36,8 @@ pub struct BatchRows {
 
 impl Sequences {
     /// The device arrays: `seqstart_*` (`[batch + 1]`, group mode only) and optional logical lengths
-    /// `seqlen_*_ptr` (`[batch]`).
+    /// `seqlen_*_ptr` (`[batch]`). Every batch is checked here, once per kernel: a stage whose grid has
+    /// no block (a maximum of 0) must still report a batch that is longer.
     pub fn new(shape: &Shape, arrays: &SequenceArrays) -> Result<Self> {
         let b = shape.batch as usize;
         let optional = |ptr: DevicePtr<i32>, len: usize, field: &str| -> Result<Option<DeviceSlice<i32>>> {
@@ -47,9 +47,8 @@ impl Sequences {
                 DeviceSlice::new(ptr, len, field).map(Some)
             }
         };
-        Ok(Sequences {
+        let sequences = Sequences {
             mode: shape.mode,
-            batch: b,
             seqlen_q: shape.seqlen_q,
             seqlen_k: shape.seqlen_k,
             max_seqlen_q: shape.max_seqlen_q,
@@ -58,7 +57,13 @@ impl Sequences {
             seqstart_k: optional(arrays.seqstart_k, b + 1, "seqstart_k")?,
             logical_q: optional(arrays.seqlen_q, b, "seqlen_q_ptr")?,
             logical_k: optional(arrays.seqlen_k, b, "seqlen_k_ptr")?,
-        })
+        };
+        if sequences.seqstart_q.is_some() {
+            for batch in 0..b {
+                sequences.rows(batch)?;
+            }
+        }
+        Ok(sequences)
     }
 
     /// Rows of batch `b`, checked against the shape (a bad device array is an error of the kernel,
@@ -100,17 +105,6 @@ impl Sequences {
         let (q_start, sq, sq_physical) = side(starts_q, self.logical_q, self.seqlen_q, self.max_seqlen_q, true)?;
         let (k_start, sk, sk_physical) = side(starts_k, self.logical_k, self.seqlen_k, self.max_seqlen_k, false)?;
         Ok(BatchRows { q_start, k_start, sq, sk, sq_physical, sk_physical })
-    }
-
-    /// Checks every batch's rows (what the blocks of a grid check for their own batch): for a grid with
-    /// no block, whose device arrays must still be reported when they are wrong.
-    pub fn check_all(&self) -> Result<()> {
-        if self.seqstart_q.is_some() {
-            for b in 0..self.batch {
-                self.rows(b)?;
-            }
-        }
-        Ok(())
     }
 
     pub fn mode(&self) -> Mode {
