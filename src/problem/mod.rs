@@ -2,9 +2,11 @@
 //! unsupported features, strided tensors and their memory checks, the validated shape and masks.
 //! Operations validate their arguments with these; none imports another operation.
 
+pub mod fp8;
 pub mod mask;
 pub mod operands;
 pub mod overlap;
+pub mod paged;
 pub mod shape;
 pub mod tensor;
 
