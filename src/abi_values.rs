@@ -34,6 +34,20 @@ pub const FMHA_BACKEND_HOST: i32 = 0;
 pub const FMHA_BACKEND_CUDA: i32 = 1;
 pub const FMHA_BACKEND_ROCM: i32 = 2;
 
+/// `fmha_kvcache_traits.kv_table_kind`: how a sequence's KV tokens are found in the cache. CONTIGUOUS:
+/// one slot per sequence (flash-attn's `k_cache [slots][cap][h_k][d]` + `cache_seqlens`); BLOCK_TABLE:
+/// vLLM's / FA3's `[batch][max_pages_per_seq]` table + per-sequence lengths; PAGE_CSR: SGLang's /
+/// flashinfer's `kv_indptr`, `page_indices`, `last_page_len`.
+pub const FMHA_KV_CONTIGUOUS: i32 = 0;
+pub const FMHA_KV_BLOCK_TABLE: i32 = 1;
+pub const FMHA_KV_PAGE_CSR: i32 = 2;
+
+/// `fmha_kvcache_traits.kv_layout`: STRIDED pools are addressed by page, row and head strides (NHD and
+/// HND); VECTORIZED is CK's / vLLM-ROCm's byte order with 16-byte vectors along the head dimension (K)
+/// and the page (V).
+pub const FMHA_KV_LAYOUT_STRIDED: i32 = 0;
+pub const FMHA_KV_LAYOUT_VECTORIZED: i32 = 1;
+
 /// `fmha_status` values: `FMHA_OK`, or the error of a failed call.
 pub const FMHA_OK: i32 = 0;
 pub const FMHA_ERR_INVALID_ARGUMENT: i32 = 1;

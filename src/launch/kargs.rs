@@ -2,7 +2,8 @@
 //! addresses as typed values. The host executor reads them directly; the GPU executor turns them into
 //! the kernels' parameter blocks (`abi.rs`, built in `params.rs`).
 
-use crate::problem::{SequenceArrays, Shape, Tensor};
+use crate::problem::paged::TableKind;
+use crate::problem::{Dtype, Mask, SequenceArrays, Shape, Tensor};
 use crate::registry::Instance;
 use crate::runtime::DevicePtr;
 use crate::workspace::WorkspaceLayout;
@@ -69,4 +70,51 @@ pub struct BwdExtents {
     pub dq: usize,
     pub dk: usize,
     pub dv: usize,
+}
+
+/// A paged KV-cache forward (prefill and chunked prefill): varlen queries against each sequence's
+/// tokens in a paged pool (spec/inference.md §1).
+#[derive(Debug, Clone, Copy)]
+pub struct KvCacheKargs {
+    pub dtype: Dtype,
+    pub batch: i64,
+    pub nhead_q: i64,
+    pub nhead_k: i64,
+    pub hdim_q: i64,
+    pub hdim_v: i64,
+    /// Total query rows (`seqstart_q[batch]` may not exceed it).
+    pub total_q: i64,
+    pub mask: Mask,
+    pub scale: f32,
+    /// Query rows and keys per tile.
+    pub m0: i64,
+    pub n0: i64,
+    /// `[total_q][nhead_q][hdim]` by strides (group mode: the batch stride is ignored).
+    pub q: Tensor,
+    pub o: Tensor,
+    /// fp32 `[nhead_q][total_q]`, row stride 1; null = not written.
+    pub lse: Tensor,
+    /// The pools: `batch_stride` is the page stride (CONTIGUOUS: the slot stride).
+    pub k: Tensor,
+    pub v: Tensor,
+    pub extents: FwdExtents,
+    pub seqstart_q: DevicePtr<i32>,
+    pub table: KvTableArgs,
+}
+
+/// The page table's device arrays and bounds (`problem::paged::PageTable` reads them).
+#[derive(Debug, Clone, Copy)]
+pub struct KvTableArgs {
+    pub kind: TableKind,
+    pub page_size: i64,
+    pub num_pages: i64,
+    pub max_pages_per_seq: i64,
+    pub num_page_indices: i64,
+    pub seqlen_k: DevicePtr<i32>,
+    pub block_table: DevicePtr<i32>,
+    pub block_table_stride: i64,
+    pub kv_indptr: DevicePtr<i32>,
+    pub page_indices: DevicePtr<i32>,
+    pub last_page_len: DevicePtr<i32>,
+    pub cache_batch_idx: DevicePtr<i32>,
 }

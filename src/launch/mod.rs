@@ -12,7 +12,7 @@ pub mod host;
 mod kargs;
 mod params;
 
-pub use kargs::{BwdExtents, BwdKargs, FwdExtents, FwdKargs};
+pub use kargs::{BwdExtents, BwdKargs, FwdExtents, FwdKargs, KvCacheKargs, KvTableArgs};
 
 use crate::error::{Error, Result};
 use crate::runtime::{DevicePtr, Stream};

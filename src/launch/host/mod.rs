@@ -1,10 +1,12 @@
 //! The host executor: the same algorithms as `hip/`, as tile loops over the same kernel arguments,
 //! workspace bytes and schedule, run on the host backend's stream worker threads.
 
+pub mod attend;
 pub mod backward;
 pub mod fill;
 pub mod forward;
 pub mod grid;
+pub mod paged_forward;
 pub mod sequence;
 pub mod tensor_view;
 pub mod tile_math;
