@@ -22,6 +22,16 @@
 
 #define FMHA_DTYPE_BF16 1
 
+// Reserved for fp32 outputs of fp8 inputs (`fmha_kvcache_traits.o_dtype`): answers FMHA_ERR_UNSUPPORTED.
+#define FMHA_DTYPE_FP32 2
+
+// fp8 e4m3 inputs, by format (the same byte means different values in the two): OCP E4M3FN (NVIDIA
+// sm_90, AMD gfx950; bias 7, max 448) and E4M3FNUZ (AMD gfx942; bias 8, max 240). Only
+// `fmha_kvcache_traits.dtype` takes them so far; their output is bf16.
+#define FMHA_DTYPE_FP8_E4M3FN 3
+
+#define FMHA_DTYPE_FP8_E4M3FNUZ 4
+
 // `mask_type`: no mask; causal or sliding window aligned to the top-left corner; aligned to the
 // bottom-right corner (flash-attn's causal). A window is `window_size_left/right` (-1 = unbounded);
 // causal is left = -1, right = 0.
@@ -76,6 +86,13 @@
 
 #define FMHA_KV_LAYOUT_VECTORIZED 1
 
+// `fmha_kvcache_traits.kv_scale_granularity`: the K/V descales of fp8 caches are one value per tensor
+// or per (sequence, kv head) (`fmha_scale` strides), or one per (physical page, kv head) (CK's KV
+// block scale; needs a paged table kind).
+#define FMHA_KV_SCALE_TENSOR 0
+
+#define FMHA_KV_SCALE_PAGE 1
+
 // `fmha_status` values: `FMHA_OK`, or the error of a failed call.
 #define FMHA_OK 0
 
@@ -102,6 +119,9 @@
 // A backward launcher (opaque). The handle is a checked id, not an address: a destroyed or foreign
 // handle is FMHA_ERR_INVALID_ARGUMENT naming the argument.
 typedef struct fmha_bwd_launcher fmha_bwd_launcher;
+
+// A kv-cache launcher (opaque; a checked id like every handle).
+typedef struct fmha_kvcache_launcher fmha_kvcache_launcher;
 
 // A pinned-host releaser (opaque): a worker thread that frees buffers handed to it. The handle is a
 // checked id, not an address: a destroyed or foreign handle is FMHA_ERR_INVALID_ARGUMENT.
@@ -275,6 +295,131 @@ typedef struct fmha_pinned_allocator {
   fmha_pinned_free_fn free;
 } fmha_pinned_allocator;
 
+// kv-cache dispatch key and the bounds every call of a launcher stays within. Extensible: set
+// `struct_size = sizeof(fmha_kvcache_traits)`.
+typedef struct fmha_kvcache_traits {
+  size_t struct_size;
+  // `FMHA_DTYPE_*` of q, k and v: fp16, bf16, or an fp8 format (`FMHA_DTYPE_FP8_E4M3FN`,
+  // `FMHA_DTYPE_FP8_E4M3FNUZ`).
+  int32_t dtype;
+  // The output type, read only for fp8 inputs: `FMHA_DTYPE_BF16` (fp32 is reserved). Other inputs
+  // write o in their own type.
+  int32_t o_dtype;
+  int32_t hdim_q;
+  int32_t hdim_v;
+  int32_t nhead_q;
+  // Key/value heads: `nhead_q` must be a multiple (GQA/MQA).
+  int32_t nhead_k;
+  // 1: varlen queries (`seqstart_q`); 0: every sequence has `args.seqlen_q` rows, at batch b of q/o.
+  int32_t is_group_mode;
+  // `FMHA_MASK_NONE` or `FMHA_MASK_BOTTOM_RIGHT` (causal / window, aligned to each sequence's KV
+  // length: its queries are the last tokens of the sequence).
+  int32_t mask_type;
+  // 0 or 1: the natural-log LSE is written to `args.lse`.
+  int32_t has_lse;
+  // `FMHA_KV_CONTIGUOUS`, `FMHA_KV_BLOCK_TABLE` or `FMHA_KV_PAGE_CSR`.
+  int32_t kv_table_kind;
+  // `FMHA_KV_LAYOUT_STRIDED` or `FMHA_KV_LAYOUT_VECTORIZED`.
+  int32_t kv_layout;
+  // `FMHA_KV_SCALE_TENSOR` or `FMHA_KV_SCALE_PAGE` (fp8 with a paged table only).
+  int32_t kv_scale_granularity;
+  // Tokens per page, any value >= 1 (CONTIGUOUS: the slot capacity).
+  int32_t page_size;
+  // Upper bounds of every call: sequences, query rows in all (group mode), query rows and KV tokens
+  // of one sequence.
+  int32_t batch;
+  int32_t total_q;
+  int32_t max_seqlen_q;
+  int32_t max_seqlen_k;
+  // Split-KV decode bounds (0..=256; 0 = heuristic, 1 = never split) and fixed split length (0 =
+  // adaptive). This version runs every sequence unsplit, which both allow.
+  int32_t max_splits;
+  int32_t kv_split_tokens;
+  // 0 or 1: the prepare checks every page id the sequences use, not only their lengths.
+  int32_t check_tables;
+} fmha_kvcache_traits;
+
+// fp8 descales (device fp32, positive and finite): the descale of (sequence b, kv head g, physical
+// page p) is `data[b * batch_stride + g * head_stride + p * page_stride]`; `data` NULL means 1.
+// Query heads use their kv head's descale. `page_stride` only with `FMHA_KV_SCALE_PAGE` (K and V),
+// where `batch_stride` must be 0. aiter's packed `[num_pages][h_k][2]` tensor is
+// `k = {base, 0, 2, 2 * h_k}`, `v = {base + 1, 0, 2, 2 * h_k}`. Frozen (embedded in other structs).
+typedef struct fmha_scale {
+  const float *data;
+  int64_t batch_stride;
+  int64_t head_stride;
+  int64_t page_stride;
+} fmha_scale;
+
+// kv-cache arguments. Extensible: set `struct_size = sizeof(fmha_kvcache_args)`.
+//
+// Group mode: q/o are `[total rows][nhead_q][hdim]` by head and row strides (batch strides ignored),
+// rows of sequence b at `seqstart_q[b]..seqstart_q[b + 1]`; lse `[nhead_q][rows]` (row stride 1).
+// Batch mode: `[batch][nhead_q][seqlen_q][hdim]` by strides; lse `[batch][nhead_q][seqlen_q]`.
+// The pools: STRIDED k/v are `[num_pages][page_size][nhead_k][hdim]` or `[num_pages][nhead_k][page_size][hdim]`
+// by strides (`batch_stride` = page stride, `row_stride` = token stride, `head_stride`); VECTORIZED
+// pools use `batch_stride` and `head_stride` only. CONTIGUOUS: a page is a sequence's slot.
+//
+// The KV length of sequence b: BLOCK_TABLE and CONTIGUOUS `seqlen_k[b]`; PAGE_CSR
+// `n = kv_indptr[b + 1] - kv_indptr[b]`, `(n - 1) * page_size + last_page_len[b]` (0 when n = 0;
+// `last_page_len` may be NULL when page_size is 1). Token j is row `j % page_size` of page
+// `block_table[b * block_table_stride + j / page_size]` or `page_indices[kv_indptr[b] + j / page_size]`
+// (CONTIGUOUS: of slot `cache_batch_idx[b]`, or b). Table entries past a sequence's last page are never
+// read. Bad device values (a page id outside `[0, num_pages)`, a negative or too long length,
+// a decreasing indptr, `last_page_len` outside `[1, page_size]`): the host backend fails the run with
+// the field named (reported at the stream's next synchronize); a GPU kernel clamps every value it
+// reads, so it never reads or writes outside the buffers, and the rows of that sequence are
+// unspecified — `fmha_kvcache_launcher_prepare_async` + `_check` report the value.
+typedef struct fmha_kvcache_args {
+  size_t struct_size;
+  struct fmha_tensor q;
+  // The pools (see above).
+  struct fmha_tensor k;
+  struct fmha_tensor v;
+  // fp16/bf16 inputs: their type; fp8 inputs: bf16.
+  struct fmha_tensor o;
+  // fp32, natural log, row stride 1; data NULL unless `traits.has_lse`. A row with no kept key gets
+  // O = 0 and LSE = -inf.
+  struct fmha_tensor lse;
+  // Group mode: `[batch + 1]` device int32 row offsets into q/o; NULL in batch mode.
+  const int32_t *seqstart_q;
+  // Sequences in this call (at most `traits.batch`).
+  int32_t batch;
+  // Batch mode: rows of every sequence; group mode: rows of q (at most `traits.total_q`).
+  int32_t seqlen_q;
+  // Pages in the pools (CONTIGUOUS: slots).
+  int32_t num_pages;
+  // BLOCK_TABLE: entries per row of the table.
+  int32_t max_pages_per_seq;
+  // PAGE_CSR: entries of `page_indices`.
+  int32_t num_page_indices;
+  // `[batch]` KV lengths: BLOCK_TABLE and CONTIGUOUS.
+  const int32_t *seqlen_k;
+  // BLOCK_TABLE: `[batch][block_table_stride]`, the first `max_pages_per_seq` entries of a row used.
+  const int32_t *block_table;
+  int64_t block_table_stride;
+  // PAGE_CSR: `kv_indptr [batch + 1]`, `page_indices [num_page_indices]`, `last_page_len [batch]`.
+  const int32_t *kv_indptr;
+  const int32_t *page_indices;
+  const int32_t *last_page_len;
+  // CONTIGUOUS, optional: `[batch]` slot of each sequence.
+  const int32_t *cache_batch_idx;
+  // Softmax scale; 0 selects `1 / sqrt(hdim_q)`.
+  float scale;
+  // Window sizes of `FMHA_MASK_BOTTOM_RIGHT` (-1 = unbounded; causal is -1, 0).
+  int32_t window_size_left;
+  int32_t window_size_right;
+  // fp8 descales (all zero for fp16/bf16).
+  struct fmha_scale q_descale;
+  struct fmha_scale k_descale;
+  struct fmha_scale v_descale;
+  // 16-byte aligned, `fmha_kvcache_launcher_workspace_size` bytes: written by the prepare, read by
+  // `_check`. A prefill run reads nothing from it (NULL allowed there). `workspace_size` 0 skips the
+  // size check.
+  void *workspace;
+  size_t workspace_size;
+} fmha_kvcache_args;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -353,6 +498,51 @@ fmha_status fmha_bwd_launcher_prepare_workspace_async(struct fmha_bwd_launcher *
                                                       fmha_stream_t stream,
                                                       const struct fmha_pinned_allocator *allocator,
                                                       int32_t method);
+
+// Creates a kv-cache launcher for `traits` on the current device into `*launcher` (selects the
+// kernel instance; FMHA_ERR_UNSUPPORTED names what this build cannot run).
+fmha_status fmha_kvcache_launcher_create(const struct fmha_kvcache_traits *traits,
+                                         struct fmha_kvcache_launcher **launcher);
+
+// Destroys a launcher (NULL is a no-op; queued work is unaffected; a destroyed handle is
+// FMHA_ERR_INVALID_ARGUMENT).
+fmha_status fmha_kvcache_launcher_destroy(struct fmha_kvcache_launcher *launcher);
+
+// The workspace bytes this launcher's prepare and check need.
+fmha_status fmha_kvcache_launcher_workspace_size(const struct fmha_kvcache_launcher *launcher,
+                                                 size_t *bytes);
+
+// The workspace bytes a launcher for `traits` would need, without creating one.
+fmha_status fmha_kvcache_workspace_size_upper_bound(const struct fmha_kvcache_traits *traits,
+                                                    size_t *bytes);
+
+// Enqueues on `stream` the check of the call's device lengths and tables (`args.seqstart_q`, the
+// table arrays; with `traits.check_tables` every page id used) against the rules above and the
+// traits' bounds, and returns at once (no host synchronization: graph-capture safe). The first fault
+// in sequence order is recorded in `args.workspace`; `fmha_kvcache_launcher_check` reports it. One
+// prepare serves every layer of a model step (same lengths and tables).
+fmha_status fmha_kvcache_launcher_prepare_async(const struct fmha_kvcache_launcher *launcher,
+                                                const struct fmha_kvcache_args *args,
+                                                fmha_stream_t stream);
+
+// Enqueues the attention on `stream` and returns once queued.
+fmha_status fmha_kvcache_launcher_run(const struct fmha_kvcache_launcher *launcher,
+                                      const struct fmha_kvcache_args *args,
+                                      fmha_stream_t stream);
+
+// Blocking (debugging and tests): waits for `stream`, then reports what the last prepare on
+// `workspace` found: FMHA_OK, FMHA_ERR_ASYNC_FAILURE with the field, sequence and value in the
+// message, or FMHA_ERR_WORKSPACE_NOT_PREPARED.
+fmha_status fmha_kvcache_launcher_check(const struct fmha_kvcache_launcher *launcher,
+                                        const void *workspace,
+                                        size_t workspace_size,
+                                        fmha_stream_t stream);
+
+// One call for bindings: creates a launcher for `traits`, enqueues `args` on `stream`, destroys it.
+// No prepare (use the launcher to have the tables checked).
+fmha_status fmha_kvcache_fwd(const struct fmha_kvcache_traits *traits,
+                             const struct fmha_kvcache_args *args,
+                             fmha_stream_t stream);
 
 // Creates a releaser into `*releaser`. With `allocator == NULL` it frees with the backend's pinned
 // free (memory from `fmha_host_malloc_pinned`); otherwise with `allocator->free` (`allocate` is not

@@ -6,6 +6,13 @@
 /// `fmha_fwd_traits.dtype` / `fmha_bwd_traits.dtype`.
 pub const FMHA_DTYPE_FP16: i32 = 0;
 pub const FMHA_DTYPE_BF16: i32 = 1;
+/// Reserved for fp32 outputs of fp8 inputs (`fmha_kvcache_traits.o_dtype`): answers FMHA_ERR_UNSUPPORTED.
+pub const FMHA_DTYPE_FP32: i32 = 2;
+/// fp8 e4m3 inputs, by format (the same byte means different values in the two): OCP E4M3FN (NVIDIA
+/// sm_90, AMD gfx950; bias 7, max 448) and E4M3FNUZ (AMD gfx942; bias 8, max 240). Only
+/// `fmha_kvcache_traits.dtype` takes them so far; their output is bf16.
+pub const FMHA_DTYPE_FP8_E4M3FN: i32 = 3;
+pub const FMHA_DTYPE_FP8_E4M3FNUZ: i32 = 4;
 
 /// `mask_type`: no mask; causal or sliding window aligned to the top-left corner; aligned to the
 /// bottom-right corner (flash-attn's causal). A window is `window_size_left/right` (-1 = unbounded);
@@ -47,6 +54,12 @@ pub const FMHA_KV_PAGE_CSR: i32 = 2;
 /// and the page (V).
 pub const FMHA_KV_LAYOUT_STRIDED: i32 = 0;
 pub const FMHA_KV_LAYOUT_VECTORIZED: i32 = 1;
+
+/// `fmha_kvcache_traits.kv_scale_granularity`: the K/V descales of fp8 caches are one value per tensor
+/// or per (sequence, kv head) (`fmha_scale` strides), or one per (physical page, kv head) (CK's KV
+/// block scale; needs a paged table kind).
+pub const FMHA_KV_SCALE_TENSOR: i32 = 0;
+pub const FMHA_KV_SCALE_PAGE: i32 = 1;
 
 /// `fmha_status` values: `FMHA_OK`, or the error of a failed call.
 pub const FMHA_OK: i32 = 0;

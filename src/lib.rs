@@ -2,8 +2,8 @@
 //!
 //! Module map, top layer first (docs/architecture.md; `tests/layers.rs` checks the direction):
 //! - [`ffi`]: every exported `extern "C"` function and the handle tables; nothing else.
-//! - [`fwd`], [`bwd`]: the operations: traits, arguments, validation, launchers. Independent of each
-//!   other.
+//! - [`fwd`], [`bwd`], [`kvcache`]: the operations: traits, arguments, validation, launchers.
+//!   Independent of each other.
 //! - [`launch`]: the kernels' parameter blocks (the C++ header is generated from them), the launch
 //!   stubs, and the executor of this build (GPU stubs or the host backend's kernels).
 //! - [`registry`]: compiled kernel instances and their selection.
@@ -22,6 +22,7 @@ pub mod error;
 pub mod ffi;
 pub mod fwd;
 pub mod host_buffer;
+pub mod kvcache;
 pub mod launch;
 pub mod pinned;
 pub mod problem;

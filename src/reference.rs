@@ -23,13 +23,16 @@
 
 use crate::error::{ensure, Error, Result};
 use crate::problem::mask::{Mask, ResolvedMask};
-use crate::problem::Dtype;
+use crate::problem::{Dtype, Fp8Format};
 
 /// How the reference computes; see the module documentation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Precision {
     F64,
     LowPrecision(Dtype),
+    /// fp8 inputs (already dequantised): f32 intermediates, P rounded to the format as the kernels
+    /// round it (`Fp8Format::round_probability`), bf16 outputs.
+    Fp8(Fp8Format),
 }
 
 impl Precision {
@@ -37,7 +40,7 @@ impl Precision {
     fn acc(self, x: f64) -> f64 {
         match self {
             Precision::F64 => x,
-            Precision::LowPrecision(_) => f64::from(x as f32),
+            Precision::LowPrecision(_) | Precision::Fp8(_) => f64::from(x as f32),
         }
     }
 
@@ -46,6 +49,15 @@ impl Precision {
         match self {
             Precision::F64 => x,
             Precision::LowPrecision(t) => t.round_f64(x),
+            Precision::Fp8(_) => Dtype::Bf16.round_f64(x),
+        }
+    }
+
+    /// P as the P·V product takes it.
+    fn probability(self, p: f64) -> f64 {
+        match self {
+            Precision::Fp8(format) => f64::from(format.round_probability(p as f32)),
+            _ => self.lp(p),
         }
     }
 }
@@ -144,7 +156,7 @@ impl RefProblem {
                 let o = p
                     .iter()
                     .enumerate()
-                    .fold(0.0, |a, (j, &pj)| pr.acc(a + pr.acc(pr.lp(pj) * x.v[(hk * x.sk + j) * dv + d])));
+                    .fold(0.0, |a, (j, &pj)| pr.acc(a + pr.acc(pr.probability(pj) * x.v[(hk * x.sk + j) * dv + d])));
                 pr.lp(o)
             })
             .collect()

@@ -5,13 +5,15 @@
 //! answers "unsupported" and names the nearest instances.
 
 use crate::error::{Error, Result};
-use crate::problem::Dtype;
+use crate::problem::{CacheDtype, Dtype, Fp8Format};
 use crate::runtime::Arch;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Operation {
     Forward,
     Backward,
+    /// The kv-cache forward (paged prefill).
+    KvCache,
 }
 
 impl Operation {
@@ -19,6 +21,7 @@ impl Operation {
         match self {
             Operation::Forward => "fwd",
             Operation::Backward => "bwd",
+            Operation::KvCache => "kvcache",
         }
     }
 }
@@ -29,7 +32,7 @@ impl Operation {
 pub struct Instance {
     pub operation: Operation,
     pub arch: Arch,
-    pub dtype: Dtype,
+    pub dtype: CacheDtype,
     /// Largest `hdim_q` / `hdim_v` served (head dims are padded up to the bucket).
     pub hdim_q: i64,
     pub hdim_v: i64,
@@ -144,7 +147,7 @@ impl Instance {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Request {
     pub operation: Operation,
-    pub dtype: Dtype,
+    pub dtype: CacheDtype,
     pub hdim_q: i64,
     pub hdim_v: i64,
     pub masked: bool,
@@ -192,7 +195,7 @@ fn gpu_instances(arch: Arch, operation: Operation, tiles: &[(i64, i64, i64)], pi
                     list.push(Instance {
                         operation,
                         arch,
-                        dtype,
+                        dtype: dtype.into(),
                         hdim_q: hdim,
                         hdim_v: hdim,
                         masked,
@@ -215,7 +218,11 @@ fn gpu_instances(arch: Arch, operation: Operation, tiles: &[(i64, i64, i64)], pi
 /// Every instance this build has for `arch`.
 pub fn instances(arch: Arch) -> Vec<Instance> {
     match arch {
-        Arch::Host => host_instances(),
+        Arch::Host => {
+            let mut list = host_instances();
+            list.extend(host_kvcache_instances());
+            list
+        }
         Arch::Sm90 if cfg!(feature = "cuda") => {
             let mut list = gpu_instances(arch, Operation::Forward, &SM90_FORWARD_TILES, "wgmma_cp_async");
             list.extend(gpu_instances(arch, Operation::Backward, &SM90_BACKWARD_TILES, "wgmma_cp_async"));
@@ -245,7 +252,7 @@ fn host_instances() -> Vec<Instance> {
                 list.push(Instance {
                     operation: Operation::Forward,
                     arch,
-                    dtype,
+                    dtype: dtype.into(),
                     hdim_q: hdim,
                     hdim_v: hdim,
                     masked,
@@ -264,7 +271,7 @@ fn host_instances() -> Vec<Instance> {
                     list.push(Instance {
                         operation: Operation::Backward,
                         arch,
-                        dtype,
+                        dtype: dtype.into(),
                         hdim_q: hdim,
                         hdim_v: hdim,
                         masked,
@@ -278,6 +285,41 @@ fn host_instances() -> Vec<Instance> {
                         max_grid_heads_and_batch: 0,
                     });
                 }
+            }
+        }
+    }
+    list
+}
+
+/// The host backend's kv-cache instances: the forward's tiles (so a paged call and a dense one on
+/// the same tokens compute the same tiles), for every input type.
+fn host_kvcache_instances() -> Vec<Instance> {
+    let dtypes = [
+        CacheDtype::Half(Dtype::F16),
+        CacheDtype::Half(Dtype::Bf16),
+        CacheDtype::Fp8(Fp8Format::E4m3fn),
+        CacheDtype::Fp8(Fp8Format::E4m3fnuz),
+    ];
+    let mut list = Vec::new();
+    for dtype in dtypes {
+        for masked in [false, true] {
+            for &(hdim, m0, n0) in &FORWARD_TILES {
+                list.push(Instance {
+                    operation: Operation::KvCache,
+                    arch: Arch::Host,
+                    dtype,
+                    hdim_q: hdim,
+                    hdim_v: hdim,
+                    masked,
+                    deterministic: false,
+                    m0,
+                    n0,
+                    pipeline: "host_tile_loop",
+                    hdim_multiple: 1,
+                    vector_bytes: 0,
+                    max_input_row_stride: 0,
+                    max_grid_heads_and_batch: 0,
+                });
             }
         }
     }
@@ -362,7 +404,14 @@ mod tests {
     use super::*;
 
     fn request(op: Operation, hdim_q: i64, hdim_v: i64) -> Request {
-        Request { operation: op, dtype: Dtype::Bf16, hdim_q, hdim_v, masked: true, deterministic: true }
+        Request {
+            operation: op,
+            dtype: CacheDtype::Half(Dtype::Bf16),
+            hdim_q,
+            hdim_v,
+            masked: true,
+            deterministic: true,
+        }
     }
 
     #[test]
@@ -394,7 +443,7 @@ mod tests {
     fn gpu_forward_instances_cover_dtypes_and_masks() {
         let list = gpu_instances(Arch::Gfx942, Operation::Forward, &GFX942_FORWARD_TILES, "mfma_lds");
         assert_eq!(list.len(), 2 * 2 * GFX942_FORWARD_TILES.len());
-        let i = list.iter().find(|i| i.dtype == Dtype::Bf16 && i.masked && i.hdim_q == 128).unwrap();
+        let i = list.iter().find(|i| i.dtype == CacheDtype::Half(Dtype::Bf16) && i.masked && i.hdim_q == 128).unwrap();
         assert_eq!((i.m0, i.n0, i.pipeline, i.vector_bytes), (128, 32, "mfma_lds", 16));
         assert_eq!(i.name(), "fmha_fwd_d128x128_bf16_mask_ndeterministic_b128x32_gfx942_mfma_lds");
     }
@@ -447,7 +496,10 @@ mod tests {
         let list = gpu_instances(Arch::Sm90, Operation::Backward, &SM90_BACKWARD_TILES, "wgmma_cp_async");
         assert_eq!(list.len(), 2 * 2 * 2 * SM90_BACKWARD_TILES.len());
         assert_eq!(list.iter().filter(|i| i.deterministic).count(), list.len() / 2);
-        let i = list.iter().find(|i| i.dtype == Dtype::F16 && i.deterministic && i.hdim_q == 128).unwrap();
+        let i = list
+            .iter()
+            .find(|i| i.dtype == CacheDtype::Half(Dtype::F16) && i.deterministic && i.hdim_q == 128)
+            .unwrap();
         assert_eq!((i.m0, i.n0, i.vector_bytes), (64, 128, 16));
     }
 
@@ -459,8 +511,10 @@ mod tests {
             assert_eq!(list.iter().filter(|i| i.deterministic).count(), list.len() / 2);
             // One 32x32 dQ block per wave of the four: m0 · hdim = 4 · 32 · 32; 32 keys per wave.
             assert!(list.iter().all(|i| i.m0 * i.hdim_q == 4 * 32 * 32 && i.n0 == 128 && i.vector_bytes == 16));
-            let i =
-                list.iter().find(|i| i.dtype == Dtype::Bf16 && i.masked && i.deterministic && i.hdim_q == 64).unwrap();
+            let i = list
+                .iter()
+                .find(|i| i.dtype == CacheDtype::Half(Dtype::Bf16) && i.masked && i.deterministic && i.hdim_q == 64)
+                .unwrap();
             assert_eq!(i.name(), format!("fmha_bwd_d64x64_bf16_mask_deterministic_b64x128_{}_mfma_lds", arch.name()));
         }
     }

@@ -55,7 +55,7 @@ fn select(traits: &BwdTraits, shape: &Shape, arch: Arch) -> Result<Instance> {
         arch,
         &Request {
             operation: Operation::Backward,
-            dtype: traits.dtype,
+            dtype: traits.dtype.into(),
             hdim_q: traits.hdim_q,
             hdim_v: traits.hdim_v,
             masked: shape.masked(),

@@ -10,6 +10,7 @@
 pub mod attention;
 pub mod backward;
 mod handle;
+pub mod kvcache;
 pub mod pinned;
 pub mod runtime;
 pub mod status;

@@ -74,7 +74,7 @@ impl FwdArgs {
             arch,
             &Request {
                 operation: Operation::Forward,
-                dtype: shape.dtype,
+                dtype: shape.dtype.into(),
                 hdim_q: shape.hdim_q,
                 hdim_v: shape.hdim_v,
                 masked: shape.masked(),

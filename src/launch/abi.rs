@@ -208,6 +208,24 @@ pub struct PrepareParams {
     pub metadata_bytes: i64,
 }
 
+/// The kv-cache workspace's first bytes: what the last prepare found (spec/inference.md §1.8), written
+/// by the prepare (the GPU kernel or the host) and read by `fmha_kvcache_launcher_check`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KvCacheFault {
+    /// `KVCACHE_PREPARED` once a prepare wrote the record.
+    pub magic: u32,
+    /// 0: no fault; otherwise the field at fault (`problem::paged::KvField`).
+    pub field: i32,
+    /// The sequence, the value that broke the rule, and the rule's bound.
+    pub sequence: i64,
+    pub value: i64,
+    pub bound: i64,
+}
+
+/// `KvCacheFault::magic` of a prepared workspace ("KVCP").
+pub const KVCACHE_PREPARED: u32 = 0x4B56_4350;
+
 /// The fill kernel's arguments.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

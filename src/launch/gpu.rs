@@ -2,7 +2,7 @@
 //! (compiled from `hip/` by `build.rs`).
 
 use super::abi::{self, FillParams, PrepareArgs, PrepareParams};
-use super::{BwdKargs, Executor, FwdKargs};
+use super::{BwdKargs, Executor, FwdKargs, KvCacheKargs};
 use crate::error::{Error, Result};
 use crate::runtime::foreign::{call_loader, call_stub};
 use crate::runtime::{self, DevicePtr, Stream};
@@ -84,5 +84,13 @@ impl Executor for GpuExecutor {
         // build compiled.
         let params = abi::BwdParams::new(kargs);
         launch_result("bwd", call_stub(abi::fmha_hip_bwd, &params, stream))
+    }
+
+    fn kvcache_prepare(_: &KvCacheKargs, _: DevicePtr<abi::KvCacheFault>, _: Stream) -> Result<()> {
+        Err(Error::unsupported("the kv-cache operation has no GPU kernels in this build yet"))
+    }
+
+    fn kvcache_forward(_: &KvCacheKargs, _: Stream) -> Result<()> {
+        Err(Error::unsupported("the kv-cache operation has no GPU kernels in this build yet"))
     }
 }

@@ -2,8 +2,9 @@
 //! addresses as typed values. The host executor reads them directly; the GPU executor turns them into
 //! the kernels' parameter blocks (`abi.rs`, built in `params.rs`).
 
-use crate::problem::paged::TableKind;
-use crate::problem::{Dtype, Mask, SequenceArrays, Shape, Tensor};
+use crate::problem::paged::{PoolLayout, SequenceBounds, TableKind};
+use crate::problem::scale::Descales;
+use crate::problem::{CacheDtype, Mask, Mode, SequenceArrays, Shape, Tensor};
 use crate::registry::Instance;
 use crate::runtime::DevicePtr;
 use crate::workspace::WorkspaceLayout;
@@ -72,34 +73,42 @@ pub struct BwdExtents {
     pub dv: usize,
 }
 
-/// A paged KV-cache forward (prefill and chunked prefill): varlen queries against each sequence's
-/// tokens in a paged pool (spec/inference.md §1).
+/// A kv-cache forward (prefill and chunked prefill): queries against each sequence's tokens in a
+/// paged (or per-sequence contiguous) pool (spec/inference.md §1, §2).
 #[derive(Debug, Clone, Copy)]
 pub struct KvCacheKargs {
-    pub dtype: Dtype,
+    pub dtype: CacheDtype,
+    /// Group mode: `q`/`o` rows of sequence `b` are `seqstart_q[b]..seqstart_q[b + 1]`; batch mode:
+    /// every sequence has `bounds.max_seqlen_q` rows, at batch `b` of `q`/`o`.
+    pub mode: Mode,
     pub batch: i64,
     pub nhead_q: i64,
     pub nhead_k: i64,
     pub hdim_q: i64,
     pub hdim_v: i64,
-    /// Total query rows (`seqstart_q[batch]` may not exceed it).
-    pub total_q: i64,
+    pub bounds: SequenceBounds,
+    /// `FMHA_MASK_NONE` or bottom-right aligned to each sequence's KV length.
     pub mask: Mask,
     pub scale: f32,
     /// Query rows and keys per tile.
     pub m0: i64,
     pub n0: i64,
-    /// `[total_q][nhead_q][hdim]` by strides (group mode: the batch stride is ignored).
     pub q: Tensor,
     pub o: Tensor,
-    /// fp32 `[nhead_q][total_q]`, row stride 1; null = not written.
+    /// fp32, row stride 1; null = not written.
     pub lse: Tensor,
     /// The pools: `batch_stride` is the page stride (CONTIGUOUS: the slot stride).
     pub k: Tensor,
     pub v: Tensor,
+    pub layout: PoolLayout,
     pub extents: FwdExtents,
+    pub descales: Descales,
+    /// Elements each descale array spans (q, k, v).
+    pub descale_extents: [usize; 3],
     pub seqstart_q: DevicePtr<i32>,
     pub table: KvTableArgs,
+    /// The prepare scans every page id the sequences use.
+    pub check_tables: bool,
 }
 
 /// The page table's device arrays and bounds (`problem::paged::PageTable` reads them).

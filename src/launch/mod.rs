@@ -32,6 +32,8 @@ trait Executor {
     ) -> Result<()>;
     fn forward(kargs: &FwdKargs, stream: Stream) -> Result<()>;
     fn backward(kargs: &BwdKargs, stream: Stream) -> Result<()>;
+    fn kvcache_prepare(kargs: &KvCacheKargs, record: DevicePtr<abi::KvCacheFault>, stream: Stream) -> Result<()>;
+    fn kvcache_forward(kargs: &KvCacheKargs, stream: Stream) -> Result<()>;
 }
 
 #[cfg(any(feature = "cuda", feature = "rocm"))]
@@ -85,6 +87,18 @@ pub fn forward(kargs: &FwdKargs, stream: Stream) -> Result<()> {
 /// Enqueues the backward (dot_do_o → dq_acc zeroing → dq_dk_dv → convert_dq) on `stream`.
 pub fn backward(kargs: &BwdKargs, stream: Stream) -> Result<()> {
     Active::backward(kargs, stream)
+}
+
+/// Checks the lengths and page tables of a kv-cache call on `stream` (reading only them), writing the
+/// outcome into the fault record at `record` (the workspace's first bytes), without synchronizing
+/// with the host: graph-capture safe on the GPU.
+pub fn kvcache_prepare(kargs: &KvCacheKargs, record: DevicePtr<abi::KvCacheFault>, stream: Stream) -> Result<()> {
+    Active::kvcache_prepare(kargs, record, stream)
+}
+
+/// Enqueues a kv-cache forward on `stream`.
+pub fn kvcache_forward(kargs: &KvCacheKargs, stream: Stream) -> Result<()> {
+    Active::kvcache_forward(kargs, stream)
 }
 
 #[cfg(test)]

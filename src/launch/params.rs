@@ -1,7 +1,9 @@
 //! The kernels' parameter blocks (`abi.rs`) built from validated kernel arguments.
 
-use super::abi::{BwdParams, FwdParams, PrepareParams};
-use super::kargs::{BwdKargs, FwdKargs};
+use super::abi::{BwdParams, FwdParams, KvCacheFault, PrepareParams, KVCACHE_PREPARED};
+use super::kargs::{BwdKargs, FwdKargs, KvTableArgs};
+use crate::error::{Error, Result, Status};
+use crate::problem::paged::{KvField, TableFault, TableKind};
 use crate::runtime::{DeviceAddr, DevicePtr};
 use crate::workspace::WorkspaceLayout;
 
@@ -181,6 +183,45 @@ impl PrepareParams {
             batch_state_offset: size(layout.batch_state.offset),
             batch_state_count: size(layout.batch_state.count),
             metadata_bytes: size(layout.metadata_bytes),
+        }
+    }
+}
+
+impl KvCacheFault {
+    /// The record of a prepare that found `fault` (or nothing).
+    pub fn new(fault: Option<TableFault>) -> KvCacheFault {
+        let mut record = KvCacheFault { magic: KVCACHE_PREPARED, ..KvCacheFault::default() };
+        if let Some(f) = fault {
+            record.field = f.field as i32;
+            (record.sequence, record.value, record.bound) = (f.sequence, f.value, f.bound);
+        }
+        record
+    }
+
+    /// What the record says: not prepared, a fault, or nothing found.
+    pub fn outcome(&self) -> Result<Option<TableFault>> {
+        if self.magic != KVCACHE_PREPARED {
+            return Err(Error::new(
+                Status::WorkspaceNotPrepared,
+                "workspace: no prepare has completed on it (fmha_kvcache_launcher_prepare_async)",
+            ));
+        }
+        if self.field == 0 {
+            return Ok(None);
+        }
+        let field = KvField::from_i32(self.field)
+            .ok_or_else(|| Error::internal(format!("workspace: fault record names field {}", self.field)))?;
+        Ok(Some(TableFault { field, sequence: self.sequence, value: self.value, bound: self.bound }))
+    }
+}
+
+impl KvTableArgs {
+    /// Entries of the block table a call may read: `batch` rows of `max_pages_per_seq`.
+    pub fn block_table_len(&self, batch: usize) -> usize {
+        if batch == 0 || self.kind != TableKind::BlockTable {
+            0
+        } else {
+            (batch - 1) * self.block_table_stride as usize + self.max_pages_per_seq as usize
         }
     }
 }

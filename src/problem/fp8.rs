@@ -46,7 +46,47 @@ impl Fp8Format {
     pub fn round(self, x: f32) -> f32 {
         self.decode(self.encode(x))
     }
+
+    /// The power of two a probability in [0, 1] is multiplied by before it is rounded to this format
+    /// for the P·V product (FA3's and CK's shift of the row max): 2^8 = 256 fits OCP's 448; FNUZ's
+    /// 240 takes 2^7. The product is divided by it again, exactly.
+    pub fn probability_scale(self) -> f32 {
+        match self {
+            Fp8Format::E4m3fn => 256.0,
+            Fp8Format::E4m3fnuz => 128.0,
+        }
+    }
+
+    /// P rounded as the kernels round it before the P·V product.
+    pub fn round_probability(self, p: f32) -> f32 {
+        let s = self.probability_scale();
+        self.round(p * s) / s
+    }
 }
+
+/// fp8 element types of the host kernels: a code of one format.
+macro_rules! fp8_element {
+    ($name:ident, $format:expr) => {
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        #[repr(transparent)]
+        pub struct $name(pub u8);
+
+        impl crate::problem::Scalar for $name {
+            fn to_f32(self) -> f32 {
+                $format.decode(self.0)
+            }
+            fn from_f32(x: f32) -> Self {
+                $name($format.encode(x))
+            }
+            fn round_probability(p: f32) -> f32 {
+                $format.round_probability(p)
+            }
+        }
+    };
+}
+
+fp8_element!(E4m3fn, Fp8Format::E4m3fn);
+fp8_element!(E4m3fnuz, Fp8Format::E4m3fnuz);
 
 #[cfg(test)]
 mod tests {

@@ -7,9 +7,11 @@ pub mod mask;
 pub mod operands;
 pub mod overlap;
 pub mod paged;
+pub mod scale;
 pub mod shape;
 pub mod tensor;
 
+pub use fp8::Fp8Format;
 pub use mask::{Mask, MaskType};
 pub use operands::{check_memory_overlap, Operand};
 pub use shape::{SequenceArrays, Shape};
@@ -17,6 +19,7 @@ pub use tensor::{check_device_array, check_lse_layout, Tensor};
 
 use crate::abi_values::{
     abi_enum, FMHA_BIAS_ALIBI, FMHA_BIAS_ELEMENTWISE, FMHA_BIAS_NONE, FMHA_DTYPE_BF16, FMHA_DTYPE_FP16,
+    FMHA_DTYPE_FP32, FMHA_DTYPE_FP8_E4M3FN, FMHA_DTYPE_FP8_E4M3FNUZ,
 };
 use crate::error::{Error, Result};
 
@@ -49,15 +52,74 @@ impl Dtype {
     }
 }
 
-/// A 16-bit input element as the host kernels read and write it.
-pub trait Element: Copy + Send + Sync + 'static {
-    const DTYPE: Dtype;
-    fn to_f32(self) -> f32;
-    fn from_f32(x: f32) -> Self;
+/// The element type of q, k and v in a kv-cache call: fp16/bf16, or fp8 of a named format (then the
+/// output is bf16).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CacheDtype {
+    Half(Dtype),
+    Fp8(Fp8Format),
 }
 
-impl Element for half::f16 {
-    const DTYPE: Dtype = Dtype::F16;
+impl CacheDtype {
+    pub fn from_i32(value: i32, field: &str) -> Result<CacheDtype> {
+        match value {
+            FMHA_DTYPE_FP8_E4M3FN => Ok(CacheDtype::Fp8(Fp8Format::E4m3fn)),
+            FMHA_DTYPE_FP8_E4M3FNUZ => Ok(CacheDtype::Fp8(Fp8Format::E4m3fnuz)),
+            FMHA_DTYPE_FP32 => Err(Error::unsupported(format!("{field}: fp32 inputs are not supported"))),
+            _ => Dtype::parse(value).map(CacheDtype::Half).ok_or_else(|| {
+                Error::invalid(field, format!("{value} is not a dtype (fp16, bf16, fp8 e4m3fn, fp8 e4m3fnuz)"))
+            }),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheDtype::Half(dtype) => dtype.name(),
+            CacheDtype::Fp8(Fp8Format::E4m3fn) => "fp8_e4m3fn",
+            CacheDtype::Fp8(Fp8Format::E4m3fnuz) => "fp8_e4m3fnuz",
+        }
+    }
+
+    /// Bytes per element of q, k and v.
+    pub fn bytes(self) -> usize {
+        match self {
+            CacheDtype::Half(_) => 2,
+            CacheDtype::Fp8(_) => 1,
+        }
+    }
+
+    /// The type of o: the input type, bf16 for fp8 inputs.
+    pub fn output(self) -> Dtype {
+        match self {
+            CacheDtype::Half(dtype) => dtype,
+            CacheDtype::Fp8(_) => Dtype::Bf16,
+        }
+    }
+}
+
+impl From<Dtype> for CacheDtype {
+    fn from(dtype: Dtype) -> CacheDtype {
+        CacheDtype::Half(dtype)
+    }
+}
+
+/// An element as the host kernels read and write it: converted to f32 exactly, from f32 rounding to
+/// nearest (ties to even).
+pub trait Scalar: Copy + Send + Sync + 'static {
+    fn to_f32(self) -> f32;
+    fn from_f32(x: f32) -> Self;
+    /// P (a probability in [0, 1]) as the kernels hand it to the P·V product for inputs of this type.
+    fn round_probability(p: f32) -> f32 {
+        Self::from_f32(p).to_f32()
+    }
+}
+
+/// A 16-bit input element of the dense operations.
+pub trait Element: Scalar {
+    const DTYPE: Dtype;
+}
+
+impl Scalar for half::f16 {
     fn to_f32(self) -> f32 {
         half::f16::to_f32(self)
     }
@@ -66,14 +128,21 @@ impl Element for half::f16 {
     }
 }
 
-impl Element for half::bf16 {
-    const DTYPE: Dtype = Dtype::Bf16;
+impl Element for half::f16 {
+    const DTYPE: Dtype = Dtype::F16;
+}
+
+impl Scalar for half::bf16 {
     fn to_f32(self) -> f32 {
         half::bf16::to_f32(self)
     }
     fn from_f32(x: f32) -> Self {
         half::bf16::from_f32(x)
     }
+}
+
+impl Element for half::bf16 {
+    const DTYPE: Dtype = Dtype::Bf16;
 }
 
 /// Batch mode (equal lengths, batch stride) or group mode (varlen, `seqstart` offsets).

@@ -8,7 +8,7 @@ use crate::runtime::{DeviceAddr, DevicePtr};
 /// A strided tensor in device memory, indexed `[batch][head][row][column]`, columns contiguous.
 /// Strides are in elements. In group mode the batch stride is unused: batch `b` starts at row
 /// `seqstart[b]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Tensor {
     pub ptr: DeviceAddr,
     pub batch_stride: i64,

@@ -140,6 +140,11 @@ impl<T> Clone for DevicePtr<T> {
     }
 }
 impl<T> Copy for DevicePtr<T> {}
+impl<T> Default for DevicePtr<T> {
+    fn default() -> Self {
+        DevicePtr::NULL
+    }
+}
 impl<T> PartialEq for DevicePtr<T> {
     fn eq(&self, other: &Self) -> bool {
         self.addr == other.addr

@@ -11,10 +11,12 @@ pub mod sequence;
 pub mod tensor_view;
 pub mod tile_math;
 
-use super::{BwdKargs, Executor, FwdKargs};
+use super::abi::KvCacheFault;
+use super::{BwdKargs, Executor, FwdKargs, KvCacheKargs};
 use crate::error::Result;
 use crate::host_buffer::{try_filled, AlignedBytes};
-use crate::problem::{Dtype, Element};
+use crate::problem::fp8::{E4m3fn, E4m3fnuz};
+use crate::problem::{CacheDtype, Dtype, Element, Fp8Format};
 use crate::runtime::host::{runtime, DeviceSlice};
 use crate::runtime::{DevicePtr, Runtime, Stream};
 use crate::workspace::WorkspaceLayout;
@@ -110,6 +112,24 @@ impl Executor for HostExecutor {
         runtime().enqueue(stream, move || match kargs.shape.dtype {
             Dtype::F16 => stages::<half::f16>(&kargs, workers),
             Dtype::Bf16 => stages::<half::bf16>(&kargs, workers),
+        })
+    }
+
+    fn kvcache_prepare(kargs: &KvCacheKargs, record: DevicePtr<KvCacheFault>, stream: Stream) -> Result<()> {
+        let record = DeviceSlice::new(record, 1, "workspace")?;
+        let kargs = *kargs;
+        runtime().enqueue(stream, move || paged_forward::prepare(&kargs, record))
+    }
+
+    fn kvcache_forward(kargs: &KvCacheKargs, stream: Stream) -> Result<()> {
+        use half::{bf16, f16};
+        let cu_count = runtime().cu_count()?;
+        let kargs = *kargs;
+        runtime().enqueue(stream, move || match kargs.dtype {
+            CacheDtype::Half(Dtype::F16) => paged_forward::run::<f16, f16>(&kargs, cu_count),
+            CacheDtype::Half(Dtype::Bf16) => paged_forward::run::<bf16, bf16>(&kargs, cu_count),
+            CacheDtype::Fp8(Fp8Format::E4m3fn) => paged_forward::run::<E4m3fn, bf16>(&kargs, cu_count),
+            CacheDtype::Fp8(Fp8Format::E4m3fnuz) => paged_forward::run::<E4m3fnuz, bf16>(&kargs, cu_count),
         })
     }
 }

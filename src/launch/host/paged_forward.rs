@@ -1,16 +1,19 @@
-//! The paged KV-cache forward on the host: the forward's blocks (q tile, query head, sequence) with
-//! key/value rows looked up through the page table. Every sequence's rows and table are checked before
-//! any block runs, naming the field at fault (a GPU kernel clamps instead).
+//! The kv-cache forward on the host: the forward's blocks (q tile, query head, sequence) with key and
+//! value rows looked up through the page table, fp8 codes decoded and multiplied by their descales.
+//! Every sequence's rows and table are checked before any block runs, naming the field at fault (a GPU
+//! kernel clamps instead); the prepare records the same faults in the workspace.
 
 use super::attend::{attend, KeyValueRows, QueryTile};
 use super::grid::for_each_block;
 use super::tensor_view::TensorView;
-use crate::error::{ensure, Error, Result};
+use crate::error::{Error, Result};
 use crate::host_buffer::try_filled;
-use crate::launch::KvCacheKargs;
+use crate::launch::abi::KvCacheFault;
+use crate::launch::{KvCacheKargs, KvTableArgs};
 use crate::problem::mask::MaskType;
-use crate::problem::paged::{PageTable, SequencePages, TableKind};
-use crate::problem::{Element, Mode};
+use crate::problem::paged::{resolve_sequences, PageTable, PoolLayout, Sequence, SequencePages, TableFault, TableKind};
+use crate::problem::scale::Descale;
+use crate::problem::{Mode, Scalar};
 use crate::runtime::host::DeviceSlice;
 use crate::runtime::DevicePtr;
 
@@ -25,99 +28,135 @@ fn read_array(ptr: DevicePtr<i32>, len: usize, field: &str) -> Result<Vec<i32>> 
     Ok(out)
 }
 
-/// One sequence: its query rows in `q`/`o` and its pages.
-struct Sequence {
-    q_start: i64,
-    sq: i64,
-    pages: SequencePages,
+/// Host copies of a call's length and table arrays (what a prepare reads).
+#[derive(Debug, Default)]
+pub struct TableArrays {
+    seqstart_q: Vec<i32>,
+    seqlen_k: Vec<i32>,
+    cache_batch_idx: Vec<i32>,
+    block_table: Vec<i32>,
+    kv_indptr: Vec<i32>,
+    page_indices: Vec<i32>,
+    last_page_len: Vec<i32>,
 }
 
-pub fn run<E: Element>(k: &KvCacheKargs, cu_count: i64) -> Result<()> {
+impl TableArrays {
+    pub fn read(k: &KvCacheKargs) -> Result<TableArrays> {
+        let (b, t) = (k.batch as usize, &k.table);
+        let mut arrays = TableArrays::default();
+        if k.mode == Mode::Group {
+            arrays.seqstart_q = read_array(k.seqstart_q, b + 1, "seqstart_q")?;
+        }
+        match t.kind {
+            TableKind::Contiguous => {
+                arrays.seqlen_k = read_array(t.seqlen_k, b, "seqlen_k")?;
+                arrays.cache_batch_idx = read_array(t.cache_batch_idx, b, "cache_batch_idx")?;
+            }
+            TableKind::BlockTable => {
+                arrays.seqlen_k = read_array(t.seqlen_k, b, "seqlen_k")?;
+                arrays.block_table = read_array(t.block_table, t.block_table_len(b), "block_table")?;
+            }
+            TableKind::PageCsr => {
+                arrays.kv_indptr = read_array(t.kv_indptr, b + 1, "kv_indptr")?;
+                arrays.page_indices = read_array(t.page_indices, t.num_page_indices as usize, "page_indices")?;
+                arrays.last_page_len = read_array(t.last_page_len, b, "last_page_len")?;
+            }
+        }
+        Ok(arrays)
+    }
+
+    pub fn table<'a>(&'a self, t: &KvTableArgs) -> PageTable<'a> {
+        PageTable {
+            kind: t.kind,
+            page_size: t.page_size,
+            num_pages: t.num_pages,
+            seqlen_k: &self.seqlen_k,
+            block_table: &self.block_table,
+            block_table_stride: t.block_table_stride,
+            max_pages_per_seq: t.max_pages_per_seq,
+            kv_indptr: &self.kv_indptr,
+            page_indices: &self.page_indices,
+            last_page_len: &self.last_page_len,
+            cache_batch_idx: &self.cache_batch_idx,
+        }
+    }
+
+    /// Every sequence, checked (with `check_pages`, every page id they use too).
+    pub fn sequences(&self, k: &KvCacheKargs, check_pages: bool) -> std::result::Result<Vec<Sequence>, TableFault> {
+        resolve_sequences(&self.table(&k.table), &self.seqstart_q, k.batch as usize, k.bounds, check_pages)
+    }
+}
+
+/// The prepare: checks the call's lengths and tables and writes the outcome into the workspace's
+/// fault record (the first fault in sequence order, or none).
+pub fn prepare(k: &KvCacheKargs, record: DeviceSlice<KvCacheFault>) -> Result<()> {
+    let arrays = TableArrays::read(k)?;
+    let fault = arrays.sequences(k, k.check_tables).err();
+    record.set(0, KvCacheFault::new(fault));
+    Ok(())
+}
+
+/// A descale array read on the host (1 where none was given).
+struct DescaleView {
+    descale: Descale,
+    data: Option<DeviceSlice<f32>>,
+}
+
+impl DescaleView {
+    fn new(descale: Descale, extent: usize, field: &str) -> Result<DescaleView> {
+        let data = (!descale.is_none()).then(|| DeviceSlice::new(descale.data, extent, field)).transpose()?;
+        Ok(DescaleView { descale, data })
+    }
+
+    fn value(&self, b: i64, g: i64, page: i64) -> f32 {
+        self.data.as_ref().map_or(1.0, |d| d.get(self.descale.offset(b, g, page)))
+    }
+}
+
+/// Runs the call: `E` is the element type of q, k and v, `O` that of o.
+pub fn run<E: Scalar, O: Scalar>(k: &KvCacheKargs, cu_count: i64) -> Result<()> {
     if k.mask.kind == MaskType::TopLeft {
         return Err(Error::unsupported("mask_type: a KV cache's mask is aligned to the bottom-right corner"));
     }
-    let (b, t) = (k.batch as usize, &k.table);
-    let seqstart_q = read_array(k.seqstart_q, b + 1, "seqstart_q")?;
-    let per_sequence = |ptr, field| read_array(ptr, b, field);
-    let (seqlen_k, cache_batch_idx, block_table, kv_indptr, page_indices, last_page_len) = match t.kind {
-        TableKind::Contiguous => (
-            per_sequence(t.seqlen_k, "seqlen_k")?,
-            per_sequence(t.cache_batch_idx, "cache_batch_idx")?,
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-        ),
-        TableKind::BlockTable => {
-            let len = if b == 0 { 0 } else { (b - 1) * t.block_table_stride as usize + t.max_pages_per_seq as usize };
-            (
-                per_sequence(t.seqlen_k, "seqlen_k")?,
-                Vec::new(),
-                read_array(t.block_table, len, "block_table")?,
-                Vec::new(),
-                Vec::new(),
-                Vec::new(),
-            )
-        }
-        TableKind::PageCsr => (
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            read_array(t.kv_indptr, b + 1, "kv_indptr")?,
-            read_array(t.page_indices, t.num_page_indices as usize, "page_indices")?,
-            per_sequence(t.last_page_len, "last_page_len")?,
-        ),
-    };
-    let table = PageTable {
-        kind: t.kind,
-        page_size: t.page_size,
-        num_pages: t.num_pages,
-        seqlen_k: &seqlen_k,
-        block_table: &block_table,
-        block_table_stride: t.block_table_stride,
-        max_pages_per_seq: t.max_pages_per_seq,
-        kv_indptr: &kv_indptr,
-        page_indices: &page_indices,
-        last_page_len: &last_page_len,
-        cache_batch_idx: &cache_batch_idx,
-    };
-    let mut sequences = Vec::with_capacity(b);
-    for batch in 0..b {
-        let (start, end) = (i64::from(seqstart_q[batch]), i64::from(seqstart_q[batch + 1]));
-        ensure(start >= 0 && start <= end && end <= k.total_q, "seqstart_q", || {
-            format!("entries {batch}..{} are {start}, {end}: not non-decreasing within 0..={}", batch + 1, k.total_q)
-        })?;
-        sequences.push(Sequence { q_start: start, sq: end - start, pages: table.sequence(batch)? });
-    }
+    let arrays = TableArrays::read(k)?;
+    let table = arrays.table(&k.table);
+    let sequences = arrays.sequences(k, false)?;
 
-    let q = TensorView::<E>::new(k.q, k.extents.q, Mode::Group, "q")?;
-    let o = TensorView::<E>::new(k.o, k.extents.o, Mode::Group, "o")?;
-    let lse = if k.lse.ptr.is_null() {
-        None
-    } else {
-        Some(TensorView::<f32>::new(k.lse, k.extents.lse, Mode::Group, "lse")?)
-    };
+    let mode = k.mode;
+    let q = TensorView::<E>::new(k.q, k.extents.q, mode, "q")?;
+    let o = TensorView::<O>::new(k.o, k.extents.o, mode, "o")?;
+    let lse = if k.lse.ptr.is_null() { None } else { Some(TensorView::<f32>::new(k.lse, k.extents.lse, mode, "lse")?) };
     // The pools are addressed as batch-mode tensors whose batch is the page.
     let k_pool = TensorView::<E>::new(k.k, k.extents.k, Mode::Batch, "k")?;
     let v_pool = TensorView::<E>::new(k.v, k.extents.v, Mode::Batch, "v")?;
+    let [qx, kx, vx] = k.descale_extents;
+    let q_descale = DescaleView::new(k.descales.q, qx, "q_descale")?;
+    let k_descale = DescaleView::new(k.descales.k, kx, "k_descale")?;
+    let v_descale = DescaleView::new(k.descales.v, vx, "v_descale")?;
     let m0 = k.m0;
     let q_tiles = sequences.iter().map(|s| (s.sq + m0 - 1) / m0).max().unwrap_or(0) as usize;
     let heads = k.nhead_q as usize;
     let (dq, dv) = (k.hdim_q as usize, k.hdim_v as usize);
     let group = k.nhead_q / k.nhead_k;
 
-    for_each_block(q_tiles * heads * b, cu_count, |block| {
+    for_each_block(q_tiles * heads * sequences.len(), cu_count, |block| {
         let (tile, rest) = (block % q_tiles, block / q_tiles);
         let (h, seq) = ((rest % heads) as i64, &sequences[rest / heads]);
         let i0 = tile as i64 * m0;
         if i0 >= seq.sq {
             return Ok(());
         }
+        let (b, g) = (seq.pages.batch as i64, h / group);
+        // Batch mode: sequence b is batch b of q/o/lse; group mode: its rows start at q_start.
+        let qb = if mode == Mode::Batch { b } else { 0 };
         let m = ((i0 + m0).min(seq.sq) - i0) as usize;
         let mut staging = Vec::new();
         let mut q_tile = vec![0f32; m * dq];
+        let dq_scale = q_descale.value(b, g, 0);
         for i in 0..m {
-            q.read_row(0, h, seq.q_start + i0 + i as i64, &mut q_tile[i * dq..(i + 1) * dq], &mut staging);
+            let row = &mut q_tile[i * dq..(i + 1) * dq];
+            q.read_row(qb, h, seq.q_start + i0 + i as i64, row, &mut staging);
+            row.iter_mut().for_each(|x| *x *= dq_scale);
         }
         let tile = QueryTile {
             q: &q_tile,
@@ -128,41 +167,85 @@ pub fn run<E: Element>(k: &KvCacheKargs, cu_count: i64) -> Result<()> {
             scale: k.scale,
             n0: k.n0,
             mask: k.mask.resolve(seq.sq, seq.pages.kv_len),
-            round_p: |p| E::DTYPE.round(p),
+            round_p: E::round_probability,
         };
-        let mut kv = PagedRows { table: &table, seq: &seq.pages, k: &k_pool, v: &v_pool, head: h / group, staging };
+        let mut kv = PagedRows {
+            table: &table,
+            seq: &seq.pages,
+            k: &k_pool,
+            v: &v_pool,
+            layout: k.layout,
+            k_descale: &k_descale,
+            v_descale: &v_descale,
+            head: g,
+            staging,
+        };
         let out = attend(&tile, &mut kv)?;
-        let mut staging = kv.staging;
+        let mut staging = Vec::new();
         for i in 0..m {
             let row = seq.q_start + i0 + i as i64;
-            o.write_row(0, h, row, &out.o[i * dv..(i + 1) * dv], &mut staging);
+            o.write_row(qb, h, row, &out.o[i * dv..(i + 1) * dv], &mut staging);
             if let Some(lse) = &lse {
-                lse.slice().set(lse.row_offset(0, h, row), out.lse[i]);
+                lse.slice().set(lse.row_offset(qb, h, row), out.lse[i]);
             }
         }
         Ok(())
     })
 }
 
-/// Key and value rows of one sequence and kv head, through the page table.
+/// Key and value rows of one sequence and kv head, through the page table, in true values.
 struct PagedRows<'a, E> {
     table: &'a PageTable<'a>,
     seq: &'a SequencePages,
     k: &'a TensorView<E>,
     v: &'a TensorView<E>,
+    layout: PoolLayout,
+    k_descale: &'a DescaleView,
+    v_descale: &'a DescaleView,
     head: i64,
     staging: Vec<E>,
 }
 
-impl<E: Element> KeyValueRows for PagedRows<'_, E> {
-    fn read(&mut self, j: i64, k: &mut [f32], v: &mut [f32]) -> Result<()> {
-        let (page, row) = self.table.locate(self.seq, j)?;
-        self.k.read_row(page, self.head, row, k, &mut self.staging);
-        self.v.read_row(page, self.head, row, v, &mut self.staging);
-        Ok(())
+impl<E: Scalar> PagedRows<'_, E> {
+    /// Row `row` of `page` in the VECTORIZED order (spec §1.4), x = 16 bytes of elements: K's head
+    /// dimension in vectors of x with the page's rows between them, V's rows in vectors of x.
+    fn read_vectorized(&mut self, pool: &TensorView<E>, is_v: bool, page: i64, row: i64, out: &mut [f32]) {
+        let x = (16 / std::mem::size_of::<E>()) as i64;
+        let p = self.table.page_size;
+        let base = pool.row_offset(page, self.head, 0) as i64;
+        let d = out.len() as i64;
+        let mut one = vec![E::from_f32(0.0)];
+        for (e, value) in out.iter_mut().enumerate() {
+            let e = e as i64;
+            let at = if is_v {
+                base + (row / x) * d * x + e * x + row % x
+            } else {
+                base + (e / x) * p * x + row * x + e % x
+            };
+            pool.slice().read_into(at as usize, &mut one);
+            *value = one[0].to_f32();
+        }
     }
 }
 
-#[cfg(test)]
-#[path = "paged_forward_tests.rs"]
-mod tests;
+impl<E: Scalar> KeyValueRows for PagedRows<'_, E> {
+    fn read(&mut self, j: i64, k: &mut [f32], v: &mut [f32]) -> Result<()> {
+        let (page, row) = self.table.locate(self.seq, j)?;
+        match self.layout {
+            PoolLayout::Strided => {
+                self.k.read_row(page, self.head, row, k, &mut self.staging);
+                self.v.read_row(page, self.head, row, v, &mut self.staging);
+            }
+            PoolLayout::Vectorized => {
+                let (k_pool, v_pool) = (self.k, self.v);
+                self.read_vectorized(k_pool, false, page, row, k);
+                self.read_vectorized(v_pool, true, page, row, v);
+            }
+        }
+        let b = self.seq.batch as i64;
+        let (dk, dv) = (self.k_descale.value(b, self.head, page), self.v_descale.value(b, self.head, page));
+        k.iter_mut().for_each(|x| *x *= dk);
+        v.iter_mut().for_each(|x| *x *= dv);
+        Ok(())
+    }
+}

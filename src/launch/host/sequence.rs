@@ -100,7 +100,7 @@ impl Sequences {
             ensure((0..=physical).contains(&attending), len_name, || {
                 format!("entry {b} is {attending}, outside 0..={physical} (the batch's physical length)")
             })?;
-            Ok((start, attending, physical))
+            Ok::<_, crate::error::Error>((start, attending, physical))
         };
         let (q_start, sq, sq_physical) = side(starts_q, self.logical_q, self.seqlen_q, self.max_seqlen_q, true)?;
         let (k_start, sk, sk_physical) = side(starts_k, self.logical_k, self.seqlen_k, self.max_seqlen_k, false)?;

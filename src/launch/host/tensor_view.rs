@@ -1,7 +1,7 @@
 //! Row access to strided tensors in host-backend device memory, converting to and from f32.
 
 use crate::error::Result;
-use crate::problem::{Element, Mode, Tensor};
+use crate::problem::{Mode, Scalar, Tensor};
 use crate::runtime::host::DeviceSlice;
 
 #[derive(Debug, Clone, Copy)]
@@ -26,7 +26,7 @@ impl<T: Copy> TensorView<T> {
     }
 }
 
-impl<E: Element> TensorView<E> {
+impl<E: Scalar> TensorView<E> {
     /// Reads `out.len()` columns of a row as f32.
     pub fn read_row(&self, batch: i64, head: i64, row: i64, out: &mut [f32], staging: &mut Vec<E>) {
         staging.resize(out.len(), E::from_f32(0.0));
