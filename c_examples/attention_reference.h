@@ -48,18 +48,21 @@ static int reference_kept(const reference_shape *s, int i, int j) {
 /*
  * Forward and backward of one sequence. Inputs q [hq][sq][d], k/v [hk][sk][d], dout [hq][sq][d];
  * outputs o, dq [hq][sq][d], lse [hq][sq], dk/dv [hk][sk][d] (summed over each kv head's query heads).
+ * With dout NULL only the forward runs, and dq, dk, dv may be NULL.
  */
 static void reference_attention(const reference_shape *s, const double *q, const double *k, const double *v,
                                 const double *dout, double *o, double *lse, double *dq, double *dk, double *dv) {
     int d = s->dim, group = s->hq / s->hk, h, i, j, c;
     double *p = (double *)malloc(sizeof(double) * (size_t)(s->sk > 0 ? s->sk : 1));
-    memset(dk, 0, sizeof(double) * (size_t)s->hk * s->sk * d);
-    memset(dv, 0, sizeof(double) * (size_t)s->hk * s->sk * d);
+    if (dout) {
+        memset(dk, 0, sizeof(double) * (size_t)s->hk * s->sk * d);
+        memset(dv, 0, sizeof(double) * (size_t)s->hk * s->sk * d);
+    }
     for (h = 0; h < s->hq; ++h) {
         int kv = h / group;
         for (i = 0; i < s->sq; ++i) {
-            const double *qi = q + ((size_t)h * s->sq + i) * d, *gi = dout + ((size_t)h * s->sq + i) * d;
-            double *oi = o + ((size_t)h * s->sq + i) * d, *dqi = dq + ((size_t)h * s->sq + i) * d;
+            const double *qi = q + ((size_t)h * s->sq + i) * d, *gi;
+            double *oi = o + ((size_t)h * s->sq + i) * d, *dqi;
             double max = -INFINITY, sum = 0.0, big_d = 0.0;
             for (j = 0; j < s->sk; ++j) {
                 const double *kj = k + ((size_t)kv * s->sk + j) * d;
@@ -73,11 +76,15 @@ static void reference_attention(const reference_shape *s, const double *q, const
                 sum += p[j];
             }
             lse[(size_t)h * s->sq + i] = sum > 0.0 ? max + log(sum) : -INFINITY;
-            for (c = 0; c < d; ++c) oi[c] = 0.0, dqi[c] = 0.0;
+            for (c = 0; c < d; ++c) oi[c] = 0.0;
             for (j = 0; j < s->sk; ++j) {
                 if (sum > 0.0) p[j] /= sum;
                 for (c = 0; c < d; ++c) oi[c] += p[j] * v[((size_t)kv * s->sk + j) * d + c];
             }
+            if (!dout) continue;
+            gi = dout + ((size_t)h * s->sq + i) * d;
+            dqi = dq + ((size_t)h * s->sq + i) * d;
+            for (c = 0; c < d; ++c) dqi[c] = 0.0;
             for (c = 0; c < d; ++c) big_d += gi[c] * oi[c];
             for (j = 0; j < s->sk; ++j) {
                 const double *kj = k + ((size_t)kv * s->sk + j) * d, *vj = v + ((size_t)kv * s->sk + j) * d;

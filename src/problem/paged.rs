@@ -55,8 +55,9 @@ pub enum KvField {
     LastPageLen = 5,
     BlockTable = 6,
     PageIndices = 7,
-    /// The traits' bounds: a sequence or the batch beyond what the launcher was created for.
+    /// The traits' bounds: a sequence beyond what the launcher was created for.
     MaxSeqlenQ = 8,
+    /// `seqstart_q` past the rows of q (`args.seqlen_q`, itself at most `traits.total_q`).
     TotalQ = 9,
     MaxSeqlenK = 10,
 }
@@ -89,7 +90,7 @@ impl KvField {
             KvField::BlockTable => "block_table",
             KvField::PageIndices => "page_indices",
             KvField::MaxSeqlenQ => "traits.max_seqlen_q",
-            KvField::TotalQ => "traits.total_q",
+            KvField::TotalQ => "seqstart_q",
             KvField::MaxSeqlenK => "traits.max_seqlen_k",
         }
     }
@@ -122,7 +123,7 @@ impl TableFault {
                 format!("sequence {b} uses page id {value}, outside 0..{bound} (num_pages)")
             }
             KvField::MaxSeqlenQ => format!("sequence {b} has {value} query rows, more than the bound {bound}"),
-            KvField::TotalQ => format!("the query rows end at {value}, past the bound {bound}"),
+            KvField::TotalQ => format!("entry {} is {value}, past the {bound} rows of q (seqlen_q)", b + 1),
             KvField::MaxSeqlenK => format!("sequence {b} holds {value} tokens, more than the bound {bound}"),
         };
         Error::invalid(field.name(), detail)

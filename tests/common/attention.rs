@@ -529,7 +529,7 @@ fn supported(case: &Case, operation: fmha::registry::Operation) -> bool {
     let Ok(rt) = fmha::runtime::current() else { return false };
     let request = fmha::registry::Request {
         operation,
-        dtype: case.dtype,
+        dtype: case.dtype.into(),
         hdim_q: case.hdim_q as i64,
         hdim_v: case.hdim_v as i64,
         masked: case.mask.kind != fmha::problem::mask::MaskType::None,

@@ -1,0 +1,987 @@
+//! The kv-cache operation through the C ABI: random batches against the float64 reference (every
+//! table kind, pool layout, page size, mask, dtype and descale granularity; pages scattered and shared
+//! between sequences; table entries past each sequence's pages holding ids the pool does not have;
+//! unused pages and outputs poisoned), paged == dense bitwise, the prepare's fault record, and every
+//! bad argument refused naming its field.
+
+mod common;
+
+use common::{expect_error, host_backend, last_error, no_device, ok};
+use fmha::ffi::attention::*;
+use fmha::ffi::kvcache::*;
+use fmha::ffi::runtime::*;
+use fmha::ffi::status::*;
+use fmha::problem::fp8::Fp8Format;
+use fmha::problem::mask::{Mask, MaskType};
+use fmha::reference::{Precision, RefProblem};
+use fmha::test_rng::{starts, Rng};
+use std::ffi::c_void;
+use std::ptr::{null, null_mut};
+
+/// Device buffers of one call, freed on drop.
+#[derive(Default)]
+struct Device(Vec<*mut c_void>);
+
+impl Device {
+    fn upload<T: Copy>(&mut self, values: &[T]) -> *mut c_void {
+        let bytes = std::mem::size_of_val(values);
+        let mut ptr = null_mut();
+        ok(fmha_device_malloc(&mut ptr, bytes.max(16)));
+        ok(fmha_memcpy(ptr, values.as_ptr().cast(), bytes, FMHA_MEMCPY_HOST_TO_DEVICE));
+        self.0.push(ptr);
+        ptr
+    }
+
+    fn download<T: Copy + Default>(ptr: *const c_void, len: usize) -> Vec<T> {
+        let mut out = vec![T::default(); len];
+        ok(fmha_memcpy(out.as_mut_ptr().cast(), ptr, len * std::mem::size_of::<T>(), FMHA_MEMCPY_DEVICE_TO_HOST));
+        out
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        for &ptr in &self.0 {
+            fmha_device_free(ptr);
+        }
+    }
+}
+
+/// The input types under test, with their codes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Input {
+    F16,
+    Bf16,
+    Fp8(Fp8Format),
+}
+
+impl Input {
+    fn abi(self) -> i32 {
+        match self {
+            Input::F16 => FMHA_DTYPE_FP16,
+            Input::Bf16 => FMHA_DTYPE_BF16,
+            Input::Fp8(Fp8Format::E4m3fn) => FMHA_DTYPE_FP8_E4M3FN,
+            Input::Fp8(Fp8Format::E4m3fnuz) => FMHA_DTYPE_FP8_E4M3FNUZ,
+        }
+    }
+
+    fn bytes(self) -> usize {
+        if let Input::Fp8(_) = self {
+            1
+        } else {
+            2
+        }
+    }
+
+    /// The nearest code of `x` (little-endian bytes) and the value it holds.
+    fn encode(self, x: f64) -> (u16, f64) {
+        match self {
+            Input::F16 => {
+                let h = half::f16::from_f64(x);
+                (h.to_bits(), h.to_f64())
+            }
+            Input::Bf16 => {
+                let h = half::bf16::from_f64(x);
+                (h.to_bits(), h.to_f64())
+            }
+            Input::Fp8(format) => {
+                let code = format.encode(x as f32);
+                (u16::from(code), f64::from(format.decode(code)))
+            }
+        }
+    }
+
+    fn poison(self) -> u16 {
+        match self {
+            Input::F16 => half::f16::NAN.to_bits(),
+            Input::Bf16 => half::bf16::NAN.to_bits(),
+            Input::Fp8(Fp8Format::E4m3fn) => 0x7F,
+            Input::Fp8(Fp8Format::E4m3fnuz) => 0x80,
+        }
+    }
+
+    fn output_value(self, bits: u16) -> f64 {
+        match self {
+            Input::F16 => half::f16::from_bits(bits).to_f64(),
+            _ => half::bf16::from_bits(bits).to_f64(),
+        }
+    }
+
+    fn baseline(self) -> Precision {
+        match self {
+            Input::F16 => Precision::LowPrecision(fmha::problem::Dtype::F16),
+            Input::Bf16 => Precision::LowPrecision(fmha::problem::Dtype::Bf16),
+            Input::Fp8(format) => Precision::Fp8(format),
+        }
+    }
+}
+
+/// Codes packed as the element size says.
+fn pack(input: Input, codes: &[u16]) -> Vec<u8> {
+    if input.bytes() == 1 {
+        codes.iter().map(|&c| c as u8).collect()
+    } else {
+        codes.iter().flat_map(|c| c.to_le_bytes()).collect()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Pool {
+    Nhd,
+    Hnd,
+    Vectorized,
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    input: Input,
+    kind: i32,
+    pool: Pool,
+    page: usize,
+    group: bool,
+    mask: Mask,
+    per_page_scales: bool,
+    hq: usize,
+    hk: usize,
+    d: usize,
+    /// (new query rows, kv length) per sequence.
+    lens: Vec<(usize, usize)>,
+    /// Sequences after the first share its first full pages (prefix caching).
+    share_prefix: bool,
+}
+
+fn base_traits(case: &Case, total_q: usize) -> fmha_kvcache_traits {
+    let max_q = case.lens.iter().map(|l| l.0).max().unwrap_or(0);
+    let max_k = case.lens.iter().map(|l| l.1).max().unwrap_or(0);
+    fmha_kvcache_traits {
+        struct_size: std::mem::size_of::<fmha_kvcache_traits>(),
+        dtype: case.input.abi(),
+        o_dtype: FMHA_DTYPE_BF16,
+        hdim_q: case.d as i32,
+        hdim_v: case.d as i32,
+        nhead_q: case.hq as i32,
+        nhead_k: case.hk as i32,
+        is_group_mode: case.group as i32,
+        mask_type: if case.mask.kind == MaskType::None { FMHA_MASK_NONE } else { FMHA_MASK_BOTTOM_RIGHT },
+        has_lse: 1,
+        kv_table_kind: case.kind,
+        kv_layout: if case.pool == Pool::Vectorized { FMHA_KV_LAYOUT_VECTORIZED } else { FMHA_KV_LAYOUT_STRIDED },
+        kv_scale_granularity: if case.per_page_scales { FMHA_KV_SCALE_PAGE } else { FMHA_KV_SCALE_TENSOR },
+        page_size: case.page as i32,
+        batch: case.lens.len() as i32,
+        total_q: total_q as i32,
+        max_seqlen_q: max_q as i32,
+        max_seqlen_k: max_k as i32,
+        max_splits: 0,
+        kv_split_tokens: 0,
+        check_tables: 1,
+    }
+}
+
+const NO_SCALE: fmha_scale = fmha_scale { data: null(), batch_stride: 0, head_stride: 0, page_stride: 0 };
+const NO_TENSOR: fmha_tensor = fmha_tensor { data: null_mut(), batch_stride: 0, head_stride: 0, row_stride: 0 };
+
+/// Builds the case's buffers, runs it through a launcher (prepare, run, check), and compares with the
+/// float64 reference.
+fn run_case(case: &Case, rng: &mut Rng, ctx: &str) {
+    let (hq, hk, d, p, input) = (case.hq, case.hk, case.d, case.page, case.input);
+    let batch = case.lens.len();
+    let contiguous = case.kind == FMHA_KV_CONTIGUOUS;
+    let mut dev = Device::default();
+
+    // Pages: sequence 0's are drawn first; with `share_prefix` the others start with its full pages.
+    let pages_of: Vec<usize> = case.lens.iter().map(|l| l.1.div_ceil(p)).collect();
+    let num_pages = if contiguous { batch + 2 } else { pages_of.iter().sum::<usize>() + 3 };
+    let mut order: Vec<usize> = (0..num_pages).collect();
+    for i in (1..num_pages).rev() {
+        order.swap(i, rng.size(0, i));
+    }
+    let mut free = order.into_iter();
+    let mut assigned: Vec<Vec<usize>> = Vec::new();
+    for (b, &n) in pages_of.iter().enumerate() {
+        let shared = if case.share_prefix && b > 0 && !contiguous {
+            (case.lens[0].1 / p).min(n.saturating_sub(1)).min(assigned[0].len())
+        } else {
+            0
+        };
+        let mut pages: Vec<usize> = assigned.first().map_or(Vec::new(), |a: &Vec<usize>| a[..shared].to_vec());
+        pages.extend(free.by_ref().take(if contiguous { 1 } else { n - shared }));
+        assigned.push(pages);
+    }
+
+    // Pool addressing (elements): page, head and row strides; VECTORIZED orders within a page.
+    let x = 16 / input.bytes();
+    let (page_stride, head_stride, row_stride) = match case.pool {
+        Pool::Nhd => (p * hk * d, d, hk * d),
+        Pool::Hnd | Pool::Vectorized => (hk * p * d, p * d, d),
+    };
+    let at = |page: usize, g: usize, u: usize, e: usize, is_v: bool| -> usize {
+        let base = page * page_stride + g * head_stride;
+        match case.pool {
+            Pool::Vectorized if is_v => base + (u / x) * d * x + e * x + u % x,
+            Pool::Vectorized => base + (e / x) * p * x + u * x + e % x,
+            _ => base + u * row_stride + e,
+        }
+    };
+    let pool_len = num_pages * page_stride;
+    let mut k_codes = vec![input.poison(); pool_len];
+    let mut v_codes = vec![input.poison(); pool_len];
+    let mut k_vals = vec![f64::NAN; pool_len];
+    let mut v_vals = vec![f64::NAN; pool_len];
+    let fp8 = matches!(input, Input::Fp8(_));
+    let draw = |rng: &mut Rng| if fp8 { rng.unit() * 2.0 } else { rng.unit() };
+    for pages in &assigned {
+        for &page in pages {
+            if !k_vals[at(page, 0, 0, 0, false)].is_nan() {
+                continue; // a shared page, filled once
+            }
+            for g in 0..hk {
+                for u in 0..p {
+                    for e in 0..d {
+                        for (codes, vals, is_v) in
+                            [(&mut k_codes, &mut k_vals, false), (&mut v_codes, &mut v_vals, true)]
+                        {
+                            let (code, value) = input.encode(draw(rng));
+                            let i = at(page, g, u, e, is_v);
+                            codes[i] = code;
+                            vals[i] = value;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    // Descales (fp8): q per (sequence, kv head); k/v per (sequence, kv head), or per (page, kv head)
+    // packed as aiter's [num_pages][h_k][2].
+    let descale = |rng: &mut Rng| 0.5 + 1.5 * rng.unit();
+    let seq_scales = |rng: &mut Rng| (0..batch * hk).map(|_| descale(rng) as f32).collect::<Vec<f32>>();
+    let (mut q_ds, mut k_ds, mut v_ds) = (NO_SCALE, NO_SCALE, NO_SCALE);
+    let (mut dq_of, mut dk_of, mut dv_of): (Vec<f32>, Vec<f32>, Vec<f32>) = (vec![], vec![], vec![]);
+    if fp8 {
+        dq_of = seq_scales(rng);
+        q_ds = fmha_scale { data: dev.upload(&dq_of).cast(), batch_stride: hk as i64, head_stride: 1, page_stride: 0 };
+        if case.per_page_scales {
+            let packed: Vec<f32> = (0..num_pages * hk * 2).map(|_| descale(rng) as f32).collect();
+            let base: *const f32 = dev.upload(&packed).cast();
+            let two_hk = 2 * hk as i64;
+            k_ds = fmha_scale { data: base, batch_stride: 0, head_stride: 2, page_stride: two_hk };
+            // SAFETY: one element further inside the same allocation.
+            v_ds = fmha_scale { data: unsafe { base.add(1) }, batch_stride: 0, head_stride: 2, page_stride: two_hk };
+            dk_of = (0..num_pages * hk).map(|i| packed[2 * i]).collect();
+            dv_of = (0..num_pages * hk).map(|i| packed[2 * i + 1]).collect();
+        } else {
+            dk_of = seq_scales(rng);
+            dv_of = seq_scales(rng);
+            k_ds =
+                fmha_scale { data: dev.upload(&dk_of).cast(), batch_stride: hk as i64, head_stride: 1, page_stride: 0 };
+            v_ds =
+                fmha_scale { data: dev.upload(&dv_of).cast(), batch_stride: hk as i64, head_stride: 1, page_stride: 0 };
+        }
+    }
+    let k_scale = |b: usize, g: usize, page: usize| -> f64 {
+        if !fmha_fp8(input) {
+            1.0
+        } else if case.per_page_scales {
+            f64::from(dk_of[page * hk + g])
+        } else {
+            f64::from(dk_of[b * hk + g])
+        }
+    };
+    let v_scale = |b: usize, g: usize, page: usize| -> f64 {
+        if !fmha_fp8(input) {
+            1.0
+        } else if case.per_page_scales {
+            f64::from(dv_of[page * hk + g])
+        } else {
+            f64::from(dv_of[b * hk + g])
+        }
+    };
+
+    // Queries: group mode [total][hq][d]; batch mode [batch][sq][hq][d] (every sequence sq rows).
+    let q_lens: Vec<i32> = case.lens.iter().map(|l| l.0 as i32).collect();
+    let seqstart_q = starts(&q_lens);
+    let total_q = *seqstart_q.last().unwrap() as usize;
+    let sq_batch = case.lens[0].0;
+    let mut q_codes = Vec::with_capacity(total_q * hq * d);
+    let mut q_vals = Vec::with_capacity(total_q * hq * d);
+    for _ in 0..total_q * hq * d {
+        let (code, value) = input.encode(draw(rng));
+        q_codes.push(code);
+        q_vals.push(value);
+    }
+
+    // The table.
+    let kv_lens: Vec<i32> = case.lens.iter().map(|l| l.1 as i32).collect();
+    let garbage = [i32::MAX, -1, num_pages as i32, i32::MIN];
+    let mut args = fmha_kvcache_args {
+        struct_size: std::mem::size_of::<fmha_kvcache_args>(),
+        q: NO_TENSOR,
+        k: NO_TENSOR,
+        v: NO_TENSOR,
+        o: NO_TENSOR,
+        lse: NO_TENSOR,
+        seqstart_q: null(),
+        batch: batch as i32,
+        seqlen_q: if case.group { total_q as i32 } else { sq_batch as i32 },
+        num_pages: num_pages as i32,
+        max_pages_per_seq: 0,
+        num_page_indices: 0,
+        seqlen_k: null(),
+        block_table: null(),
+        block_table_stride: 0,
+        kv_indptr: null(),
+        page_indices: null(),
+        last_page_len: null(),
+        cache_batch_idx: null(),
+        scale: 0.0,
+        window_size_left: case.mask.left,
+        window_size_right: case.mask.right,
+        q_descale: q_ds,
+        k_descale: k_ds,
+        v_descale: v_ds,
+        workspace: null_mut(),
+        workspace_size: 0,
+    };
+    match case.kind {
+        FMHA_KV_CONTIGUOUS => {
+            args.seqlen_k = dev.upload(&kv_lens).cast();
+            let slots: Vec<i32> = assigned.iter().map(|pages| pages[0] as i32).collect();
+            args.cache_batch_idx = dev.upload(&slots).cast();
+        }
+        FMHA_KV_BLOCK_TABLE => {
+            let max_pages = pages_of.iter().copied().max().unwrap().max(1) + rng.size(0, 2);
+            let stride = max_pages + rng.size(0, 2);
+            let mut rows = vec![0i32; (batch - 1) * stride + max_pages];
+            for (b, pages) in assigned.iter().enumerate() {
+                for t in 0..stride.min(rows.len() - b * stride) {
+                    rows[b * stride + t] = pages.get(t).map_or(rng.pick(&garbage), |&page| page as i32);
+                }
+            }
+            args.seqlen_k = dev.upload(&kv_lens).cast();
+            args.block_table = dev.upload(&rows).cast();
+            args.block_table_stride = stride as i64;
+            args.max_pages_per_seq = max_pages as i32;
+        }
+        _ => {
+            let mut indices: Vec<i32> = assigned.iter().flatten().map(|&page| page as i32).collect();
+            indices.push(rng.pick(&garbage)); // past the last sequence's pages
+            let counts: Vec<i32> = assigned.iter().map(|pages| pages.len() as i32).collect();
+            let last: Vec<i32> =
+                case.lens.iter().map(|l| if l.1 == 0 { 0 } else { ((l.1 - 1) % p + 1) as i32 }).collect();
+            args.kv_indptr = dev.upload(&starts(&counts)).cast();
+            args.page_indices = dev.upload(&indices).cast();
+            args.num_page_indices = indices.len() as i32;
+            args.last_page_len = dev.upload(&last).cast();
+        }
+    }
+
+    let row = (hq * d) as i64;
+    let tensor =
+        |data, batch_stride, head_stride, row_stride| fmha_tensor { data, batch_stride, head_stride, row_stride };
+    let q_batch_stride = if case.group { 0 } else { (sq_batch * hq * d) as i64 };
+    args.q = tensor(dev.upload(&pack(input, &q_codes)), q_batch_stride, d as i64, row);
+    let o_len = total_q * hq * d;
+    let o = dev.upload(&vec![0xFFFFu16; o_len]); // NaN in fp16 and bf16
+    args.o = tensor(o, q_batch_stride, d as i64, row);
+    let lse_len = hq * total_q;
+    let lse = dev.upload(&vec![f32::NAN; lse_len]);
+    args.lse = if case.group {
+        tensor(lse, 0, total_q as i64, 1)
+    } else {
+        tensor(lse, (hq * sq_batch) as i64, sq_batch as i64, 1)
+    };
+    let pool = |data| tensor(data, page_stride as i64, head_stride as i64, row_stride as i64);
+    args.k = pool(dev.upload(&pack(input, &k_codes)));
+    args.v = pool(dev.upload(&pack(input, &v_codes)));
+    if case.group {
+        args.seqstart_q = dev.upload(&seqstart_q).cast();
+    }
+
+    // Launcher: prepare, run, check.
+    let traits = base_traits(case, total_q);
+    let mut launcher = null_mut();
+    ok(fmha_kvcache_launcher_create(&traits, &mut launcher));
+    let mut bytes = 0;
+    ok(fmha_kvcache_launcher_workspace_size(launcher, &mut bytes));
+    let workspace = dev.upload(&vec![0u8; bytes]);
+    args.workspace = workspace;
+    args.workspace_size = bytes;
+    let mut stream = null_mut();
+    ok(fmha_stream_create(&mut stream));
+    ok(fmha_kvcache_launcher_prepare_async(launcher, &args, stream));
+    let status = fmha_kvcache_launcher_run(launcher, &args, stream);
+    assert_eq!(status, FMHA_OK, "{ctx}: {}", last_error());
+    let status = fmha_stream_synchronize(stream);
+    assert_eq!(status, FMHA_OK, "{ctx}: {}", last_error());
+    let status = fmha_kvcache_launcher_check(launcher, workspace, bytes, stream);
+    assert_eq!(status, FMHA_OK, "{ctx}: {}", last_error());
+    ok(fmha_stream_destroy(stream));
+    ok(fmha_kvcache_launcher_destroy(launcher));
+
+    let o_bits: Vec<u16> = Device::download(o, o_len);
+    let o_out: Vec<f64> = o_bits.iter().map(|&bits| input.output_value(bits)).collect();
+    let lse_out: Vec<f32> = Device::download(lse, lse_len);
+
+    // Reference per sequence, on the true (dequantised) values.
+    let problem = RefProblem {
+        nhead_q: hq,
+        nhead_k: hk,
+        hdim_q: d,
+        hdim_v: d,
+        scale: 1.0 / (d as f64).sqrt(),
+        mask: case.mask,
+        seqlens: case.lens.clone(),
+    };
+    let (mut err_max, mut base_max, mut err_sum, mut base_sum, mut count) = (0f64, 0f64, 0f64, 0f64, 0usize);
+    for (b, &(sq, kv)) in case.lens.iter().enumerate() {
+        let q_start = seqstart_q[b] as usize;
+        let mut q = vec![0.0; hq * sq * d];
+        for h in 0..hq {
+            let dq = if fp8 { f64::from(dq_of[b * hk + h / (hq / hk)]) } else { 1.0 };
+            for i in 0..sq {
+                for e in 0..d {
+                    q[(h * sq + i) * d + e] = q_vals[((q_start + i) * hq + h) * d + e] * dq;
+                }
+            }
+        }
+        let (mut k, mut v) = (vec![0.0; hk * kv * d], vec![0.0; hk * kv * d]);
+        for g in 0..hk {
+            for j in 0..kv {
+                let (page, u) = if contiguous { (assigned[b][0], j) } else { (assigned[b][j / p], j % p) };
+                for e in 0..d {
+                    k[(g * kv + j) * d + e] = k_vals[at(page, g, u, e, false)] * k_scale(b, g, page);
+                    v[(g * kv + j) * d + e] = v_vals[at(page, g, u, e, true)] * v_scale(b, g, page);
+                }
+            }
+        }
+        let exact = problem.forward(b, &q, &k, &v, Precision::F64).unwrap();
+        let low = problem.forward(b, &q, &k, &v, input.baseline()).unwrap();
+        for h in 0..hq {
+            for i in 0..sq {
+                let (r, lse_at) = if case.group {
+                    ((q_start + i) * hq + h, h * total_q + q_start + i)
+                } else {
+                    ((b * sq_batch + i) * hq + h, (b * hq + h) * sq_batch + i)
+                };
+                for e in 0..d {
+                    let want = exact.o[(h * sq + i) * d + e];
+                    let (err, base) = ((o_out[r * d + e] - want).abs(), (low.o[(h * sq + i) * d + e] - want).abs());
+                    assert!(!err.is_nan(), "{ctx}: sequence {b} head {h} row {i}: NaN (a poisoned element was read)");
+                    (err_max, base_max, err_sum, base_sum, count) =
+                        (err_max.max(err), base_max.max(base), err_sum + err, base_sum + base, count + 1);
+                }
+                let (got, want) = (f64::from(lse_out[lse_at]), exact.lse[h * sq + i]);
+                let lse_err = if got == want { 0.0 } else { (got - want).abs() };
+                assert!(
+                    lse_err <= 1e-4 * (1.0 + want.abs()),
+                    "{ctx}: sequence {b} head {h} row {i}: LSE {got} vs {want}"
+                );
+            }
+        }
+    }
+    // The field's rules (spec/inference.md §2.5, design.md): fp16/bf16 within 2× the error of the
+    // same computation in the input precision; fp8 within 4× (max) and 3× (mean) of the baseline
+    // that rounds P to the format, plus bf16's output rounding as a floor.
+    let floor = if fp8 { 2f64.powi(-8) * 4.0 } else { 0.25 * 2f64.powi(-7) };
+    let max_factor = if fp8 { 4.0 } else { 2.0 };
+    assert!(
+        err_max <= max_factor * base_max + floor,
+        "{ctx}: O max error {err_max:e} > {max_factor} × {base_max:e} + {floor:e}"
+    );
+    if fp8 && count > 0 {
+        let (mean, base_mean) = (err_sum / count as f64, base_sum / count as f64);
+        assert!(mean <= 3.0 * base_mean + floor / 4.0, "{ctx}: O mean error {mean:e} vs baseline {base_mean:e}");
+    }
+}
+
+fn fmha_fp8(input: Input) -> bool {
+    matches!(input, Input::Fp8(_))
+}
+
+fn skip() -> bool {
+    if no_device() || !host_backend() {
+        // GPU builds have no kv-cache kernels yet: creating a launcher answers FMHA_ERR_UNSUPPORTED
+        // (checked in `gpu_builds_refuse_clearly`).
+        return true;
+    }
+    false
+}
+
+fn random_case(rng: &mut Rng, input: Input) -> Case {
+    let kind = rng.pick(&[FMHA_KV_PAGE_CSR, FMHA_KV_BLOCK_TABLE, FMHA_KV_CONTIGUOUS]);
+    let group = rng.range(0, 3) != 0;
+    let batch = rng.size(1, 4);
+    let sq_fixed = rng.size(0, 9);
+    let lens: Vec<(usize, usize)> = (0..batch)
+        .map(|_| {
+            let kv = if rng.range(0, 4) == 0 { rng.size(0, 1) } else { rng.size(1, 80) };
+            let sq = if group { rng.size(0, kv.max(1)).min(kv + rng.size(0, 1)) } else { sq_fixed };
+            (sq, kv)
+        })
+        .collect();
+    let max_kv = lens.iter().map(|l| l.1).max().unwrap().max(1);
+    let vectorized = rng.range(0, 3) == 0;
+    let x = 16 / if fmha_fp8(input) { 1 } else { 2 };
+    let page = if kind == FMHA_KV_CONTIGUOUS {
+        (max_kv + rng.size(0, 3)).next_multiple_of(if vectorized { x } else { 1 })
+    } else if vectorized {
+        rng.pick(&[16, 32, 128])
+    } else {
+        rng.pick(&[1, 5, 16, 19, 128, 1024])
+    };
+    let pool = if vectorized { Pool::Vectorized } else { rng.pick(&[Pool::Nhd, Pool::Hnd]) };
+    let mask = rng.pick(&[
+        Mask::NONE,
+        Mask::causal(MaskType::BottomRight),
+        Mask { kind: MaskType::BottomRight, left: 7, right: 0 },
+        Mask { kind: MaskType::BottomRight, left: 3, right: 5 },
+    ]);
+    let (hq, hk) = rng.pick(&[(4, 2), (2, 2), (4, 1)]);
+    Case {
+        input,
+        kind,
+        pool,
+        page,
+        group,
+        mask,
+        per_page_scales: fmha_fp8(input) && kind != FMHA_KV_CONTIGUOUS && rng.range(0, 1) == 1,
+        hq,
+        hk,
+        d: rng.pick(&[16, 32, 48]),
+        lens,
+        share_prefix: rng.range(0, 2) == 0,
+    }
+}
+
+#[test]
+fn random_batches_match_the_reference() {
+    if skip() {
+        return;
+    }
+    let mut rng = Rng::fresh();
+    let seed = rng.0;
+    for case_index in 0..48 {
+        let input =
+            [Input::Bf16, Input::F16, Input::Fp8(Fp8Format::E4m3fn), Input::Fp8(Fp8Format::E4m3fnuz)][case_index % 4];
+        let case = random_case(&mut rng, input);
+        let ctx = format!("seed {seed} case {case_index}: {case:?}");
+        run_case(&case, &mut rng, &ctx);
+    }
+}
+
+/// The sizes the issue names, each once: pages of 1, 16, 128 and 1024 tokens, kv lengths that are not
+/// multiples of them, sequences of length 0 and 1.
+#[test]
+fn page_sizes_and_edge_lengths() {
+    if skip() {
+        return;
+    }
+    let mut rng = Rng::fresh();
+    let seed = rng.0;
+    for (i, page) in [1usize, 16, 128, 1024].into_iter().enumerate() {
+        for kind in [FMHA_KV_BLOCK_TABLE, FMHA_KV_PAGE_CSR] {
+            let case = Case {
+                input: if i % 2 == 0 { Input::Bf16 } else { Input::Fp8(Fp8Format::E4m3fn) },
+                kind,
+                pool: Pool::Nhd,
+                page,
+                group: true,
+                mask: Mask::causal(MaskType::BottomRight),
+                per_page_scales: i == 3,
+                hq: 4,
+                hk: 2,
+                d: 32,
+                lens: vec![(1, 1), (0, 17), (3, 0), (5, 130), (2, 1025), (1, 2)],
+                share_prefix: false,
+            };
+            run_case(&case, &mut rng, &format!("seed {seed}: page {page} kind {kind}"));
+        }
+    }
+}
+
+/// Pages laid out contiguously give the dense forward's bits (same tiles, same loop).
+#[test]
+fn paged_equals_dense_bitwise_on_contiguous_pages() {
+    if skip() {
+        return;
+    }
+    let (hq, hk, d, p) = (4usize, 2usize, 64usize, 16usize);
+    let lens = [(5usize, 40usize), (17, 17), (0, 9), (33, 100)];
+    let mut rng = Rng::fresh();
+    let mut dev = Device::default();
+    let pages: Vec<usize> = lens.iter().map(|l| l.1.div_ceil(p)).collect();
+    let first_page = starts(&pages.iter().map(|&n| n as i32).collect::<Vec<_>>());
+    let num_pages = *first_page.last().unwrap() as usize;
+    let pool_len = num_pages * p * hk * d;
+    let bf = |rng: &mut Rng| half::bf16::from_f64(rng.unit() * 2.0 - 1.0);
+    let k: Vec<half::bf16> = (0..pool_len).map(|_| bf(&mut rng)).collect();
+    let v: Vec<half::bf16> = (0..pool_len).map(|_| bf(&mut rng)).collect();
+    let q_lens: Vec<i32> = lens.iter().map(|l| l.0 as i32).collect();
+    let seqstart_q = starts(&q_lens);
+    let total_q = *seqstart_q.last().unwrap() as usize;
+    let q: Vec<half::bf16> = (0..total_q * hq * d).map(|_| bf(&mut rng)).collect();
+    let (kp, vp, qp) = (dev.upload(&k), dev.upload(&v), dev.upload(&q));
+    let kv_lens: Vec<i32> = lens.iter().map(|l| l.1 as i32).collect();
+    let seqstart_k: Vec<i32> = first_page.iter().map(|&f| f * p as i32).collect();
+    let (sq_dev, sk_dev, lk_dev) = (dev.upload(&seqstart_q), dev.upload(&seqstart_k), dev.upload(&kv_lens));
+    let rows = |data, heads: usize| fmha_tensor {
+        data,
+        batch_stride: 0,
+        head_stride: d as i64,
+        row_stride: (heads * d) as i64,
+    };
+    let lse_t = |data| fmha_tensor { data, batch_stride: 0, head_stride: total_q as i64, row_stride: 1 };
+    let mut outputs = Vec::new();
+    for paged in [false, true] {
+        let o = dev.upload(&vec![0xFFFFu16; total_q * hq * d]);
+        let lse = dev.upload(&vec![f32::NAN; hq * total_q]);
+        if paged {
+            let indptr = dev.upload(&first_page);
+            let indices: Vec<i32> = (0..num_pages as i32).collect();
+            let last: Vec<i32> = lens.iter().map(|l| if l.1 == 0 { 0 } else { ((l.1 - 1) % p + 1) as i32 }).collect();
+            let case = Case {
+                input: Input::Bf16,
+                kind: FMHA_KV_PAGE_CSR,
+                pool: Pool::Nhd,
+                page: p,
+                group: true,
+                mask: Mask::causal(MaskType::BottomRight),
+                per_page_scales: false,
+                hq,
+                hk,
+                d,
+                lens: lens.to_vec(),
+                share_prefix: false,
+            };
+            let traits = base_traits(&case, total_q);
+            let args = fmha_kvcache_args {
+                struct_size: std::mem::size_of::<fmha_kvcache_args>(),
+                q: rows(qp, hq),
+                k: fmha_tensor {
+                    data: kp,
+                    batch_stride: (p * hk * d) as i64,
+                    head_stride: d as i64,
+                    row_stride: (hk * d) as i64,
+                },
+                v: fmha_tensor {
+                    data: vp,
+                    batch_stride: (p * hk * d) as i64,
+                    head_stride: d as i64,
+                    row_stride: (hk * d) as i64,
+                },
+                o: rows(o, hq),
+                lse: lse_t(lse),
+                seqstart_q: sq_dev.cast(),
+                batch: lens.len() as i32,
+                seqlen_q: total_q as i32,
+                num_pages: num_pages as i32,
+                max_pages_per_seq: 0,
+                num_page_indices: num_pages as i32,
+                seqlen_k: null(),
+                block_table: null(),
+                block_table_stride: 0,
+                kv_indptr: indptr.cast(),
+                page_indices: dev.upload(&indices).cast(),
+                last_page_len: dev.upload(&last).cast(),
+                cache_batch_idx: null(),
+                scale: 0.0,
+                window_size_left: -1,
+                window_size_right: 0,
+                q_descale: NO_SCALE,
+                k_descale: NO_SCALE,
+                v_descale: NO_SCALE,
+                workspace: null_mut(),
+                workspace_size: 0,
+            };
+            ok(fmha_kvcache_fwd(&traits, &args, null_mut()));
+        } else {
+            let traits = fmha_fwd_traits {
+                struct_size: std::mem::size_of::<fmha_fwd_traits>(),
+                dtype: FMHA_DTYPE_BF16,
+                hdim_q: d as i32,
+                hdim_v: d as i32,
+                is_group_mode: 1,
+                mask_type: FMHA_MASK_BOTTOM_RIGHT,
+                bias_type: FMHA_BIAS_NONE,
+                has_dropout: 0,
+            };
+            let args = fmha_fwd_args {
+                struct_size: std::mem::size_of::<fmha_fwd_args>(),
+                q: rows(qp, hq),
+                k: rows(kp, hk),
+                v: rows(vp, hk),
+                o: rows(o, hq),
+                lse: lse_t(lse),
+                seqstart_q: sq_dev.cast(),
+                seqstart_k: sk_dev.cast(),
+                seqlen_q_ptr: null(),
+                seqlen_k_ptr: lk_dev.cast(),
+                batch: lens.len() as i32,
+                seqlen_q: total_q as i32,
+                seqlen_k: (num_pages * p) as i32,
+                max_seqlen_q: 33,
+                max_seqlen_k: 112,
+                nhead_q: hq as i32,
+                nhead_k: hk as i32,
+                scale: 0.0,
+                window_size_left: -1,
+                window_size_right: 0,
+            };
+            ok(fmha_fwd(&traits, &args, null_mut()));
+        }
+        ok(fmha_stream_synchronize(null_mut()));
+        outputs.push((Device::download::<u16>(o, total_q * hq * d), Device::download::<u32>(lse, hq * total_q)));
+    }
+    assert!(outputs[0].0.iter().all(|&b| b != 0xFFFF), "dense output left unwritten");
+    assert_eq!(outputs[0].0, outputs[1].0, "O differs between the paged and the dense call");
+    assert_eq!(outputs[0].1, outputs[1].1, "LSE differs between the paged and the dense call");
+}
+
+/// A valid two-sequence CSR call (page 4, d 16, bf16) whose arrays the fault tests spoil.
+struct Small {
+    dev: Device,
+    traits: fmha_kvcache_traits,
+    args: fmha_kvcache_args,
+    /// Host copies of the arrays uploaded at the matching `args` pointers.
+    seqstart_q: Vec<i32>,
+    kv_indptr: Vec<i32>,
+    page_indices: Vec<i32>,
+    last_page_len: Vec<i32>,
+}
+
+impl Small {
+    fn new() -> Small {
+        let mut dev = Device::default();
+        let (hq, hk, d, p, pages) = (2usize, 1usize, 16usize, 4usize, 6usize);
+        let pool = dev.upload(&vec![half::bf16::ONE; pages * p * hk * d]);
+        let pool_v = dev.upload(&vec![half::bf16::ONE; pages * p * hk * d]);
+        let q = dev.upload(&vec![half::bf16::ONE; 5 * hq * d]);
+        let o = dev.upload(&vec![0u16; 5 * hq * d]);
+        let lse = dev.upload(&vec![0f32; 5 * hq]);
+        let workspace = dev.upload(&[0u8; 64]);
+        let (seqstart_q, kv_indptr, page_indices, last_page_len) =
+            (vec![0, 2, 5], vec![0, 2, 4], vec![3, 1, 0, 5], vec![3, 4]);
+        let traits = fmha_kvcache_traits {
+            struct_size: std::mem::size_of::<fmha_kvcache_traits>(),
+            dtype: FMHA_DTYPE_BF16,
+            o_dtype: FMHA_DTYPE_BF16,
+            hdim_q: d as i32,
+            hdim_v: d as i32,
+            nhead_q: hq as i32,
+            nhead_k: hk as i32,
+            is_group_mode: 1,
+            mask_type: FMHA_MASK_BOTTOM_RIGHT,
+            has_lse: 1,
+            kv_table_kind: FMHA_KV_PAGE_CSR,
+            kv_layout: FMHA_KV_LAYOUT_STRIDED,
+            kv_scale_granularity: FMHA_KV_SCALE_TENSOR,
+            page_size: p as i32,
+            batch: 2,
+            total_q: 5,
+            max_seqlen_q: 3,
+            max_seqlen_k: 8,
+            max_splits: 0,
+            kv_split_tokens: 0,
+            check_tables: 1,
+        };
+        let pool_t = |data| fmha_tensor {
+            data,
+            batch_stride: (p * hk * d) as i64,
+            head_stride: d as i64,
+            row_stride: (hk * d) as i64,
+        };
+        let rows = |data| fmha_tensor { data, batch_stride: 0, head_stride: d as i64, row_stride: (hq * d) as i64 };
+        let args = fmha_kvcache_args {
+            struct_size: std::mem::size_of::<fmha_kvcache_args>(),
+            q: rows(q),
+            k: pool_t(pool),
+            v: pool_t(pool_v),
+            o: rows(o),
+            lse: fmha_tensor { data: lse, batch_stride: 0, head_stride: 5, row_stride: 1 },
+            seqstart_q: dev.upload(&seqstart_q).cast(),
+            batch: 2,
+            seqlen_q: 5,
+            num_pages: pages as i32,
+            max_pages_per_seq: 0,
+            num_page_indices: 4,
+            seqlen_k: null(),
+            block_table: null(),
+            block_table_stride: 0,
+            kv_indptr: dev.upload(&kv_indptr).cast(),
+            page_indices: dev.upload(&page_indices).cast(),
+            last_page_len: dev.upload(&last_page_len).cast(),
+            cache_batch_idx: null(),
+            scale: 0.0,
+            window_size_left: -1,
+            window_size_right: 0,
+            q_descale: NO_SCALE,
+            k_descale: NO_SCALE,
+            v_descale: NO_SCALE,
+            workspace,
+            workspace_size: 64,
+        };
+        Small { dev, traits, args, seqstart_q, kv_indptr, page_indices, last_page_len }
+    }
+
+    /// Uploads the (spoiled) host arrays again.
+    fn sync_arrays(&mut self) {
+        for (ptr, values) in [
+            (self.args.seqstart_q, &self.seqstart_q),
+            (self.args.kv_indptr, &self.kv_indptr),
+            (self.args.page_indices, &self.page_indices),
+            (self.args.last_page_len, &self.last_page_len),
+        ] {
+            ok(fmha_memcpy(ptr as *mut c_void, values.as_ptr().cast(), values.len() * 4, FMHA_MEMCPY_HOST_TO_DEVICE));
+        }
+    }
+
+    /// Prepare + check, then run + synchronize: the statuses of the check and of the run.
+    fn prepare_check_run(&mut self) -> (fmha_status, String, fmha_status, String) {
+        self.sync_arrays();
+        // A stream of its own: a failed run's error stays with it, not with other tests' work.
+        let (mut launcher, mut stream) = (null_mut(), null_mut());
+        ok(fmha_stream_create(&mut stream));
+        ok(fmha_kvcache_launcher_create(&self.traits, &mut launcher));
+        ok(fmha_kvcache_launcher_prepare_async(launcher, &self.args, stream));
+        let checked = fmha_kvcache_launcher_check(launcher, self.args.workspace, 64, stream);
+        let check_message = last_error();
+        let ran = match fmha_kvcache_launcher_run(launcher, &self.args, stream) {
+            FMHA_OK => fmha_stream_synchronize(stream),
+            status => status,
+        };
+        let run_message = last_error();
+        ok(fmha_kvcache_launcher_destroy(launcher));
+        fmha_stream_destroy(stream);
+        (checked, check_message, ran, run_message)
+    }
+}
+
+/// Each bad device value: the prepare records it and `check` names the field and the sequence; the
+/// host backend's run fails naming the field too. Table entries past a sequence's pages are not
+/// looked at, whatever they hold.
+#[test]
+fn prepare_records_the_first_fault_and_check_names_it() {
+    if skip() {
+        return;
+    }
+    let mut valid = Small::new();
+    let (checked, message, ran, run_message) = valid.prepare_check_run();
+    assert_eq!((checked, ran), (FMHA_OK, FMHA_OK), "{message} / {run_message}");
+    let _ = &valid.dev;
+
+    type Spoil = fn(&mut Small);
+    let cases: [(&str, &str, bool, Spoil); 9] = [
+        ("last_page_len", "entry 1 is 0", true, |s| s.last_page_len[1] = 0),
+        ("last_page_len", "entry 0 is 5", true, |s| s.last_page_len[0] = 5),
+        ("kv_indptr", "entries 0 and 1", true, |s| s.kv_indptr[1] = -1),
+        ("kv_indptr", "entries 1 and 2", true, |s| s.kv_indptr[2] = 5),
+        ("page_indices", "sequence 1 uses page id 6", true, |s| s.page_indices[3] = 6),
+        ("seqstart_q", "entries 0 and 1", true, |s| s.seqstart_q[1] = -1),
+        ("seqstart_q", "entry 2 is 6, past the 5 rows of q", true, |s| s.seqstart_q[2] = 6),
+        ("traits.max_seqlen_q", "sequence 0 has 4 query rows", true, |s| s.seqstart_q[1] = 4),
+        ("traits.max_seqlen_k", "sequence 0 holds 11 tokens", true, |s| {
+            s.kv_indptr = vec![0, 3, 4];
+            s.page_indices = vec![3, 1, 2, 5];
+        }),
+    ];
+    for (field, detail, run_fails, spoil) in cases {
+        let mut small = Small::new();
+        spoil(&mut small);
+        let (checked, message, ran, run_message) = small.prepare_check_run();
+        assert_eq!(checked, FMHA_ERR_ASYNC_FAILURE, "{field}: check said {message:?}");
+        assert!(message.contains(field) && message.contains(detail), "{field}: {message:?} lacks {detail:?}");
+        if run_fails {
+            assert_eq!(ran, FMHA_ERR_INVALID_ARGUMENT, "{field}: run said {run_message:?}");
+            assert!(run_message.contains(field), "{field}: run message {run_message:?}");
+        }
+    }
+
+    // Without check_tables, a bad page id is found by the run, not by the prepare.
+    let mut small = Small::new();
+    small.traits.check_tables = 0;
+    small.page_indices[3] = -2;
+    let (checked, message, ran, run_message) = small.prepare_check_run();
+    assert_eq!(checked, FMHA_OK, "{message}");
+    assert_eq!(ran, FMHA_ERR_INVALID_ARGUMENT, "{run_message}");
+    assert!(run_message.contains("page_indices") && run_message.contains("-2"), "{run_message}");
+
+    // A workspace no prepare wrote.
+    let small = Small::new();
+    let mut launcher = null_mut();
+    ok(fmha_kvcache_launcher_create(&small.traits, &mut launcher));
+    expect_error(
+        fmha_kvcache_launcher_check(launcher, small.args.workspace, 64, null_mut()),
+        FMHA_ERR_WORKSPACE_NOT_PREPARED,
+        &["workspace"],
+    );
+    ok(fmha_kvcache_launcher_destroy(launcher));
+}
+
+/// Every argument the host can see is checked before anything is queued, naming its field.
+#[test]
+fn bad_arguments_are_refused_naming_the_field() {
+    if skip() {
+        return;
+    }
+    type Spoil = fn(&mut fmha_kvcache_traits, &mut fmha_kvcache_args);
+    let cases: [(fmha_status, &str, Spoil); 22] = [
+        (FMHA_ERR_INVALID_ARGUMENT, "traits", |t, _| t.struct_size = 8),
+        (FMHA_ERR_INVALID_ARGUMENT, "args", |_, a| a.struct_size = 1 << 20),
+        (FMHA_ERR_INVALID_ARGUMENT, "dtype", |t, _| t.dtype = 9),
+        (FMHA_ERR_UNSUPPORTED, "o_dtype", |t, _| {
+            t.dtype = FMHA_DTYPE_FP8_E4M3FN;
+            t.o_dtype = 2; // FMHA_DTYPE_FP32
+        }),
+        (FMHA_ERR_INVALID_ARGUMENT, "o_dtype", |t, _| {
+            t.dtype = FMHA_DTYPE_FP8_E4M3FNUZ;
+            t.o_dtype = FMHA_DTYPE_FP16;
+        }),
+        (FMHA_ERR_UNSUPPORTED, "mask_type", |t, _| t.mask_type = FMHA_MASK_TOP_LEFT),
+        (FMHA_ERR_INVALID_ARGUMENT, "kv_table_kind", |t, _| t.kv_table_kind = 3),
+        (FMHA_ERR_INVALID_ARGUMENT, "kv_layout", |t, _| t.kv_layout = -1),
+        (FMHA_ERR_INVALID_ARGUMENT, "page_size", |t, _| {
+            t.kv_layout = FMHA_KV_LAYOUT_VECTORIZED; // page 4 is not a multiple of 8 bf16 elements
+        }),
+        (FMHA_ERR_INVALID_ARGUMENT, "page_size", |t, _| t.page_size = 0),
+        (FMHA_ERR_INVALID_ARGUMENT, "nhead_k", |t, _| t.nhead_k = 3),
+        (FMHA_ERR_INVALID_ARGUMENT, "kv_scale_granularity", |t, _| t.kv_scale_granularity = FMHA_KV_SCALE_PAGE),
+        (FMHA_ERR_INVALID_ARGUMENT, "max_splits", |t, _| t.max_splits = 257),
+        (FMHA_ERR_INVALID_ARGUMENT, "check_tables", |t, _| t.check_tables = 2),
+        (FMHA_ERR_NULL_POINTER, "kv_indptr", |_, a| a.kv_indptr = null()),
+        (FMHA_ERR_NULL_POINTER, "last_page_len", |_, a| a.last_page_len = null()),
+        (FMHA_ERR_INVALID_ARGUMENT, "block_table", |_, a| a.block_table = a.kv_indptr),
+        (FMHA_ERR_INVALID_ARGUMENT, "q_descale.data", |_, a| a.q_descale.data = a.lse.data.cast()),
+        (FMHA_ERR_INVALID_ARGUMENT, "batch", |_, a| a.batch = 3),
+        (FMHA_ERR_INVALID_ARGUMENT, "num_pages", |_, a| a.num_pages = 0),
+        (FMHA_ERR_INVALID_ARGUMENT, "o", |_, a| a.o.data = a.k.data),
+        (FMHA_ERR_WORKSPACE_TOO_SMALL, "workspace_size", |_, a| a.workspace_size = 16),
+    ];
+    for (status, field, spoil) in cases {
+        let mut small = Small::new();
+        spoil(&mut small.traits, &mut small.args);
+        let mut launcher = null_mut();
+        let created = fmha_kvcache_launcher_create(&small.traits, &mut launcher);
+        if created != FMHA_OK {
+            expect_error(created, status, &[field]);
+        } else {
+            let got = fmha_kvcache_launcher_prepare_async(launcher, &small.args, null_mut());
+            expect_error(got, status, &[field]);
+            expect_error(fmha_kvcache_launcher_run(launcher, &small.args, null_mut()), status, &[field]);
+            ok(fmha_kvcache_launcher_destroy(launcher));
+            // The one-shot call refuses it the same way.
+            expect_error(fmha_kvcache_fwd(&small.traits, &small.args, null_mut()), status, &[field]);
+        }
+    }
+}
+
+/// GPU builds have no kv-cache kernels yet: a launcher is refused as unsupported, not run.
+#[test]
+fn gpu_builds_refuse_clearly() {
+    if host_backend() || no_device() {
+        return;
+    }
+    let small_traits = Small::new().traits;
+    let mut launcher = null_mut();
+    expect_error(fmha_kvcache_launcher_create(&small_traits, &mut launcher), FMHA_ERR_UNSUPPORTED, &["kvcache"]);
+}
