@@ -92,6 +92,7 @@ fn build_cpu_twins() {
         .include("hip")
         .file("hip/bwd/prepare_workspace_cpu.cpp")
         .file("hip/bwd/schedule_cpu.cpp")
+        .file("hip/kvcache/prepare_cpu.cpp")
         .compile("fmha_cpu_twins");
 }
 

@@ -118,6 +118,74 @@ typedef struct fmha_fwd_params {
   int32_t masked;
 } fmha_fwd_params;
 
+// The kv-cache kernels' parameters (the forward and the prepare). The q/o/lse fields are named as
+// the forward's, so the forward kernel serves both (`hip/fwd/sm90/kernel.h`).
+typedef struct fmha_kvcache_params {
+  uint64_t q;
+  // The pools.
+  uint64_t k;
+  uint64_t v;
+  uint64_t o;
+  // 0: the LSE is not written.
+  uint64_t lse;
+  // Group mode: `[batch + 1]` row offsets; 0 in batch mode.
+  uint64_t seqstart_q;
+  // The table's arrays (0 where the kind has none).
+  uint64_t seqlen_k;
+  uint64_t block_table;
+  uint64_t kv_indptr;
+  uint64_t page_indices;
+  uint64_t last_page_len;
+  uint64_t cache_batch_idx;
+  // The prepare's fault record (`KvCacheFault`); 0 for the forward.
+  uint64_t workspace;
+  int64_t q_batch_stride;
+  int64_t q_head_stride;
+  int64_t q_row_stride;
+  // `k_batch_stride`: the page stride (CONTIGUOUS: the slot stride).
+  int64_t k_batch_stride;
+  int64_t k_head_stride;
+  int64_t k_row_stride;
+  int64_t v_batch_stride;
+  int64_t v_head_stride;
+  int64_t v_row_stride;
+  int64_t o_batch_stride;
+  int64_t o_head_stride;
+  int64_t o_row_stride;
+  int64_t lse_batch_stride;
+  int64_t lse_head_stride;
+  int64_t block_table_stride;
+  int32_t batch;
+  int32_t nhead_q;
+  int32_t nhead_k;
+  int32_t hdim_q;
+  int32_t hdim_v;
+  // Batch mode: every sequence's query rows; group mode: the rows of q.
+  int32_t seqlen_q;
+  // The traits' bounds: query rows and KV tokens of one sequence.
+  int32_t max_seqlen_q;
+  int32_t max_seqlen_k;
+  int32_t group_mode;
+  // 0 none, 2 bottom-right.
+  int32_t mask_type;
+  int32_t window_left;
+  int32_t window_right;
+  // Softmax scale times log2(e).
+  float scale_log2;
+  // 0 fp16, 1 bf16.
+  int32_t dtype;
+  int32_t hdim_bucket;
+  int32_t masked;
+  // `FMHA_KV_*` table kind.
+  int32_t table_kind;
+  int32_t page_size;
+  int32_t num_pages;
+  int32_t max_pages_per_seq;
+  int32_t num_page_indices;
+  // The prepare checks every page id used.
+  int32_t check_tables;
+} fmha_kvcache_params;
+
 // The backward kernels' parameters, shared by the three stages. The workspace fields are the layout
 // the host computed (`workspace::WorkspaceLayout`), so the kernels read exactly the bytes the prepare
 // wrote.
@@ -269,6 +337,19 @@ typedef struct fmha_batch_state {
   int32_t pad;
 } fmha_batch_state;
 
+// The kv-cache workspace's first bytes: what the last prepare found (spec/inference.md §1.8), written
+// by the prepare (the GPU kernel or the host) and read by `fmha_kvcache_launcher_check`.
+typedef struct fmha_kv_cache_fault {
+  // `KVCACHE_PREPARED` once a prepare wrote the record.
+  uint32_t magic;
+  // 0: no fault; otherwise the field at fault (`problem::paged::KvField`).
+  int32_t field;
+  // The sequence, the value that broke the rule, and the rule's bound.
+  int64_t sequence;
+  int64_t value;
+  int64_t bound;
+} fmha_kv_cache_fault;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -284,6 +365,8 @@ extern int32_t fmha_hip_load_forward(void);
 
 extern int32_t fmha_hip_load_backward(void);
 
+extern int32_t fmha_hip_load_kvcache(void);
+
 // Sets the words `*args` names, on `stream`.
 extern int32_t fmha_hip_fill_u32(const struct fmha_fill_params *args, void *stream);
 
@@ -295,6 +378,13 @@ extern int32_t fmha_hip_prepare_workspace(const struct fmha_prepare_args *args, 
 // Runs the attention forward described by `*params` (an instance the registry listed).
 extern int32_t fmha_hip_fwd(const struct fmha_fwd_params *params, void *stream);
 
+// Runs the kv-cache forward described by `*params` (an instance the registry listed).
+extern int32_t fmha_hip_kvcache_fwd(const struct fmha_kvcache_params *params, void *stream);
+
+// Checks the lengths and tables `*params` describes and writes the fault record at
+// `params.workspace` (one workgroup; no host synchronization).
+extern int32_t fmha_hip_kvcache_prepare(const struct fmha_kvcache_params *params, void *stream);
+
 // Runs the backward described by `*params` (an instance the registry listed) on a workspace prepared
 // for it: dot_do_o, dq_acc zeroing, dq_dk_dv, convert_dq.
 extern int32_t fmha_hip_bwd(const struct fmha_bwd_params *params,
@@ -304,6 +394,10 @@ extern int32_t fmha_hip_bwd(const struct fmha_bwd_params *params,
 // `args.params.metadata_bytes` bytes at `args.workspace`. Returns 0, or the status code of the
 // failure (the region is then all zero). `unused` is null.
 extern int32_t fmha_cpu_prepare_workspace(const struct fmha_prepare_args *args, void *unused);
+
+// The kv-cache prepare compiled for the host CPU (every backend), on host addresses: writes the
+// fault record at `params.workspace`. Returns 0, or 8 (null pointer) when that is 0.
+extern int32_t fmha_cpu_kvcache_prepare(const struct fmha_kvcache_params *params, void *unused);
 
 // The deterministic walkers compiled for the host CPU (every backend): the units workgroup
 // `args.worker` runs, in order, into `units` (at most `capacity`); returns how many there are (more

@@ -226,6 +226,8 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
         Arch::Sm90 if cfg!(feature = "cuda") => {
             let mut list = gpu_instances(arch, Operation::Forward, &SM90_FORWARD_TILES, "wgmma_cp_async");
             list.extend(gpu_instances(arch, Operation::Backward, &SM90_BACKWARD_TILES, "wgmma_cp_async"));
+            // The forward kernel with paged K/V tiles (hip/kvcache/kvcache.hip): fp16/bf16 so far.
+            list.extend(gpu_instances(arch, Operation::KvCache, &SM90_FORWARD_TILES, "wgmma_cp_async_paged"));
             list
         }
         Arch::Gfx942 if cfg!(feature = "rocm") => {

@@ -4,43 +4,10 @@
 #include "launch.h"
 
 #if defined(FMHA_PLATFORM_NVIDIA)
+#include "fwd/sm90/dense_tiles.h"
 #include "fwd/sm90/kernel.h"
+#include "fwd/sm90/instances.h"
 #include "fwd/sm90/tile.h"
-
-namespace fmha {
-
-template <typename T, int kHeadDim, int kWarpgroups, int kBlockN, bool kMasked>
-int32_t launch_forward(const fmha_fwd_params& p, hipStream_t stream) {
-  using Tile = ForwardTile<T, kHeadDim, kWarpgroups, kBlockN, kMasked>;
-  auto kernel = forward_kernel<Tile, T>;
-  // Over 48 KiB of dynamic shared memory must be opted into, once per kernel.
-  static const cudaError_t configured =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes);
-  if (configured != cudaSuccess) return static_cast<int32_t>(configured);
-  const dim3 grid((p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM, p.nhead_q, p.batch);
-  kernel<<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(p);
-  return static_cast<int32_t>(cudaGetLastError());
-}
-
-// Tile shapes (warpgroups of 64 q rows, keys per tile), measured on an H200 (docs/perf.md, 2026-11-21):
-//   D = 64: one warpgroup, 128 keys (80 KiB): two CTAs per SM interleave their softmax phases with
-//     each other's MMAs (two warpgroups sharing the K/V tiles: 0.88-0.98x of this);
-//   D = 128: two warpgroups sharing each 128-key K/V tile (161 KiB, one CTA per SM): half the K/V
-//     traffic per query row of one warpgroup with 64 keys (that: 0.85-0.97x of this at S >= 2k).
-template <typename T>
-int32_t dispatch_forward(const fmha_fwd_params& p, hipStream_t stream) {
-  switch (p.hdim_bucket) {
-    case 64:
-      return p.masked ? launch_forward<T, 64, 1, 128, true>(p, stream) : launch_forward<T, 64, 1, 128, false>(p, stream);
-    case 128:
-      return p.masked ? launch_forward<T, 128, 2, 128, true>(p, stream)
-                      : launch_forward<T, 128, 2, 128, false>(p, stream);
-    default:
-      return static_cast<int32_t>(cudaErrorInvalidValue);
-  }
-}
-
-}  // namespace fmha
 
 extern "C" int32_t fmha_hip_fwd(const fmha_fwd_params* params, void* stream) {
   if (params == nullptr || params->max_seqlen_q <= 0 || params->batch <= 0) return 0;  // nothing to compute
@@ -51,7 +18,7 @@ extern "C" int32_t fmha_hip_fwd(const fmha_fwd_params* params, void* stream) {
 
 extern "C" int32_t fmha_hip_load_forward(void) {
   using Tile = fmha::ForwardTile<__half, 64, 1, 128, false>;
-  return fmha::arch::load_module(fmha::forward_kernel<Tile, __half>);
+  return fmha::arch::load_module(fmha::forward_kernel<Tile, __half, fmha_fwd_params>);
 }
 
 #else

@@ -117,6 +117,18 @@ impl KvCacheArgs {
             }
         };
         let (k, v) = (pool("k", &self.k, t.hdim_q)?, pool("v", &self.v, t.hdim_v)?);
+        // The GPU kernels move 16-byte vectors of rows they address by 32-bit-safe strides.
+        for (field, tensor, tensor_mode, bytes, input) in [
+            ("q", &self.q, mode, in_bytes, true),
+            ("k", &self.k, Mode::Batch, in_bytes, true),
+            ("v", &self.v, Mode::Batch, in_bytes, true),
+            ("o", &self.o, mode, out_bytes, false),
+        ] {
+            instance.check_tensor(field, tensor, tensor_mode, bytes)?;
+            if input {
+                instance.check_input_rows(field, tensor)?;
+            }
+        }
         let workspace = Operand::bytes("workspace", self.workspace.addr(), self.workspace_size, true);
         let mut operands = vec![q, k, v, o, workspace];
         operands.extend(lse);
@@ -140,8 +152,7 @@ impl KvCacheArgs {
             bounds,
             mask,
             scale,
-            m0: instance.m0,
-            n0: instance.n0,
+            instance: *instance,
             q: self.q,
             o: self.o,
             lse: self.lse,

@@ -48,6 +48,13 @@ impl KvCacheLauncher {
     pub fn new(traits: KvCacheTraits) -> Result<KvCacheLauncher> {
         let instance = select(&traits)?;
         instance.check_grid(traits.nhead_q, traits.batch)?;
+        if instance.arch != crate::runtime::Arch::Host && traits.layout == crate::problem::paged::PoolLayout::Vectorized
+        {
+            return Err(Error::unsupported(format!(
+                "kv_layout: the {} kv-cache kernels read strided pools only (FMHA_KV_LAYOUT_STRIDED)",
+                instance.arch.name()
+            )));
+        }
         Ok(KvCacheLauncher { traits, instance })
     }
 

@@ -223,6 +223,76 @@ pub struct KvCacheFault {
     pub bound: i64,
 }
 
+/// The kv-cache kernels' parameters (the forward and the prepare). The q/o/lse fields are named as
+/// the forward's, so the forward kernel serves both (`hip/fwd/sm90/kernel.h`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct KvCacheParams {
+    pub q: u64,
+    /// The pools.
+    pub k: u64,
+    pub v: u64,
+    pub o: u64,
+    /// 0: the LSE is not written.
+    pub lse: u64,
+    /// Group mode: `[batch + 1]` row offsets; 0 in batch mode.
+    pub seqstart_q: u64,
+    /// The table's arrays (0 where the kind has none).
+    pub seqlen_k: u64,
+    pub block_table: u64,
+    pub kv_indptr: u64,
+    pub page_indices: u64,
+    pub last_page_len: u64,
+    pub cache_batch_idx: u64,
+    /// The prepare's fault record (`KvCacheFault`); 0 for the forward.
+    pub workspace: u64,
+    pub q_batch_stride: i64,
+    pub q_head_stride: i64,
+    pub q_row_stride: i64,
+    /// `k_batch_stride`: the page stride (CONTIGUOUS: the slot stride).
+    pub k_batch_stride: i64,
+    pub k_head_stride: i64,
+    pub k_row_stride: i64,
+    pub v_batch_stride: i64,
+    pub v_head_stride: i64,
+    pub v_row_stride: i64,
+    pub o_batch_stride: i64,
+    pub o_head_stride: i64,
+    pub o_row_stride: i64,
+    pub lse_batch_stride: i64,
+    pub lse_head_stride: i64,
+    pub block_table_stride: i64,
+    pub batch: i32,
+    pub nhead_q: i32,
+    pub nhead_k: i32,
+    pub hdim_q: i32,
+    pub hdim_v: i32,
+    /// Batch mode: every sequence's query rows; group mode: the rows of q.
+    pub seqlen_q: i32,
+    /// The traits' bounds: query rows and KV tokens of one sequence.
+    pub max_seqlen_q: i32,
+    pub max_seqlen_k: i32,
+    pub group_mode: i32,
+    /// 0 none, 2 bottom-right.
+    pub mask_type: i32,
+    pub window_left: i32,
+    pub window_right: i32,
+    /// Softmax scale times log2(e).
+    pub scale_log2: f32,
+    /// 0 fp16, 1 bf16.
+    pub dtype: i32,
+    pub hdim_bucket: i32,
+    pub masked: i32,
+    /// `FMHA_KV_*` table kind.
+    pub table_kind: i32,
+    pub page_size: i32,
+    pub num_pages: i32,
+    pub max_pages_per_seq: i32,
+    pub num_page_indices: i32,
+    /// The prepare checks every page id used.
+    pub check_tables: i32,
+}
+
 /// `KvCacheFault::magic` of a prepared workspace ("KVCP").
 pub const KVCACHE_PREPARED: u32 = 0x4B56_4350;
 
@@ -288,6 +358,7 @@ extern "C" {
     pub fn fmha_hip_load_prepare() -> i32;
     pub fn fmha_hip_load_forward() -> i32;
     pub fn fmha_hip_load_backward() -> i32;
+    pub fn fmha_hip_load_kvcache() -> i32;
 
     /// Sets the words `*args` names, on `stream`.
     pub fn fmha_hip_fill_u32(args: *const FillParams, stream: *mut c_void) -> i32;
@@ -300,6 +371,13 @@ extern "C" {
     /// Runs the attention forward described by `*params` (an instance the registry listed).
     pub fn fmha_hip_fwd(params: *const FwdParams, stream: *mut c_void) -> i32;
 
+    /// Runs the kv-cache forward described by `*params` (an instance the registry listed).
+    pub fn fmha_hip_kvcache_fwd(params: *const KvCacheParams, stream: *mut c_void) -> i32;
+
+    /// Checks the lengths and tables `*params` describes and writes the fault record at
+    /// `params.workspace` (one workgroup; no host synchronization).
+    pub fn fmha_hip_kvcache_prepare(params: *const KvCacheParams, stream: *mut c_void) -> i32;
+
     /// Runs the backward described by `*params` (an instance the registry listed) on a workspace prepared
     /// for it: dot_do_o, dq_acc zeroing, dq_dk_dv, convert_dq.
     pub fn fmha_hip_bwd(params: *const BwdParams, stream: *mut c_void) -> i32;
@@ -308,6 +386,10 @@ extern "C" {
     /// `args.params.metadata_bytes` bytes at `args.workspace`. Returns 0, or the status code of the
     /// failure (the region is then all zero). `unused` is null.
     pub fn fmha_cpu_prepare_workspace(args: *const PrepareArgs, unused: *mut c_void) -> i32;
+
+    /// The kv-cache prepare compiled for the host CPU (every backend), on host addresses: writes the
+    /// fault record at `params.workspace`. Returns 0, or 8 (null pointer) when that is 0.
+    pub fn fmha_cpu_kvcache_prepare(params: *const KvCacheParams, unused: *mut c_void) -> i32;
 
     /// The deterministic walkers compiled for the host CPU (every backend): the units workgroup
     /// `args.worker` runs, in order, into `units` (at most `capacity`); returns how many there are (more

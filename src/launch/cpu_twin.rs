@@ -2,7 +2,7 @@
 //! `build_cpu_twins`): the workspace prepare routine and the deterministic walkers. The tests hold them
 //! to the Rust code that the host executor runs, so that CI checks the device code paths without a GPU.
 
-use super::abi::{self, BwdParams, PrepareArgs, PrepareParams, UnitRecord, WalkArgs};
+use super::abi::{self, BwdParams, KvCacheFault, KvCacheParams, PrepareArgs, PrepareParams, UnitRecord, WalkArgs};
 use crate::host_buffer::AlignedBytes;
 use crate::runtime::foreign::{call_stub, call_walker};
 use crate::runtime::Stream;
@@ -42,6 +42,18 @@ pub fn prepare_workspace(
     // reads `entries` values of each seqstart array (checked above), all alive across the call.
     let code = call_stub(abi::fmha_cpu_prepare_workspace, &args, Stream(0));
     (code, buffer.as_slice().to_vec())
+}
+
+/// Runs the C++ kv-cache prepare (`hip/kvcache/page_table.h`, the code of the GPU prepare kernel) on
+/// the host CPU over the host arrays `params` addresses, and returns the fault record it writes.
+pub fn kvcache_prepare(params: &KvCacheParams) -> KvCacheFault {
+    let mut record = KvCacheFault::default();
+    let params = KvCacheParams { workspace: &mut record as *mut KvCacheFault as u64, ..*params };
+    // The routine reads the arrays `params` points at (host memory the caller keeps alive, of the
+    // lengths the table kind implies) and writes one record at `workspace`, which is `record`.
+    let code = call_stub(abi::fmha_cpu_kvcache_prepare, &params, Stream(0));
+    assert_eq!(code, 0, "the record address is not null");
+    record
 }
 
 fn units(records: Vec<UnitRecord>) -> Vec<WorkUnit> {

@@ -30,11 +30,12 @@ impl Executor for GpuExecutor {
         if bit != 0 && LOADED.load(Ordering::Acquire) & bit != 0 {
             return Ok(());
         }
-        let loads: [(&str, runtime::foreign::Loader); 4] = [
+        let loads: [(&str, runtime::foreign::Loader); 5] = [
             ("fill", abi::fmha_hip_load_fill),
             ("prepare", abi::fmha_hip_load_prepare),
             ("forward", abi::fmha_hip_load_forward),
             ("backward", abi::fmha_hip_load_backward),
+            ("kvcache", abi::fmha_hip_load_kvcache),
         ];
         for (module, load) in loads {
             launch_result(&format!("module load {module}"), call_loader(load))?;
@@ -86,11 +87,19 @@ impl Executor for GpuExecutor {
         launch_result("bwd", call_stub(abi::fmha_hip_bwd, &params, stream))
     }
 
-    fn kvcache_prepare(_: &KvCacheKargs, _: DevicePtr<abi::KvCacheFault>, _: Stream) -> Result<()> {
-        Err(Error::unsupported("the kv-cache operation has no GPU kernels in this build yet"))
+    fn kvcache_prepare(kargs: &KvCacheKargs, record: DevicePtr<abi::KvCacheFault>, stream: Stream) -> Result<()> {
+        Self::load_kernels()?;
+        // The kernel reads the table arrays of the validated kernel arguments (addressable for their
+        // lengths, KvCacheArgs::validate) and writes one record at `record`, inside the workspace.
+        let params = abi::KvCacheParams::new(kargs, record);
+        launch_result("kvcache_prepare", call_stub(abi::fmha_hip_kvcache_prepare, &params, stream))
     }
 
-    fn kvcache_forward(_: &KvCacheKargs, _: Stream) -> Result<()> {
-        Err(Error::unsupported("the kv-cache operation has no GPU kernels in this build yet"))
+    fn kvcache_forward(kargs: &KvCacheKargs, stream: Stream) -> Result<()> {
+        Self::load_kernels()?;
+        // The block describes tensors and arrays validated against the traits (KvCacheArgs::validate,
+        // KvCacheLauncher::run) for an instance this build compiled; device values are clamped.
+        let params = abi::KvCacheParams::new(kargs, DevicePtr::NULL);
+        launch_result("kvcache_fwd", call_stub(abi::fmha_hip_kvcache_fwd, &params, stream))
     }
 }

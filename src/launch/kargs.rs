@@ -90,9 +90,8 @@ pub struct KvCacheKargs {
     /// `FMHA_MASK_NONE` or bottom-right aligned to each sequence's KV length.
     pub mask: Mask,
     pub scale: f32,
-    /// Query rows and keys per tile.
-    pub m0: i64,
-    pub n0: i64,
+    /// The kernel instance (its tile: query rows and keys per step).
+    pub instance: Instance,
     pub q: Tensor,
     pub o: Tensor,
     /// fp32, row stride 1; null = not written.

@@ -102,6 +102,8 @@ pub fn kvcache_forward(kargs: &KvCacheKargs, stream: Stream) -> Result<()> {
 }
 
 #[cfg(test)]
+mod kvcache_prepare_tests;
+#[cfg(test)]
 mod prepare_tests;
 #[cfg(test)]
 mod walker_tests;

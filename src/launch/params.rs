@@ -1,9 +1,11 @@
 //! The kernels' parameter blocks (`abi.rs`) built from validated kernel arguments.
 
-use super::abi::{BwdParams, FwdParams, KvCacheFault, PrepareParams, KVCACHE_PREPARED};
-use super::kargs::{BwdKargs, FwdKargs, KvTableArgs};
+use super::abi::{BwdParams, FwdParams, KvCacheFault, KvCacheParams, PrepareParams, KVCACHE_PREPARED};
+use super::kargs::{BwdKargs, FwdKargs, KvCacheKargs, KvTableArgs};
 use crate::error::{Error, Result, Status};
+use crate::problem::mask::MaskType;
 use crate::problem::paged::{KvField, TableFault, TableKind};
+use crate::problem::{CacheDtype, Dtype, Mode};
 use crate::runtime::{DeviceAddr, DevicePtr};
 use crate::workspace::WorkspaceLayout;
 
@@ -222,6 +224,71 @@ impl KvTableArgs {
             0
         } else {
             (batch - 1) * self.block_table_stride as usize + self.max_pages_per_seq as usize
+        }
+    }
+}
+
+impl KvCacheParams {
+    /// The parameter block of validated kernel arguments; `record` is the prepare's fault record
+    /// (null for the forward). Lengths fit in i32: the ABI passes them so.
+    pub fn new(k: &KvCacheKargs, record: DevicePtr<KvCacheFault>) -> KvCacheParams {
+        let addr = |x: DeviceAddr| x.0 as u64;
+        let array = |x: DevicePtr<i32>| x.addr().0 as u64;
+        let t = &k.table;
+        KvCacheParams {
+            q: addr(k.q.ptr),
+            k: addr(k.k.ptr),
+            v: addr(k.v.ptr),
+            o: addr(k.o.ptr),
+            lse: addr(k.lse.ptr),
+            seqstart_q: array(k.seqstart_q),
+            seqlen_k: array(t.seqlen_k),
+            block_table: array(t.block_table),
+            kv_indptr: array(t.kv_indptr),
+            page_indices: array(t.page_indices),
+            last_page_len: array(t.last_page_len),
+            cache_batch_idx: array(t.cache_batch_idx),
+            workspace: record.addr().0 as u64,
+            q_batch_stride: k.q.batch_stride,
+            q_head_stride: k.q.head_stride,
+            q_row_stride: k.q.row_stride,
+            k_batch_stride: k.k.batch_stride,
+            k_head_stride: k.k.head_stride,
+            k_row_stride: k.k.row_stride,
+            v_batch_stride: k.v.batch_stride,
+            v_head_stride: k.v.head_stride,
+            v_row_stride: k.v.row_stride,
+            o_batch_stride: k.o.batch_stride,
+            o_head_stride: k.o.head_stride,
+            o_row_stride: k.o.row_stride,
+            lse_batch_stride: k.lse.batch_stride,
+            lse_head_stride: k.lse.head_stride,
+            block_table_stride: t.block_table_stride,
+            batch: k.batch as i32,
+            nhead_q: k.nhead_q as i32,
+            nhead_k: k.nhead_k as i32,
+            hdim_q: k.hdim_q as i32,
+            hdim_v: k.hdim_v as i32,
+            seqlen_q: if k.mode == Mode::Group { k.bounds.total_q } else { k.bounds.max_seqlen_q } as i32,
+            max_seqlen_q: k.bounds.max_seqlen_q as i32,
+            max_seqlen_k: k.bounds.max_seqlen_k as i32,
+            group_mode: i32::from(k.mode == Mode::Group),
+            mask_type: k.mask.kind as i32,
+            window_left: k.mask.left,
+            window_right: k.mask.right,
+            scale_log2: k.scale * std::f32::consts::LOG2_E,
+            dtype: match k.dtype {
+                CacheDtype::Half(Dtype::F16) => 0,
+                _ => 1,
+            },
+            hdim_bucket: k.instance.hdim_q as i32,
+            masked: i32::from(k.mask.kind != MaskType::None),
+            table_kind: t.kind as i32,
+            page_size: t.page_size as i32,
+            num_pages: t.num_pages as i32,
+            max_pages_per_seq: t.max_pages_per_seq as i32,
+            num_page_indices: t.num_page_indices as i32,
+            check_tables: i32::from(k.check_tables),
         }
     }
 }

@@ -34,6 +34,7 @@ template <typename Tile, int kRows, typename Layout>
 struct TileCopy {
   static constexpr int kPerThread = (kRows * Tile::kChunks + Tile::kThreads - 1) / Tile::kThreads;
   static constexpr int kRowStep = Tile::kThreads / Tile::kChunks;  // rows between a thread's chunks
+  static constexpr int kRowsPerTile = kRows;
   static_assert(Tile::kThreads % Tile::kChunks == 0, "every thread copies one column of chunks");
   int row;               // first row of this thread
   int column_elements;   // chunk * 8
@@ -62,6 +63,24 @@ struct TileCopy {
         arch::copy_async_16(shared + shared_first + i * kRowStep * Layout::kRowBytes, valid ? src : global, valid);
       }
       src += kRowStep * row_stride;
+    }
+  }
+
+  // The same copy from rows anywhere in memory: `row_address(r)` is row r's first element, asked only
+  // for rows below `valid_rows` (rows from `valid_rows` on and columns from `cols` on become zeros, and
+  // their copies read nothing: `fallback`, any valid address, stands in).
+  template <typename T, typename RowAddress>
+  __device__ void issue_rows(uint32_t shared, const RowAddress& row_address, const T* fallback, int valid_rows,
+                             int cols) const {
+    const bool column_valid = column_elements < cols;
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int r = row + i * kRowStep;
+      if (r < kRows) {
+        const bool valid = column_valid && r < valid_rows;
+        const T* src = valid ? row_address(r) + column_elements : fallback;
+        arch::copy_async_16(shared + shared_first + i * kRowStep * Layout::kRowBytes, src, valid);
+      }
     }
   }
 };

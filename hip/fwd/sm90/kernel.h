@@ -11,7 +11,8 @@
 //
 // The kernel is its tile (fwd/sm90/tile.h: the CTA's shape and shared-memory layout), its mainloop
 // (fwd/sm90/mainloop.h: one K/V tile for one warpgroup) and, at the end of forward_kernel below, the
-// epilogue (normalise O, store O and the LSE). The copies are arch/nvidia/shared_tile.h's TileCopy.
+// epilogue (normalise O, store O and the LSE). The copies are arch/nvidia/shared_tile.h's TileCopy; the
+// K/V tiles come from dense tensors (the forward) or through a page table (the kv-cache operation).
 #pragma once
 
 #include "arch/nvidia/shared_tile.h"
@@ -24,8 +25,15 @@
 
 namespace fmha {
 
-template <typename Tile, typename T>
-__global__ void __launch_bounds__(Tile::kThreads) forward_kernel(fmha_fwd_params p) {
+// Where a call's K and V tiles come from, per parameter block: `rows` (the sequence's query rows and
+// KV length) and `issue(copy, sK, sV, j0)`, which queues the copy of the tiles of keys j0.. into shared
+// memory (keys from `rows.sk` on as zeros). fwd/sm90/dense_tiles.h: dense tensors (fmha_fwd_params);
+// kvcache/sm90/paged_tiles.h: a paged pool (fmha_kvcache_params).
+template <typename Params, typename T>
+struct KeyValueTiles;
+
+template <typename Tile, typename T, typename Params>
+__global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
   using E = arch::Element<T>;
   constexpr int M = Tile::kBlockM, N = Tile::kBlockN;
   constexpr int kDTiles = Tile::kDim / 8;
@@ -39,19 +47,16 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(fmha_fwd_params
   // launch is made of short tiles.
   const int tile = Tile::kMasked ? static_cast<int>(arch::grid_blocks_x() - 1 - arch::block_index_x()) : arch::block_index_x();
   const int h = arch::block_index_y(), b = arch::block_index_z();
-  const BatchRows rows = batch_rows(p, b);
+  const int hk = h / (p.nhead_q / p.nhead_k);
+  const KeyValueTiles<Params, T> kv(p, b, hk);
+  const BatchRows rows = kv.rows;
   const int i0 = tile * M;
   if (i0 >= rows.sq) return;
   const int i1 = min(i0 + M, rows.sq);
-  const int hk = h / (p.nhead_q / p.nhead_k);
   const int64_t batch = p.group_mode ? 0 : b;
 
   const T* q = reinterpret_cast<const T*>(p.q) + batch * p.q_batch_stride + h * p.q_head_stride +
                (rows.q_start + i0) * p.q_row_stride;
-  const T* k = reinterpret_cast<const T*>(p.k) + batch * p.k_batch_stride + hk * p.k_head_stride +
-               rows.k_start * p.k_row_stride;
-  const T* v = reinterpret_cast<const T*>(p.v) + batch * p.v_batch_stride + hk * p.v_head_stride +
-               rows.k_start * p.v_row_stride;
 
   // Keys that any row of this tile keeps: [key_lo, key_hi); tiles outside are never visited.
   const ResolvedMask mask = resolve_mask(p.mask_type, p.window_left, p.window_right, rows.sq, rows.sk);
@@ -71,9 +76,7 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(fmha_fwd_params
   const TileCopy<Tile, N, typename Tile::KVLayout> kv_copy;
   if (first_tile < end_tile) {
     q_copy.issue(sQ, q, p.q_row_stride, i1 - i0, p.hdim_q);
-    const int64_t j0 = static_cast<int64_t>(first_tile) * N;
-    kv_copy.issue(sK, k + j0 * p.k_row_stride, p.k_row_stride, static_cast<int>(rows.sk - j0), p.hdim_q);
-    kv_copy.issue(sV, v + j0 * p.v_row_stride, p.v_row_stride, static_cast<int>(rows.sk - j0), p.hdim_v);
+    kv.issue(kv_copy, sK, sV, static_cast<int64_t>(first_tile) * N);
   }
   arch::copy_async_commit();
 
@@ -93,11 +96,7 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(fmha_fwd_params
   for (int jt = first_tile; jt < end_tile; ++jt) {
     const uint32_t stage = static_cast<uint32_t>((jt - first_tile) & 1) * kKVBytes;
     if (jt + 1 < end_tile) {
-      const int64_t j0 = static_cast<int64_t>(jt + 1) * N;
-      kv_copy.issue((sK + kKVBytes) - stage, k + j0 * p.k_row_stride, p.k_row_stride,
-                    static_cast<int>(rows.sk - j0), p.hdim_q);
-      kv_copy.issue((sV + kKVBytes) - stage, v + j0 * p.v_row_stride, p.v_row_stride,
-                    static_cast<int>(rows.sk - j0), p.hdim_v);
+      kv.issue(kv_copy, (sK + kKVBytes) - stage, (sV + kKVBytes) - stage, static_cast<int64_t>(jt + 1) * N);
       arch::copy_async_commit();
       arch::copy_async_wait<1>();
     } else {

@@ -133,7 +133,7 @@ pub fn run<E: Scalar, O: Scalar>(k: &KvCacheKargs, cu_count: i64) -> Result<()> 
     let q_descale = DescaleView::new(k.descales.q, qx, "q_descale")?;
     let k_descale = DescaleView::new(k.descales.k, kx, "k_descale")?;
     let v_descale = DescaleView::new(k.descales.v, vx, "v_descale")?;
-    let m0 = k.m0;
+    let m0 = k.instance.m0;
     let q_tiles = sequences.iter().map(|s| (s.sq + m0 - 1) / m0).max().unwrap_or(0) as usize;
     let heads = k.nhead_q as usize;
     let (dq, dv) = (k.hdim_q as usize, k.hdim_v as usize);
@@ -165,7 +165,7 @@ pub fn run<E: Scalar, O: Scalar>(k: &KvCacheKargs, cu_count: i64) -> Result<()> 
             hdim_q: dq,
             hdim_v: dv,
             scale: k.scale,
-            n0: k.n0,
+            n0: k.instance.n0,
             mask: k.mask.resolve(seq.sq, seq.pages.kv_len),
             round_p: E::round_probability,
         };

@@ -1,0 +1,34 @@
+// The forward's K/V tiles from dense tensors: batch mode by batch stride, group mode from seqstart_k.
+#pragma once
+
+#include "common/sequence.h"
+#include "fwd/sm90/kernel.h"
+#include "launch.h"
+
+namespace fmha {
+
+template <typename T>
+struct KeyValueTiles<fmha_fwd_params, T> {
+  BatchRows rows;
+  const T* k;
+  const T* v;
+  int64_t k_row_stride, v_row_stride;
+  int hdim_q, hdim_v;
+
+  __device__ KeyValueTiles(const fmha_fwd_params& p, int b, int hk)
+      : rows(batch_rows(p, b)), k_row_stride(p.k_row_stride), v_row_stride(p.v_row_stride), hdim_q(p.hdim_q),
+        hdim_v(p.hdim_v) {
+    const int64_t batch = p.group_mode ? 0 : b;
+    k = reinterpret_cast<const T*>(p.k) + batch * p.k_batch_stride + hk * p.k_head_stride + rows.k_start * k_row_stride;
+    v = reinterpret_cast<const T*>(p.v) + batch * p.v_batch_stride + hk * p.v_head_stride + rows.k_start * v_row_stride;
+  }
+
+  template <typename Copy>
+  __device__ void issue(const Copy& copy, uint32_t sK, uint32_t sV, int64_t j0) const {
+    const int valid = static_cast<int>(rows.sk - j0);
+    copy.issue(sK, k + j0 * k_row_stride, k_row_stride, valid, hdim_q);
+    copy.issue(sV, v + j0 * v_row_stride, v_row_stride, valid, hdim_v);
+  }
+};
+
+}  // namespace fmha

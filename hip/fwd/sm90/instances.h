@@ -1,0 +1,42 @@
+// The forward kernel's instances on Hopper and their launch, for either parameter block (the dense
+// forward's fmha_fwd_params, the kv-cache's fmha_kvcache_params): the element type, the head-dim
+// bucket (which fixes the tile shapes) and masked or not are compiled per instance.
+#pragma once
+
+#include "fwd/sm90/kernel.h"
+#include "fwd/sm90/tile.h"
+
+namespace fmha {
+
+template <typename T, int kHeadDim, int kWarpgroups, int kBlockN, bool kMasked, typename Params>
+int32_t launch_forward(const Params& p, hipStream_t stream) {
+  using Tile = ForwardTile<T, kHeadDim, kWarpgroups, kBlockN, kMasked>;
+  auto kernel = forward_kernel<Tile, T, Params>;
+  // Over 48 KiB of dynamic shared memory must be opted into, once per kernel.
+  static const cudaError_t configured =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes);
+  if (configured != cudaSuccess) return static_cast<int32_t>(configured);
+  const dim3 grid((p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM, p.nhead_q, p.batch);
+  kernel<<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(p);
+  return static_cast<int32_t>(cudaGetLastError());
+}
+
+// Tile shapes (warpgroups of 64 q rows, keys per tile), measured on an H200 (docs/perf.md, 2026-11-21):
+//   D = 64: one warpgroup, 128 keys (80 KiB): two CTAs per SM interleave their softmax phases with
+//     each other's MMAs (two warpgroups sharing the K/V tiles: 0.88-0.98x of this);
+//   D = 128: two warpgroups sharing each 128-key K/V tile (161 KiB, one CTA per SM): half the K/V
+//     traffic per query row of one warpgroup with 64 keys (that: 0.85-0.97x of this at S >= 2k).
+template <typename T, typename Params>
+int32_t dispatch_forward(const Params& p, hipStream_t stream) {
+  switch (p.hdim_bucket) {
+    case 64:
+      return p.masked ? launch_forward<T, 64, 1, 128, true>(p, stream) : launch_forward<T, 64, 1, 128, false>(p, stream);
+    case 128:
+      return p.masked ? launch_forward<T, 128, 2, 128, true>(p, stream)
+                      : launch_forward<T, 128, 2, 128, false>(p, stream);
+    default:
+      return static_cast<int32_t>(cudaErrorInvalidValue);
+  }
+}
+
+}  // namespace fmha

@@ -1,0 +1,68 @@
+// The kv-cache operation's kernels: the prepare (checks a call's lengths and tables and records the
+// first fault, kvcache/page_table.h) and, on Hopper, the forward kernel reading its K/V tiles through
+// the page table (kvcache/sm90/paged_tiles.h).
+#include "arch/platform.h"
+#include "arch/thread.h"
+#include "kvcache/page_table.h"
+#include "launch.h"
+
+namespace fmha {
+
+constexpr int kPrepareThreads = 256;
+
+// One workgroup: thread t checks sequences t, t + 256, ... and keeps its first fault; the smallest
+// faulty sequence's fault is recorded (the Rust order: the first in sequence order).
+__global__ void __launch_bounds__(kPrepareThreads) kvcache_prepare_kernel(fmha_kvcache_params p) {
+  __shared__ int32_t first[kPrepareThreads];
+  __shared__ kvcache::Fault faults[kPrepareThreads];
+  const int t = static_cast<int>(arch::thread_index());
+  first[t] = p.batch;
+  for (int32_t b = t; b < p.batch; b += kPrepareThreads) {
+    const kvcache::Fault f = kvcache::sequence_fault(p, b);
+    if (f.field != kvcache::kNoFault) {
+      first[t] = b;
+      faults[t] = f;
+      break;
+    }
+  }
+  arch::block_barrier();
+  if (t != 0) return;
+  int winner = 0;
+  for (int i = 1; i < kPrepareThreads; ++i) {
+    if (first[i] < first[winner]) winner = i;
+  }
+  const kvcache::Fault none = {kvcache::kNoFault, 0, 0};
+  const bool found = first[winner] < p.batch;
+  *reinterpret_cast<fmha_kv_cache_fault*>(p.workspace) = kvcache::record_of(first[winner], found ? faults[winner] : none);
+}
+
+}  // namespace fmha
+
+extern "C" int32_t fmha_hip_kvcache_prepare(const fmha_kvcache_params* params, void* stream) {
+  constexpr int32_t kInvalidValue = 1;  // hipErrorInvalidValue / cudaErrorInvalidValue
+  if (params == nullptr || params->workspace == 0) return kInvalidValue;
+  fmha::kvcache_prepare_kernel<<<dim3(1), dim3(fmha::kPrepareThreads), 0, static_cast<hipStream_t>(stream)>>>(*params);
+  return static_cast<int32_t>(hipGetLastError());
+}
+
+#if defined(FMHA_PLATFORM_NVIDIA)
+#include "fwd/sm90/instances.h"
+#include "kvcache/sm90/paged_tiles.h"
+
+extern "C" int32_t fmha_hip_kvcache_fwd(const fmha_kvcache_params* params, void* stream) {
+  if (params == nullptr || params->max_seqlen_q <= 0 || params->batch <= 0) return 0;  // nothing to compute
+  const hipStream_t s = static_cast<hipStream_t>(stream);
+  return params->dtype == 0 ? fmha::dispatch_forward<__half>(*params, s)
+                            : fmha::dispatch_forward<__nv_bfloat16>(*params, s);
+}
+
+extern "C" int32_t fmha_hip_load_kvcache(void) { return fmha::arch::load_module(fmha::kvcache_prepare_kernel); }
+
+#else
+
+// No AMD kv-cache forward yet: the registry lists no instance, so this stub is never reached.
+extern "C" int32_t fmha_hip_kvcache_fwd(const fmha_kvcache_params*, void*) { return 1; }
+
+extern "C" int32_t fmha_hip_load_kvcache(void) { return fmha::arch::load_module(fmha::kvcache_prepare_kernel); }
+
+#endif
