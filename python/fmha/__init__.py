@@ -4,6 +4,10 @@ with flash-attn's names and semantics.
     import fmha
     out = fmha.flash_attn_func(q, k, v, causal=True)                     # q [b, s, h, d], k/v [b, s_k, h_k, d]
     out = fmha.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k)  # [total, h, d], int32 cu_seqlens
+    out = fmha.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens, page_table=table)
+    wrapper = fmha.BatchPrefillWithPagedKVCacheWrapper(kv_layout="NHD")   # flashinfer's paged prefill
+    wrapper.plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, h, h_k, d, page_size, causal=True)
+    out = wrapper.run(q, (k_cache, v_cache))                              # per layer, no host sync
 
 The library is ``$FMHA_LIBRARY``, else ``libfmha.so.0``/``libfmha.so`` next to this package, else the
 system loader's. On a GPU build the tensors are CUDA tensors and the work runs on PyTorch's current
@@ -22,6 +26,8 @@ from ._lib import (  # noqa: F401
     BACKEND_ROCM,
     DTYPE_BF16,
     DTYPE_FP16,
+    DTYPE_FP8_E4M3FN,
+    DTYPE_FP8_E4M3FNUZ,
     ERR_ASYNC_FAILURE,
     ERR_DEVICE_RUNTIME,
     ERR_INTERNAL,
@@ -32,6 +38,13 @@ from ._lib import (  # noqa: F401
     ERR_UNSUPPORTED,
     ERR_WORKSPACE_NOT_PREPARED,
     ERR_WORKSPACE_TOO_SMALL,
+    KV_BLOCK_TABLE,
+    KV_CONTIGUOUS,
+    KV_LAYOUT_STRIDED,
+    KV_LAYOUT_VECTORIZED,
+    KV_PAGE_CSR,
+    KV_SCALE_PAGE,
+    KV_SCALE_TENSOR,
     MASK_BOTTOM_RIGHT,
     MASK_NONE,
     MASK_TOP_LEFT,
@@ -52,6 +65,10 @@ from ._lib import (  # noqa: F401
     version,
     version_number,
 )
+from .kvcache import (  # noqa: F401
+    BatchPrefillWithPagedKVCacheWrapper,
+    flash_attn_with_kvcache,
+)
 from .ops import (  # noqa: F401
     FmhaAttnFunc,
     attention,
@@ -65,6 +82,7 @@ from .ops import (  # noqa: F401
 __version__ = "0.2.0"
 
 __all__ = [
+    "BatchPrefillWithPagedKVCacheWrapper",
     "FmhaError",
     "attention",
     "backend",
@@ -73,6 +91,7 @@ __all__ = [
     "cu_count",
     "flash_attn_func",
     "flash_attn_varlen_func",
+    "flash_attn_with_kvcache",
     "launcher_cache_info",
     "load_kernels",
     "registry",

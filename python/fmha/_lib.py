@@ -31,6 +31,9 @@ from ctypes import (
 
 DTYPE_FP16 = 0
 DTYPE_BF16 = 1
+DTYPE_FP32 = 2  # reserved: fp32 outputs of fp8 inputs (answers FMHA_ERR_UNSUPPORTED)
+DTYPE_FP8_E4M3FN = 3  # OCP E4M3FN (NVIDIA sm_90, AMD gfx950): kv-cache inputs, bf16 output
+DTYPE_FP8_E4M3FNUZ = 4  # E4M3FNUZ (AMD gfx942): kv-cache inputs, bf16 output
 
 MASK_NONE = 0
 MASK_TOP_LEFT = 1
@@ -45,6 +48,16 @@ PREPARE_DEVICE = 2
 MEMCPY_HOST_TO_DEVICE = 1
 MEMCPY_DEVICE_TO_HOST = 2
 MEMCPY_DEVICE_TO_DEVICE = 3
+
+KV_CONTIGUOUS = 0  # one slot per sequence (flash-attn's k_cache [slots][cap][h_k][d] + cache_seqlens)
+KV_BLOCK_TABLE = 1  # vLLM's / FA3's [batch][max_pages_per_seq] table + per-sequence lengths
+KV_PAGE_CSR = 2  # SGLang's / flashinfer's kv_indptr, page_indices, last_page_len
+
+KV_LAYOUT_STRIDED = 0  # pools addressed by page, row and head strides (NHD and HND)
+KV_LAYOUT_VECTORIZED = 1  # CK's / vLLM-ROCm's 16-byte-vector order
+
+KV_SCALE_TENSOR = 0  # fp8 K/V descales per tensor or per (sequence, kv head)
+KV_SCALE_PAGE = 1  # fp8 K/V descales per (physical page, kv head)
 
 BACKEND_HOST = 0
 BACKEND_CUDA = 1
@@ -228,6 +241,79 @@ class fmha_pinned_allocator(_Extensible):
     ]
 
 
+class fmha_kvcache_traits(_Extensible):
+    """kv-cache dispatch key and the bounds every call of a launcher stays within (``fmha.h``)."""
+
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("dtype", c_int32),
+        ("o_dtype", c_int32),
+        ("hdim_q", c_int32),
+        ("hdim_v", c_int32),
+        ("nhead_q", c_int32),
+        ("nhead_k", c_int32),
+        ("is_group_mode", c_int32),
+        ("mask_type", c_int32),
+        ("has_lse", c_int32),
+        ("kv_table_kind", c_int32),
+        ("kv_layout", c_int32),
+        ("kv_scale_granularity", c_int32),
+        ("page_size", c_int32),
+        ("batch", c_int32),
+        ("total_q", c_int32),
+        ("max_seqlen_q", c_int32),
+        ("max_seqlen_k", c_int32),
+        ("max_splits", c_int32),
+        ("kv_split_tokens", c_int32),
+        ("check_tables", c_int32),
+    ]
+
+
+class fmha_scale(Structure):
+    """fp8 descales: ``data[b * batch_stride + g * head_stride + p * page_stride]`` (device fp32; NULL = 1)."""
+
+    _fields_ = [
+        ("data", c_void_p),
+        ("batch_stride", ctypes.c_int64),
+        ("head_stride", ctypes.c_int64),
+        ("page_stride", ctypes.c_int64),
+    ]
+
+
+class fmha_kvcache_args(_Extensible):
+    """One kv-cache call's pointers, strides and lengths (``fmha.h``)."""
+
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("q", fmha_tensor),
+        ("k", fmha_tensor),
+        ("v", fmha_tensor),
+        ("o", fmha_tensor),
+        ("lse", fmha_tensor),
+        ("seqstart_q", c_void_p),
+        ("batch", c_int32),
+        ("seqlen_q", c_int32),
+        ("num_pages", c_int32),
+        ("max_pages_per_seq", c_int32),
+        ("num_page_indices", c_int32),
+        ("seqlen_k", c_void_p),
+        ("block_table", c_void_p),
+        ("block_table_stride", ctypes.c_int64),
+        ("kv_indptr", c_void_p),
+        ("page_indices", c_void_p),
+        ("last_page_len", c_void_p),
+        ("cache_batch_idx", c_void_p),
+        ("scale", c_float),
+        ("window_size_left", c_int32),
+        ("window_size_right", c_int32),
+        ("q_descale", fmha_scale),
+        ("k_descale", fmha_scale),
+        ("v_descale", fmha_scale),
+        ("workspace", c_void_p),
+        ("workspace_size", c_size_t),
+    ]
+
+
 # sizeof() of the C structs on LP64 Linux (x86-64, aarch64), as a C compiler reports them for fmha.h;
 # checked at load time so that a drift between this file and the header fails at import instead of
 # passing corrupted arguments.
@@ -238,11 +324,14 @@ _EXPECTED_SIZES = {
     fmha_bwd_traits: 80,
     fmha_bwd_args: 424,
     fmha_pinned_allocator: 32,
+    fmha_kvcache_traits: 88,
+    fmha_scale: 32,
+    fmha_kvcache_args: 384,
 }
 
 # --- prototypes --------------------------------------------------------------------------------------
 
-_launcher_p = c_void_p  # fmha_bwd_launcher* (opaque)
+_launcher_p = c_void_p  # fmha_bwd_launcher* / fmha_kvcache_launcher* (opaque)
 _stream_t = c_void_p
 
 _PROTOTYPES = {
@@ -258,6 +347,14 @@ _PROTOTYPES = {
         c_int32,
         [_launcher_p, c_void_p, c_size_t, c_void_p, c_void_p, _stream_t, POINTER(fmha_pinned_allocator), c_int32],
     ),
+    "fmha_kvcache_launcher_create": (c_int32, [POINTER(fmha_kvcache_traits), POINTER(_launcher_p)]),
+    "fmha_kvcache_launcher_destroy": (c_int32, [_launcher_p]),
+    "fmha_kvcache_launcher_workspace_size": (c_int32, [_launcher_p, POINTER(c_size_t)]),
+    "fmha_kvcache_workspace_size_upper_bound": (c_int32, [POINTER(fmha_kvcache_traits), POINTER(c_size_t)]),
+    "fmha_kvcache_launcher_prepare_async": (c_int32, [_launcher_p, POINTER(fmha_kvcache_args), _stream_t]),
+    "fmha_kvcache_launcher_run": (c_int32, [_launcher_p, POINTER(fmha_kvcache_args), _stream_t]),
+    "fmha_kvcache_launcher_check": (c_int32, [_launcher_p, c_void_p, c_size_t, _stream_t]),
+    "fmha_kvcache_fwd": (c_int32, [POINTER(fmha_kvcache_traits), POINTER(fmha_kvcache_args), _stream_t]),
     "fmha_device_malloc": (c_int32, [POINTER(c_void_p), c_size_t]),
     "fmha_device_free": (c_int32, [c_void_p]),
     "fmha_memcpy": (c_int32, [c_void_p, c_void_p, c_size_t, c_int32]),

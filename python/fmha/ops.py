@@ -776,11 +776,16 @@ def registry_supports(operation, dtype, hdim_q, hdim_v, masked, deterministic=Fa
     operation, dtype, masked-ness and, for the backward, determinism; head dims at most the instance's and
     multiples of its ``hdim_multiple``).
 
-    ``operation``: ``"fwd"`` or ``"bwd"``; ``dtype``: ``torch.float16``/``torch.bfloat16`` or ``"fp16"``/
-    ``"bf16"``.
+    ``operation``: ``"fwd"``, ``"bwd"`` or ``"kvcache"``; ``dtype``: ``torch.float16``/``torch.bfloat16``
+    (and for ``"kvcache"`` ``torch.float8_e4m3fn``/``torch.float8_e4m3fnuz``) or the registry's names
+    ``"fp16"``/``"bf16"``/``"fp8_e4m3fn"``/``"fp8_e4m3fnuz"``.
     """
     if isinstance(dtype, torch.dtype):
-        dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype, str(dtype))
+        names = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+        for attr in ("float8_e4m3fn", "float8_e4m3fnuz"):
+            if hasattr(torch, attr):
+                names[getattr(torch, attr)] = "fp8_" + attr.removeprefix("float8_")
+        dtype = names.get(dtype, str(dtype))
     instances = L.registry() if instances is None else instances
     for i in instances:
         if (

@@ -27,7 +27,9 @@ def test_version_backend_registry():
             assert key in inst, f"registry entry without {key}: {inst}"
     if HOST:
         ops_ = {i["operation"] for i in reg}
-        assert ops_ == {"fwd", "bwd"}
+        assert ops_ == {"fwd", "bwd", "kvcache"}
+        assert fmha.registry_supports("kvcache", torch.float8_e4m3fn, 64, 64, True)
+        assert fmha.registry_supports("kvcache", "bf16", 128, 128, False)
         assert fmha.registry_supports("bwd", torch.bfloat16, 64, 64, True, True)
         assert not fmha.registry_supports("fwd", torch.bfloat16, 300, 64, True)
     assert fmha.cu_count() >= 1
@@ -35,7 +37,8 @@ def test_version_backend_registry():
 
 def test_struct_sizes_match_header():
     """struct_size is what the library checks first; a mismatch would be refused."""
-    for struct in (_lib.fmha_fwd_traits, _lib.fmha_fwd_args, _lib.fmha_bwd_traits, _lib.fmha_bwd_args):
+    for struct in (_lib.fmha_fwd_traits, _lib.fmha_fwd_args, _lib.fmha_bwd_traits, _lib.fmha_bwd_args,
+                   _lib.fmha_kvcache_traits, _lib.fmha_kvcache_args):
         assert struct().struct_size == ctypes.sizeof(struct)
 
 
