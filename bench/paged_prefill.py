@@ -1,0 +1,192 @@
+"""Paged prefill on a GPU: fmha's kv-cache operation against fmha's own dense forward on the same tokens
+and against the rivals that can run in the same process (FA3 from tokenspeed-fa3, flashinfer's fa3 and fa2
+backends), every output checked against PyTorch SDPA before it is timed.
+
+The problem is `../shared/spec/inference.md` §4.3's (and `../shared/peers/peer_bench.py`'s): 8 sequences
+of 2-4k new tokens appended to 0-8k cached ones, 32 query / 8 kv heads, d 128, bf16, causal aligned to
+each sequence's end, pages of 1, 16 and 128 tokens scattered in a shuffled pool. FLOPs are counted on the
+kept (causal) pairs: 4 * Hq * d * sum(new * cached + new * (new + 1) / 2).
+
+    FMHA_LIBRARY=.../libfmha.so.0 PYTHONPATH=python:/tmp/site python3 bench/paged_prefill.py [--out DIR]
+"""
+
+import argparse
+import itertools
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+QLENS = [2048, 4096, 3072, 2560, 3584, 2048, 4096, 3000]
+CACHED = [0, 8192, 1024, 4096, 6000, 2048, 512, 7777]
+HQ, HKV, D = 32, 8, 128
+PAGES = (1, 16, 128)
+TOL = 0.05  # max |o - sdpa| for bf16 outputs of O(1) (peer_bench's rule)
+
+
+def timed(fn, warmup_ms=100, rep_ms=500):
+    """Median milliseconds of fn over rep_ms of back-to-back calls (CUDA events per call)."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.time()
+    while time.time() - start < warmup_ms / 1e3:
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    start = time.time()
+    while time.time() - start < rep_ms / 1e3 or len(times) < 10:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def problem(dev):
+    torch.manual_seed(1)
+    L = [a + b for a, b in zip(QLENS, CACHED)]
+    kseq = [torch.randn(x, HKV, D, device=dev, dtype=torch.bfloat16) for x in L]
+    vseq = [torch.randn(x, HKV, D, device=dev, dtype=torch.bfloat16) for x in L]
+    q = torch.randn(sum(QLENS), HQ, D, device=dev, dtype=torch.bfloat16)
+    cu_q = torch.tensor([0] + list(itertools.accumulate(QLENS)), dtype=torch.int32, device=dev)
+    cu_k = torch.tensor([0] + list(itertools.accumulate(L)), dtype=torch.int32, device=dev)
+    from torch.nn.attention.bias import causal_lower_right
+
+    refs = []
+    for i, n in enumerate(QLENS):
+        qi = q[cu_q[i]:cu_q[i + 1]].transpose(0, 1)[None]
+        ki = kseq[i].repeat_interleave(HQ // HKV, dim=1).transpose(0, 1)[None]
+        vi = vseq[i].repeat_interleave(HQ // HKV, dim=1).transpose(0, 1)[None]
+        with torch.no_grad():
+            refs.append(F.scaled_dot_product_attention(qi, ki, vi, attn_mask=causal_lower_right(n, L[i]))[0].transpose(0, 1))
+    flops = 4 * HQ * D * sum(a * b + a * (a + 1) / 2 for a, b in zip(QLENS, CACHED))
+    return dict(q=q, cu_q=cu_q, cu_k=cu_k, L=L, kseq=kseq, vseq=vseq, ref=torch.cat(refs), flops=flops)
+
+
+def paginate(pr, P, dev, seed=2):
+    """The sequences' K/V scattered over a shuffled pool of pages [pages, P, Hkv, D], with a block table
+    and the CSR arrays; unused slots hold finite values."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    L = pr["L"]
+    pages = [math.ceil(x / P) for x in L]
+    n = sum(pages)
+    perm = torch.randperm(n + 8, generator=g)[:n].to(torch.int32)
+    kc = torch.randn(n + 8, P, HKV, D, device=dev, dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    table = torch.zeros(len(L), max(pages), dtype=torch.int32)
+    off = 0
+    for i, (x, np_) in enumerate(zip(L, pages)):
+        ids = perm[off:off + np_]
+        table[i, :np_] = ids
+        pad = np_ * P - x
+        kc[ids.long().to(dev)] = F.pad(pr["kseq"][i], (0, 0, 0, 0, 0, pad)).view(np_, P, HKV, D)
+        vc[ids.long().to(dev)] = F.pad(pr["vseq"][i], (0, 0, 0, 0, 0, pad)).view(np_, P, HKV, D)
+        off += np_
+    indptr = torch.tensor([0] + list(itertools.accumulate(pages)), dtype=torch.int32, device=dev)
+    last = torch.tensor([x - (p - 1) * P for x, p in zip(L, pages)], dtype=torch.int32, device=dev)
+    return dict(kc=kc, vc=vc, table=table.to(dev), indptr=indptr, indices=perm.to(dev), last=last,
+                seqlens=torch.tensor(L, dtype=torch.int32, device=dev))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT"))
+    ap.add_argument("--no-flashinfer", action="store_true", help="skip flashinfer (its JIT takes minutes)")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    import fmha
+
+    rivals = {}
+    try:
+        import flash_attn_interface as fa3
+
+        rivals["fa3"] = fa3
+    except Exception as e:  # noqa: BLE001 - a rival that cannot load is reported, not fatal
+        print("fa3 unavailable:", e)
+    if not args.no_flashinfer:
+        try:
+            import flashinfer
+
+            rivals["flashinfer"] = flashinfer
+        except Exception as e:  # noqa: BLE001
+            print("flashinfer unavailable:", e)
+
+    pr = problem(dev)
+    q, cu_q, ref = pr["q"], pr["cu_q"], pr["ref"]
+    maxq, maxk = max(QLENS), max(pr["L"])
+    rows = []
+
+    def cell(name, page, make):
+        try:
+            fn = make()
+            out = fn()
+            torch.cuda.synchronize()
+            err = (out.float() - ref.float()).abs().max().item()
+            if not err <= TOL:
+                rows.append(dict(impl=name, page=page, status=f"wrong: max err {err:.3g}"))
+                return
+            ms = timed(fn)
+            rows.append(dict(impl=name, page=page, ms=ms, tflops=pr["flops"] / ms / 1e9, err=err, status="ok"))
+        except Exception as e:  # noqa: BLE001
+            rows.append(dict(impl=name, page=page, status=f"error: {str(e)[:200]}"))
+        print(rows[-1], flush=True)
+
+    k_dense, v_dense = torch.cat(pr["kseq"]), torch.cat(pr["vseq"])
+    cell("fmha dense", "-", lambda: (lambda: fmha.flash_attn_varlen_func(
+        q, k_dense, v_dense, cu_q, pr["cu_k"], maxq, maxk, causal=True)))
+    for P in PAGES:
+        pg = paginate(pr, P, dev)
+        cell("fmha paged", P, lambda: (lambda: fmha.flash_attn_with_kvcache(
+            q, pg["kc"], pg["vc"], cache_seqlens=pg["seqlens"], page_table=pg["table"], cu_seqlens_q=cu_q,
+            max_seqlen_q=maxq, causal=True)))
+
+        def fmha_wrapper():
+            w = fmha.BatchPrefillWithPagedKVCacheWrapper(kv_layout="NHD")
+            w.plan(cu_q, pg["indptr"], pg["indices"], pg["last"], HQ, HKV, D, P, causal=True,
+                   q_data_type=torch.bfloat16)
+            return lambda: w.run(q, (pg["kc"], pg["vc"]))
+
+        cell("fmha paged (plan/run)", P, fmha_wrapper)
+        if "fa3" in rivals:
+            cell("fa3 paged", P, lambda: (lambda: rivals["fa3"].flash_attn_with_kvcache(
+                q, pg["kc"], pg["vc"], cache_seqlens=pg["seqlens"], page_table=pg["table"], cu_seqlens_q=cu_q,
+                max_seqlen_q=maxq, causal=True)))
+        if "flashinfer" in rivals:
+            for backend in ("fa3", "fa2"):
+                def fi(backend=backend):
+                    ws = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+                    w = rivals["flashinfer"].BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=backend)
+                    w.plan(cu_q, pg["indptr"], pg["indices"], pg["last"], HQ, HKV, D, P, causal=True,
+                           q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+                    return lambda: w.run(q, (pg["kc"], pg["vc"]))
+
+                cell(f"flashinfer {backend} paged", P, fi)
+        del pg
+        torch.cuda.empty_cache()
+
+    dense = next((r["tflops"] for r in rows if r["impl"] == "fmha dense" and r["status"] == "ok"), None)
+    print(f"\n{torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+          f"{sum(QLENS)} new tokens on {sum(CACHED)} cached, Hq/Hkv {HQ}/{HKV}, d {D}, bf16, causal; "
+          f"{pr['flops'] / 1e12:.2f} TFLOP")
+    print(f"{'impl':28} {'page':>5} {'ms':>8} {'TFLOPS':>8} {'/ fmha dense':>12}  status")
+    for r in rows:
+        if r["status"] == "ok":
+            rel = f"{r['tflops'] / dense:.2f}" if dense else "-"
+            print(f"{r['impl']:28} {r['page']!s:>5} {r['ms']:8.3f} {r['tflops']:8.1f} {rel:>12}  ok (err {r['err']:.3f})")
+        else:
+            print(f"{r['impl']:28} {r['page']!s:>5} {'':>8} {'':>8} {'':>12}  {r['status']}")
+    if args.out:
+        with open(os.path.join(args.out, "paged_prefill.json"), "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), rows=rows, flops=pr["flops"]), f, indent=1)
+    return 0 if all(r["status"] == "ok" or not r["impl"].startswith("fmha") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
