@@ -66,9 +66,10 @@ struct TileCopy {
     }
   }
 
-  // The same copy from rows anywhere in memory: `row_address(r)` is row r's first element, asked only
-  // for rows below `valid_rows` (rows from `valid_rows` on and columns from `cols` on become zeros, and
-  // their copies read nothing: `fallback`, any valid address, stands in).
+  // The same copy from rows anywhere in memory: `row_address(i)` is the first element of this thread's
+  // i-th row (row `first_row() + i * kRowStep` of the tile), asked only for rows below `valid_rows`
+  // (rows from `valid_rows` on and columns from `cols` on become zeros, and their copies read nothing:
+  // `fallback`, any valid address, stands in).
   template <typename T, typename RowAddress>
   __device__ void issue_rows(uint32_t shared, const RowAddress& row_address, const T* fallback, int valid_rows,
                              int cols) const {
@@ -78,10 +79,13 @@ struct TileCopy {
       const int r = row + i * kRowStep;
       if (r < kRows) {
         const bool valid = column_valid && r < valid_rows;
-        const T* src = valid ? row_address(r) + column_elements : fallback;
+        const T* src = valid ? row_address(i) + column_elements : fallback;
         arch::copy_async_16(shared + shared_first + i * kRowStep * Layout::kRowBytes, src, valid);
       }
     }
   }
+
+  // This thread's first row of a tile.
+  __device__ int first_row() const { return row; }
 };
 }  // namespace fmha

@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
   const int tile = Tile::kMasked ? static_cast<int>(arch::grid_blocks_x() - 1 - arch::block_index_x()) : arch::block_index_x();
   const int h = arch::block_index_y(), b = arch::block_index_z();
   const int hk = h / (p.nhead_q / p.nhead_k);
-  const KeyValueTiles<Params, T> kv(p, b, hk);
+  KeyValueTiles<Params, T> kv(p, b, hk);
   const BatchRows rows = kv.rows;
   const int i0 = tile * M;
   if (i0 >= rows.sq) return;
