@@ -34,7 +34,6 @@ template <typename Tile, int kRows, typename Layout>
 struct TileCopy {
   static constexpr int kPerThread = (kRows * Tile::kChunks + Tile::kThreads - 1) / Tile::kThreads;
   static constexpr int kRowStep = Tile::kThreads / Tile::kChunks;  // rows between a thread's chunks
-  static constexpr int kRowsPerTile = kRows;
   static_assert(Tile::kThreads % Tile::kChunks == 0, "every thread copies one column of chunks");
   int row;               // first row of this thread
   int column_elements;   // chunk * 8

@@ -7,8 +7,8 @@
 
 namespace fmha {
 
-template <typename T>
-struct KeyValueTiles<fmha_fwd_params, T> {
+template <typename Tile, typename T>
+struct KeyValueTiles<fmha_fwd_params, Tile, T> {
   BatchRows rows;
   const T* k;
   const T* v;

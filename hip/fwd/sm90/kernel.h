@@ -29,7 +29,7 @@ namespace fmha {
 // KV length) and `issue(copy, sK, sV, j0)`, which queues the copy of the tiles of keys j0.. into shared
 // memory (keys from `rows.sk` on as zeros). fwd/sm90/dense_tiles.h: dense tensors (fmha_fwd_params);
 // kvcache/sm90/paged_tiles.h: a paged pool (fmha_kvcache_params).
-template <typename Params, typename T>
+template <typename Params, typename Tile, typename T>
 struct KeyValueTiles;
 
 template <typename Tile, typename T, typename Params>
@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
   const int tile = Tile::kMasked ? static_cast<int>(arch::grid_blocks_x() - 1 - arch::block_index_x()) : arch::block_index_x();
   const int h = arch::block_index_y(), b = arch::block_index_z();
   const int hk = h / (p.nhead_q / p.nhead_k);
-  KeyValueTiles<Params, T> kv(p, b, hk);
+  KeyValueTiles<Params, Tile, T> kv(p, b, hk);
   const BatchRows rows = kv.rows;
   const int i0 = tile * M;
   if (i0 >= rows.sq) return;
