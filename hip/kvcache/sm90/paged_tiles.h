@@ -1,22 +1,27 @@
 // The kv-cache forward's K/V tiles on Hopper: key j of a sequence is row j mod P of page
-// page_id(j / P) (clamped: kvcache/page_table.h). The page ids of the next tile are looked up while the
-// current one is copied, so no copy waits for a table load. The copy is on the critical path of every
-// warp (no producer warps in this kernel), so the address arithmetic per row is kept to a few
-// instructions: pages that hold whole tiles (P a multiple of the tile) need one lookup per tile and
-// copy like a dense tile; smaller pages look up a page per row, with shifts and masks when P is a
-// power of two.
+// page_id(j / P) (clamped: kvcache/page_table.h). The copy is on the critical path of every warp (no
+// producer warps in this kernel), so it must cost about what a dense copy costs: page ids are loaded
+// a tile ahead (no copy waits for a table load); pages holding whole tiles (P a multiple of the tile)
+// copy like dense tiles; smaller pages have each row's offsets computed once, by one thread, into
+// shared memory, from where the 16 threads that copy the row read them.
 #pragma once
 
 #include "common/sequence.h"
 #include "fwd/sm90/kernel.h"
 #include "kvcache/page_table.h"
+#include "arch/thread.h"
 #include "launch.h"
 
 namespace fmha {
 
 template <typename Tile, typename T>
 struct KeyValueTiles<fmha_kvcache_params, Tile, T> {
-  static constexpr int kMaxRowsPerThread = 8;
+  static constexpr int N = Tile::kBlockN;
+  // The element offsets of a tile row's key and value in the pools.
+  struct RowOffsets {
+    int64_t k, v;
+  };
+
   BatchRows rows;
   kvcache::Sequence seq;
   kvcache::PageLookup lookup;
@@ -27,14 +32,21 @@ struct KeyValueTiles<fmha_kvcache_params, Tile, T> {
   int shift;         // log2(page_size) for powers of two, else -1
   bool whole_tiles;  // page_size is a multiple of the tile: every tile lies in one page
   int hdim_q, hdim_v;
-  // The pages of this thread's rows of the tile of keys ahead_j0.. (looked up one tile ahead).
+  // Pages holding whole tiles: the page of the tile of keys ahead_j0.. (looked up one tile ahead).
+  // Smaller pages: the offsets of the rows of the tile of keys ahead_j0.. are in `staged[stage]` (shared
+  // memory, written one tile ahead by the thread that owns the row), and `ahead` is the page of this
+  // thread's row (thread t owns row t) of the tile after that.
   int64_t ahead_j0 = -1;
-  int32_t ahead[kMaxRowsPerThread];
+  int32_t ahead = 0;
+  int stage = 0;
+  RowOffsets (*staged)[N];
 
   __device__ KeyValueTiles(const fmha_kvcache_params& p, int b, int hk)
       : lookup(kvcache::PageLookup::of(p)), k_page_stride(p.k_batch_stride), k_row_stride(p.k_row_stride),
         v_page_stride(p.v_batch_stride), v_row_stride(p.v_row_stride), page_size(static_cast<uint32_t>(p.page_size)),
         hdim_q(p.hdim_q), hdim_v(p.hdim_v) {
+    __shared__ RowOffsets offsets[2][N];
+    staged = offsets;
     kvcache::Fault ignored = {kvcache::kNoFault, 0, 0};  // the prepare reports faults; kernels clamp
     seq = kvcache::resolve(p, b, ignored);
     rows.q_start = seq.q_start;
@@ -44,49 +56,54 @@ struct KeyValueTiles<fmha_kvcache_params, Tile, T> {
     k = reinterpret_cast<const T*>(p.k) + hk * p.k_head_stride;
     v = reinterpret_cast<const T*>(p.v) + hk * p.v_head_stride;
     shift = (page_size & (page_size - 1)) == 0 ? __ffs(static_cast<int>(page_size)) - 1 : -1;
-    whole_tiles = page_size % Tile::kBlockN == 0;
+    whole_tiles = page_size % N == 0;
   }
 
   // Token -> (logical page, row in it): shifts and masks for powers of two.
   __device__ uint32_t page_of(uint32_t token) const { return shift >= 0 ? token >> shift : token / page_size; }
   __device__ uint32_t row_of(uint32_t token) const { return shift >= 0 ? token & (page_size - 1) : token % page_size; }
 
-  // Starts the table loads of the pages of the tile of keys j0..: one page when pages hold whole
-  // tiles, else one per row of this thread (rows past the sequence read no entry).
-  template <typename Copy>
-  __device__ void look_ahead(const Copy& copy, int64_t j0) {
-    static_assert(Copy::kPerThread <= kMaxRowsPerThread, "a page id per row of the thread");
-    if (whole_tiles) {
-      ahead[0] = static_cast<int32_t>(lookup.page_id(seq, page_of(static_cast<uint32_t>(j0))));
-    } else {
-#pragma unroll
-      for (int i = 0; i < Copy::kPerThread; ++i) {
-        const uint32_t token = static_cast<uint32_t>(j0) + copy.first_row() + i * Copy::kRowStep;
-        ahead[i] = token < static_cast<uint32_t>(rows.sk) ? static_cast<int32_t>(lookup.page_id(seq, page_of(token))) : 0;
-      }
-    }
-    ahead_j0 = j0;
+  // The page of `token` (0 past the sequence: such rows are never copied); starts a table load.
+  __device__ int32_t page_of_token(int64_t token) const {
+    return token < rows.sk ? static_cast<int32_t>(lookup.page_id(seq, page_of(static_cast<uint32_t>(token)))) : 0;
   }
 
+  // Writes the offsets of row `r` (key `token`, on page `page`) into stage `s`.
+  __device__ void stage_row(int s, int r, int64_t token, int32_t page) const {
+    const uint32_t u = row_of(static_cast<uint32_t>(token));
+    staged[s][r] = RowOffsets{page * k_page_stride + u * k_row_stride, page * v_page_stride + u * v_row_stride};
+  }
+
+  // Queues the copies of the tiles of keys j0.. Called by every thread with j0 = first, first + N, ...
   template <typename Copy>
   __device__ void issue(const Copy& copy, uint32_t sK, uint32_t sV, int64_t j0) {
-    if (ahead_j0 != j0) look_ahead(copy, j0);
-    int32_t pages[kMaxRowsPerThread];
-#pragma unroll
-    for (int i = 0; i < Copy::kPerThread; ++i) pages[i] = ahead[i];
-    // The next tile's lookups are in flight while this tile is copied and computed.
-    if (j0 + Tile::kBlockN < rows.sk) look_ahead(copy, j0 + Tile::kBlockN);
     const int valid = static_cast<int>(rows.sk - j0);
     if (whole_tiles) {
+      const int32_t page = ahead_j0 == j0 ? ahead : page_of_token(j0);
+      ahead = page_of_token(j0 + N);  // in flight while this tile is copied and computed
+      ahead_j0 = j0 + N;
       const uint32_t u0 = row_of(static_cast<uint32_t>(j0));
-      copy.issue(sK, k + pages[0] * k_page_stride + u0 * k_row_stride, k_row_stride, valid, hdim_q);
-      copy.issue(sV, v + pages[0] * v_page_stride + u0 * v_row_stride, v_row_stride, valid, hdim_v);
-    } else {
-      const uint32_t first = static_cast<uint32_t>(j0) + copy.first_row();
-      auto row_in_page = [&](int i) { return row_of(first + i * Copy::kRowStep); };
-      copy.issue_rows(sK, [&](int i) { return k + pages[i] * k_page_stride + row_in_page(i) * k_row_stride; }, k, valid, hdim_q);
-      copy.issue_rows(sV, [&](int i) { return v + pages[i] * v_page_stride + row_in_page(i) * v_row_stride; }, v, valid, hdim_v);
+      copy.issue(sK, k + page * k_page_stride + u0 * k_row_stride, k_row_stride, valid, hdim_q);
+      copy.issue(sV, v + page * v_page_stride + u0 * v_row_stride, v_row_stride, valid, hdim_v);
+      return;
     }
+    const int t = static_cast<int>(arch::thread_index());
+    if (ahead_j0 != j0) {  // the first tile (block-uniform): staged here, and the next tile's pages loaded
+      if (t < N) stage_row(stage, t, j0 + t, page_of_token(j0 + t));
+      ahead = t < N ? page_of_token(j0 + N + t) : 0;
+      arch::block_barrier();
+    }
+    const RowOffsets* rows_now = staged[stage];
+    copy.issue_rows(sK, [&](int i) { return k + rows_now[copy.first_row() + i * Copy::kRowStep].k; }, k, valid, hdim_q);
+    copy.issue_rows(sV, [&](int i) { return v + rows_now[copy.first_row() + i * Copy::kRowStep].v; }, v, valid, hdim_v);
+    // The next tile's rows from the pages loaded one tile ago (the kernel's barriers order these writes
+    // after every read of that stage and before the next issue), and the loads of the tile after.
+    if (t < N) {
+      stage_row(stage ^ 1, t, j0 + N + t, ahead);
+      ahead = page_of_token(j0 + 2 * N + t);
+    }
+    stage ^= 1;
+    ahead_j0 = j0 + N;
   }
 };
 
