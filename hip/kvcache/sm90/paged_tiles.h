@@ -30,7 +30,8 @@ struct KeyValueTiles<fmha_kvcache_params, Tile, T> {
   int64_t k_page_stride, k_row_stride, v_page_stride, v_row_stride;
   uint32_t page_size;
   int shift;         // log2(page_size) for powers of two, else -1
-  bool whole_tiles;  // page_size is a multiple of the tile: every tile lies in one page
+  bool whole_tiles;   // page_size is a multiple of the tile: every tile lies in one page
+  bool same_strides;  // K and V pools have the same page and row strides
   int hdim_q, hdim_v;
   // Pages holding whole tiles: the page of the tile of keys ahead_j0.. (looked up one tile ahead).
   // Smaller pages: the offsets of the rows of the tile of keys ahead_j0.. are in `staged[stage]` (shared
@@ -57,6 +58,7 @@ struct KeyValueTiles<fmha_kvcache_params, Tile, T> {
     v = reinterpret_cast<const T*>(p.v) + hk * p.v_head_stride;
     shift = (page_size & (page_size - 1)) == 0 ? __ffs(static_cast<int>(page_size)) - 1 : -1;
     whole_tiles = page_size % N == 0;
+    same_strides = k_page_stride == v_page_stride && k_row_stride == v_row_stride;
   }
 
   // Token -> (logical page, row in it): shifts and masks for powers of two.
@@ -94,8 +96,13 @@ struct KeyValueTiles<fmha_kvcache_params, Tile, T> {
       arch::block_barrier();
     }
     const RowOffsets* rows_now = staged[stage];
-    copy.issue_rows(sK, [&](int i) { return k + rows_now[copy.first_row() + i * Copy::kRowStep].k; }, k, valid, hdim_q);
-    copy.issue_rows(sV, [&](int i) { return v + rows_now[copy.first_row() + i * Copy::kRowStep].v; }, v, valid, hdim_v);
+    auto k_offset = [&](int i) { return rows_now[copy.first_row() + i * Copy::kRowStep].k; };
+    copy.issue_rows(sK, [&](int i) { return k + k_offset(i); }, k, valid, hdim_q);
+    if (same_strides) {  // the usual pools: V's offsets are K's (half the shared-memory reads)
+      copy.issue_rows(sV, [&](int i) { return v + k_offset(i); }, v, valid, hdim_v);
+    } else {
+      copy.issue_rows(sV, [&](int i) { return v + rows_now[copy.first_row() + i * Copy::kRowStep].v; }, v, valid, hdim_v);
+    }
     // The next tile's rows from the pages loaded one tile ago (the kernel's barriers order these writes
     // after every read of that stage and before the next issue), and the loads of the tile after.
     if (t < N) {
