@@ -134,12 +134,7 @@ impl KvCacheArgs {
         operands.extend(lse);
         check_memory_overlap(&operands)?;
 
-        let descales = Descales {
-            q: self.q_descale,
-            k: self.k_descale,
-            v: self.v_descale,
-            granularity: Some(t.scale_granularity),
-        };
+        let descales = Descales { q: self.q_descale, k: self.k_descale, v: self.v_descale };
         let descale_extents = self.descale_extents(t)?;
         Ok(KvCacheKargs {
             dtype: t.dtype,

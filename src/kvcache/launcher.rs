@@ -58,14 +58,6 @@ impl KvCacheLauncher {
         Ok(KvCacheLauncher { traits, instance })
     }
 
-    pub fn traits(&self) -> &KvCacheTraits {
-        &self.traits
-    }
-
-    pub fn instance(&self) -> &Instance {
-        &self.instance
-    }
-
     pub fn workspace_size(&self) -> usize {
         WORKSPACE_BYTES
     }

@@ -4,7 +4,7 @@ use crate::error::{ensure, Error, Result};
 use crate::problem::mask::MaskType;
 use crate::problem::paged::{PoolLayout, TableKind};
 use crate::problem::scale::ScaleGranularity;
-use crate::problem::{CacheDtype, Dtype, Mode, MAX_HEAD_DIM};
+use crate::problem::{CacheDtype, Mode, MAX_HEAD_DIM};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvCacheTraits {
@@ -86,10 +86,5 @@ impl KvCacheTraits {
             })?;
         }
         Ok(())
-    }
-
-    /// The output type: the input's, bf16 for fp8 inputs.
-    pub fn o_dtype(&self) -> Dtype {
-        self.dtype.output()
     }
 }

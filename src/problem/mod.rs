@@ -87,14 +87,6 @@ impl CacheDtype {
             CacheDtype::Fp8(_) => 1,
         }
     }
-
-    /// The type of o: the input type, bf16 for fp8 inputs.
-    pub fn output(self) -> Dtype {
-        match self {
-            CacheDtype::Half(dtype) => dtype,
-            CacheDtype::Fp8(_) => Dtype::Bf16,
-        }
-    }
 }
 
 impl From<Dtype> for CacheDtype {

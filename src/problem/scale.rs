@@ -80,17 +80,10 @@ impl Descale {
     }
 }
 
-/// The descales of one call.
+/// The descales of one call (a per-page descale has a page stride).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Descales {
     pub q: Descale,
     pub k: Descale,
     pub v: Descale,
-    pub granularity: Option<ScaleGranularity>,
-}
-
-impl Descales {
-    pub fn is_none(&self) -> bool {
-        self.q.is_none() && self.k.is_none() && self.v.is_none()
-    }
 }
