@@ -2,9 +2,11 @@
 //! kernel on the host (dense and paged KV differ only in where key/value rows come from, so on the
 //! same tiles they give the same bits).
 
+use super::tensor_view::TensorView;
 use super::tile_math::{axpy, dot, scale};
 use crate::error::Result;
 use crate::problem::mask::ResolvedMask;
+use crate::problem::Scalar;
 
 /// Where key and value rows come from: `read(j, k, v)` fills row `j` of the sequence (0-based).
 pub trait KeyValueRows {
@@ -12,8 +14,7 @@ pub trait KeyValueRows {
 }
 
 /// The query tile: rows `i0..i0 + rows` of a sequence, `dq` columns each, and the math around it.
-pub struct QueryTile<'a> {
-    pub q: &'a [f32],
+pub struct QueryTile {
     pub i0: i64,
     pub rows: usize,
     pub hdim_q: usize,
@@ -35,8 +36,49 @@ pub struct Attended {
     pub lse: Vec<f32>,
 }
 
-/// Streams the keys some row of the tile keeps, in tiles of `n0`, with an online softmax in f32.
-pub fn attend(t: &QueryTile<'_>, kv: &mut impl KeyValueRows) -> Result<Attended> {
+/// The query-side tensors of a forward block: q is read, O and the LSE written, at the same (batch,
+/// head, physical row) coordinates.
+pub struct QueryIo<'a, E, O> {
+    pub q: &'a TensorView<E>,
+    pub o: &'a TensorView<O>,
+    pub lse: Option<&'a TensorView<f32>>,
+}
+
+impl<E: Scalar, O: Scalar> QueryIo<'_, E, O> {
+    /// One block: physical rows `first..first + t.rows` of (`batch`, `head`) — q times `q_scale` —
+    /// attend over `kv`; O and the LSE are written at the same rows.
+    pub fn attend_block(
+        &self,
+        batch: i64,
+        head: i64,
+        first: i64,
+        q_scale: f32,
+        t: &QueryTile,
+        kv: &mut impl KeyValueRows,
+    ) -> Result<()> {
+        let (m, dq, dv) = (t.rows, t.hdim_q, t.hdim_v);
+        let mut q_staging = Vec::new();
+        let mut q = vec![0f32; m * dq];
+        for (i, row) in q.chunks_exact_mut(dq).enumerate() {
+            self.q.read_row(batch, head, first + i as i64, row, &mut q_staging);
+            row.iter_mut().for_each(|x| *x *= q_scale);
+        }
+        let out = attend(t, &q, kv)?;
+        let mut o_staging = Vec::new();
+        for i in 0..m {
+            let row = first + i as i64;
+            self.o.write_row(batch, head, row, &out.o[i * dv..(i + 1) * dv], &mut o_staging);
+            if let Some(lse) = self.lse {
+                lse.slice().set(lse.row_offset(batch, head, row), out.lse[i]);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Streams the keys some row of the tile keeps, in tiles of `n0`, with an online softmax in f32; `q`
+/// holds the tile's rows, `t.hdim_q` columns each.
+pub fn attend(t: &QueryTile, q: &[f32], kv: &mut impl KeyValueRows) -> Result<Attended> {
     let (m, dq, dv, n0) = (t.rows, t.hdim_q, t.hdim_v, t.n0);
     let mut row_max = vec![f32::NEG_INFINITY; m];
     let mut row_sum = vec![0f32; m];
@@ -54,7 +96,7 @@ pub fn attend(t: &QueryTile<'_>, kv: &mut impl KeyValueRows) -> Result<Attended>
         }
         let edge = t.mask.tile_needs_mask(t.i0, t.i0 + m as i64, jt, jt + n as i64);
         for i in 0..m {
-            let qi = &t.q[i * dq..(i + 1) * dq];
+            let qi = &q[i * dq..(i + 1) * dq];
             let mut tile_max = f32::NEG_INFINITY;
             for j in 0..n {
                 let kept = !edge || t.mask.is_kept(t.i0 + i as i64, jt + j as i64);

@@ -1,7 +1,7 @@
 //! The forward kernel on the host: one block per (q tile, query head, batch), streaming K/V tiles
 //! with an online softmax in f32, writing O in the input type and the natural-log LSE.
 
-use super::attend::{attend, KeyValueRows, QueryTile};
+use super::attend::{KeyValueRows, QueryIo, QueryTile};
 use super::grid::for_each_block;
 use super::sequence::Sequences;
 use super::tensor_view::TensorView;
@@ -18,6 +18,7 @@ pub fn run<E: Element>(k: &FwdKargs, cu_count: i64) -> Result<()> {
     let v = TensorView::<E>::new(k.v, k.extents.v, mode, "v")?;
     let o = TensorView::<E>::new(k.o, k.extents.o, mode, "o")?;
     let lse = if k.lse.ptr.is_null() { None } else { Some(TensorView::<f32>::new(k.lse, k.extents.lse, mode, "lse")?) };
+    let io = QueryIo { q: &q, o: &o, lse: lse.as_ref() };
     let seqs = Sequences::new(s, &k.sequences)?;
     let (m0, n0) = (k.instance.m0, k.instance.n0);
     let q_tiles = ((s.max_seqlen_q + m0 - 1) / m0) as usize;
@@ -33,33 +34,25 @@ pub fn run<E: Element>(k: &FwdKargs, cu_count: i64) -> Result<()> {
             return Ok(());
         }
         let m = ((i0 + m0).min(rows.sq) - i0) as usize;
-        let (dq, dv) = (s.hdim_q as usize, s.hdim_v as usize);
-        let mut staging = Vec::new();
-        let mut q_tile = vec![0f32; m * dq];
-        for i in 0..m {
-            q.read_row(b, h, rows.q_start + i0 + i as i64, &mut q_tile[i * dq..(i + 1) * dq], &mut staging);
-        }
         let tile = QueryTile {
-            q: &q_tile,
             i0,
             rows: m,
-            hdim_q: dq,
-            hdim_v: dv,
+            hdim_q: s.hdim_q as usize,
+            hdim_v: s.hdim_v as usize,
             scale: s.scale,
             n0,
             mask: s.mask.resolve(rows.sq, rows.sk),
-            round_p: |p| E::DTYPE.round(p), // P enters P·V in the input type, as on the matrix units
+            round_p: E::round_probability, // P enters P·V in the input type, as on the matrix units
         };
-        let mut kv = DenseRows { k: &kt, v: &v, batch: b, head: h / s.group_size(), first_row: rows.k_start, staging };
-        let out = attend(&tile, &mut kv)?;
-        let mut staging = kv.staging;
-        for i in 0..m {
-            let row = rows.q_start + i0 + i as i64;
-            o.write_row(b, h, row, &out.o[i * dv..(i + 1) * dv], &mut staging);
-            if let Some(lse) = &lse {
-                lse.slice().set(lse.row_offset(b, h, row), out.lse[i]);
-            }
-        }
+        let mut kv = DenseRows {
+            k: &kt,
+            v: &v,
+            batch: b,
+            head: h / s.group_size(),
+            first_row: rows.k_start,
+            staging: Vec::new(),
+        };
+        io.attend_block(b, h, rows.q_start + i0, 1.0, &tile, &mut kv)?;
         Ok(())
     })
 }

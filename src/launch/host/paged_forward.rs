@@ -3,7 +3,7 @@
 //! Every sequence's rows and table are checked before any block runs, naming the field at fault (a GPU
 //! kernel clamps instead); the prepare records the same faults in the workspace.
 
-use super::attend::{attend, KeyValueRows, QueryTile};
+use super::attend::{KeyValueRows, QueryIo, QueryTile};
 use super::grid::for_each_block;
 use super::tensor_view::TensorView;
 use crate::error::{Error, Result};
@@ -133,6 +133,7 @@ pub fn run<E: Scalar, O: Scalar>(k: &KvCacheKargs, cu_count: i64) -> Result<()> 
     let q_descale = DescaleView::new(k.descales.q, qx, "q_descale")?;
     let k_descale = DescaleView::new(k.descales.k, kx, "k_descale")?;
     let v_descale = DescaleView::new(k.descales.v, vx, "v_descale")?;
+    let io = QueryIo { q: &q, o: &o, lse: lse.as_ref() };
     let m0 = k.instance.m0;
     let q_tiles = sequences.iter().map(|s| (s.sq + m0 - 1) / m0).max().unwrap_or(0) as usize;
     let heads = k.nhead_q as usize;
@@ -150,16 +151,7 @@ pub fn run<E: Scalar, O: Scalar>(k: &KvCacheKargs, cu_count: i64) -> Result<()> 
         // Batch mode: sequence b is batch b of q/o/lse; group mode: its rows start at q_start.
         let qb = if mode == Mode::Batch { b } else { 0 };
         let m = ((i0 + m0).min(seq.sq) - i0) as usize;
-        let mut staging = Vec::new();
-        let mut q_tile = vec![0f32; m * dq];
-        let dq_scale = q_descale.value(b, g, 0);
-        for i in 0..m {
-            let row = &mut q_tile[i * dq..(i + 1) * dq];
-            q.read_row(qb, h, seq.q_start + i0 + i as i64, row, &mut staging);
-            row.iter_mut().for_each(|x| *x *= dq_scale);
-        }
         let tile = QueryTile {
-            q: &q_tile,
             i0,
             rows: m,
             hdim_q: dq,
@@ -178,17 +170,9 @@ pub fn run<E: Scalar, O: Scalar>(k: &KvCacheKargs, cu_count: i64) -> Result<()> 
             k_descale: &k_descale,
             v_descale: &v_descale,
             head: g,
-            staging,
+            staging: Vec::new(),
         };
-        let out = attend(&tile, &mut kv)?;
-        let mut staging = Vec::new();
-        for i in 0..m {
-            let row = seq.q_start + i0 + i as i64;
-            o.write_row(qb, h, row, &out.o[i * dv..(i + 1) * dv], &mut staging);
-            if let Some(lse) = &lse {
-                lse.slice().set(lse.row_offset(qb, h, row), out.lse[i]);
-            }
-        }
+        io.attend_block(qb, h, seq.q_start + i0, q_descale.value(b, g, 0), &tile, &mut kv)?;
         Ok(())
     })
 }
