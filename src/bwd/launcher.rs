@@ -9,7 +9,7 @@
 
 use super::args::BwdArgs;
 use super::traits::BwdTraits;
-use crate::error::{ensure, Error, Result, Status};
+use crate::error::{ensure, Error, Result};
 use crate::host_buffer::AlignedBytes;
 use crate::launch::BwdKargs;
 use crate::problem::{Mode, Shape};
@@ -102,22 +102,18 @@ impl BwdLauncher {
         self.layout.workspace_size()
     }
 
-    /// Checks a workspace argument: not null, [`workspace::SECTION_ALIGNMENT`]-aligned (the kernels read its
-    /// sections as aligned structs), and — when the caller says how large it is (`bytes > 0`, or always
-    /// with `size_required`) — at least [`workspace_size`](Self::workspace_size) bytes.
+    /// Checks a workspace argument: not null, aligned, and — when the caller says how large it is
+    /// (`bytes > 0`, or always with `size_required`) — at least [`workspace_size`](Self::workspace_size)
+    /// bytes.
     pub(crate) fn check_workspace(&self, workspace: DevicePtr<u8>, bytes: usize, size_required: bool) -> Result<()> {
-        if workspace.is_null() {
-            return Err(Error::null("workspace"));
-        }
-        workspace::check_section_aligned("workspace", workspace.addr().0)?;
         let need = self.workspace_size();
-        if (size_required || bytes > 0) && bytes < need {
-            return Err(Error::new(
-                Status::WorkspaceTooSmall,
-                format!("workspace_size: {bytes} bytes given, this launcher needs {need} (fmha_bwd_launcher_workspace_size)"),
-            ));
-        }
-        Ok(())
+        workspace::check_workspace_argument(
+            workspace.addr().0,
+            bytes,
+            need,
+            size_required,
+            "fmha_bwd_launcher_workspace_size",
+        )
     }
 
     /// Checks the seqstart arguments of a prepare against the mode: both in group mode, neither in

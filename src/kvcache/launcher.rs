@@ -9,9 +9,11 @@ use super::{KvCacheArgs, KvCacheTraits};
 use crate::error::{Error, Result, Status};
 use crate::launch::abi::KvCacheFault;
 use crate::launch::KvCacheKargs;
+use crate::problem::paged::PoolLayout;
+use crate::problem::MaskType;
 use crate::registry::{Instance, Operation, Request};
-use crate::runtime::{self, CopyKind, DevicePtr, Stream};
-use crate::workspace::{check_section_aligned, SECTION_ALIGNMENT};
+use crate::runtime::{self, Arch, CopyKind, DevicePtr, Stream};
+use crate::workspace::{check_workspace_argument, SECTION_ALIGNMENT};
 
 /// Bytes of a prefill launcher's workspace: the fault record, rounded to a section.
 pub const WORKSPACE_BYTES: usize = std::mem::size_of::<KvCacheFault>().next_multiple_of(SECTION_ALIGNMENT);
@@ -32,7 +34,7 @@ fn select(traits: &KvCacheTraits) -> Result<Instance> {
             dtype: traits.dtype,
             hdim_q: traits.hdim_q,
             hdim_v: traits.hdim_v,
-            masked: traits.mask_type != crate::problem::MaskType::None,
+            masked: traits.mask_type != MaskType::None,
             deterministic: false,
         },
     )
@@ -48,8 +50,7 @@ impl KvCacheLauncher {
     pub fn new(traits: KvCacheTraits) -> Result<KvCacheLauncher> {
         let instance = select(&traits)?;
         instance.check_grid(traits.nhead_q, traits.batch)?;
-        if instance.arch != crate::runtime::Arch::Host && traits.layout == crate::problem::paged::PoolLayout::Vectorized
-        {
+        if instance.arch != Arch::Host && traits.layout == PoolLayout::Vectorized {
             return Err(Error::unsupported(format!(
                 "kv_layout: the {} kv-cache kernels read strided pools only (FMHA_KV_LAYOUT_STRIDED)",
                 instance.arch.name()
@@ -65,18 +66,8 @@ impl KvCacheLauncher {
     /// Checks a workspace the prepare writes and `check` reads: not null, aligned, large enough
     /// (when the caller says how large: `bytes > 0`).
     fn check_workspace(&self, workspace: DevicePtr<u8>, bytes: usize) -> Result<()> {
-        if workspace.is_null() {
-            return Err(Error::null("workspace"));
-        }
-        check_section_aligned("workspace", workspace.addr().0)?;
         let need = self.workspace_size();
-        if bytes > 0 && bytes < need {
-            return Err(Error::new(
-                Status::WorkspaceTooSmall,
-                format!("workspace_size: {bytes} bytes given, this launcher needs {need} (fmha_kvcache_launcher_workspace_size)"),
-            ));
-        }
-        Ok(())
+        check_workspace_argument(workspace.addr().0, bytes, need, false, "fmha_kvcache_launcher_workspace_size")
     }
 
     fn kargs(&self, args: &KvCacheArgs) -> Result<KvCacheKargs> {

@@ -2,7 +2,7 @@
 //! dq_acc region's upper bound, and where each batch's dq_acc block lies.
 
 use super::metadata::MetadataView;
-use crate::error::{ensure, Error, Result};
+use crate::error::{ensure, Error, Result, Status};
 use crate::schedule::{ceil_div, BatchPersistent, XcdRemap};
 
 /// Alignment of every metadata section (the device reads them as 16-byte aligned structs).
@@ -15,6 +15,30 @@ pub fn check_section_aligned(field: &str, address: usize) -> Result<()> {
         format!("{address:#x} is not {SECTION_ALIGNMENT}-byte aligned (address mod {SECTION_ALIGNMENT} = {misalign})")
     })
 }
+/// Checks a launcher's workspace argument at `address`: not null, [`SECTION_ALIGNMENT`]-aligned (the
+/// kernels read its sections as aligned structs), and — when the caller says how large it is
+/// (`bytes > 0`, or always with `size_required`) — at least `need` bytes, the size
+/// `size_function` reports.
+pub fn check_workspace_argument(
+    address: usize,
+    bytes: usize,
+    need: usize,
+    size_required: bool,
+    size_function: &str,
+) -> Result<()> {
+    if address == 0 {
+        return Err(Error::null("workspace"));
+    }
+    check_section_aligned("workspace", address)?;
+    if (size_required || bytes > 0) && bytes < need {
+        return Err(Error::new(
+            Status::WorkspaceTooSmall,
+            format!("workspace_size: {bytes} bytes given, this launcher needs {need} ({size_function})"),
+        ));
+    }
+    Ok(())
+}
+
 // The host builds metadata regions in `AlignedBytes`.
 const _: () = assert!(crate::host_buffer::ALIGNMENT % SECTION_ALIGNMENT == 0);
 /// The metadata region is rounded up to this, so dq_acc starts page-aligned.
