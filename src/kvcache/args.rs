@@ -208,15 +208,11 @@ impl KvCacheArgs {
                 ensure(self.block_table_stride >= self.max_pages_per_seq, "block_table_stride", || {
                     format!("{} is less than max_pages_per_seq = {}", self.block_table_stride, self.max_pages_per_seq)
                 })?;
-                let entries = (b as i64)
-                    .saturating_sub(1)
-                    .checked_mul(self.block_table_stride)
-                    .and_then(|x| x.checked_add(self.max_pages_per_seq));
-                let entries = entries.and_then(|e| usize::try_from(e).ok()).ok_or_else(|| {
+                let entries = table.block_table_len(b).ok_or_else(|| {
                     Error::invalid("block_table_stride", "batch rows of the table span more than the address space")
                 })?;
                 required(self.seqlen_k, b, "seqlen_k")?;
-                required(self.block_table, if b == 0 { 0 } else { entries }, "block_table")?;
+                required(self.block_table, entries, "block_table")?;
                 for (array, field) in [
                     (self.kv_indptr, "kv_indptr"),
                     (self.page_indices, "page_indices"),

@@ -126,3 +126,18 @@ pub struct KvTableArgs {
     pub last_page_len: DevicePtr<i32>,
     pub cache_batch_idx: DevicePtr<i32>,
 }
+
+impl KvTableArgs {
+    /// Entries of the block table a call may read: `batch` rows `block_table_stride` apart, of
+    /// `max_pages_per_seq` entries each (0 for other kinds or no sequences); `None` when that count
+    /// overflows.
+    pub fn block_table_len(&self, batch: usize) -> Option<usize> {
+        if batch == 0 || self.kind != TableKind::BlockTable {
+            return Some(0);
+        }
+        (batch as i64 - 1)
+            .checked_mul(self.block_table_stride)
+            .and_then(|x| x.checked_add(self.max_pages_per_seq))
+            .and_then(|e| usize::try_from(e).ok())
+    }
+}

@@ -4,19 +4,9 @@
 
 use super::abi::KvCacheParams;
 use super::cpu_twin;
+use super::host::paged_forward::TableArrays;
 use crate::problem::paged::{resolve_sequences, PageTable, SequenceBounds, TableKind};
 use crate::test_rng::{starts, Rng};
-
-/// A random table of `kind` for `batch` sequences, with a few values spoiled.
-struct Arrays {
-    seqstart_q: Vec<i32>,
-    seqlen_k: Vec<i32>,
-    cache_batch_idx: Vec<i32>,
-    block_table: Vec<i32>,
-    kv_indptr: Vec<i32>,
-    page_indices: Vec<i32>,
-    last_page_len: Vec<i32>,
-}
 
 fn spoil(rng: &mut Rng, values: &mut [i32]) {
     if !values.is_empty() && rng.range(0, 3) == 0 {
@@ -39,7 +29,7 @@ fn cpu_prepare_finds_the_rust_fault() {
         let stride = max_pages_per_seq + rng.range(0, 2);
         let kv: Vec<i32> = (0..batch).map(|_| rng.range(0, page * max_pages_per_seq) as i32).collect();
         let q_lens: Vec<i32> = (0..batch).map(|_| rng.range(0, 6) as i32).collect();
-        let mut a = Arrays {
+        let mut a = TableArrays {
             seqstart_q: starts(&q_lens),
             seqlen_k: kv.clone(),
             cache_batch_idx: (0..batch).map(|_| rng.range(0, num_pages - 1) as i32).collect(),

@@ -1,10 +1,10 @@
 //! The kernels' parameter blocks (`abi.rs`) built from validated kernel arguments.
 
 use super::abi::{BwdParams, FwdParams, KvCacheFault, KvCacheParams, PrepareParams, KVCACHE_PREPARED};
-use super::kargs::{BwdKargs, FwdKargs, KvCacheKargs, KvTableArgs};
+use super::kargs::{BwdKargs, FwdKargs, KvCacheKargs};
 use crate::error::{Error, Result, Status};
 use crate::problem::mask::MaskType;
-use crate::problem::paged::{KvField, TableFault, TableKind};
+use crate::problem::paged::{KvField, TableFault};
 use crate::problem::{CacheDtype, Dtype, Mode};
 use crate::runtime::{DeviceAddr, DevicePtr};
 use crate::workspace::WorkspaceLayout;
@@ -214,17 +214,6 @@ impl KvCacheFault {
         let field = KvField::from_i32(self.field)
             .ok_or_else(|| Error::internal(format!("workspace: fault record names field {}", self.field)))?;
         Ok(Some(TableFault { field, sequence: self.sequence, value: self.value, bound: self.bound }))
-    }
-}
-
-impl KvTableArgs {
-    /// Entries of the block table a call may read: `batch` rows of `max_pages_per_seq`.
-    pub fn block_table_len(&self, batch: usize) -> usize {
-        if batch == 0 || self.kind != TableKind::BlockTable {
-            0
-        } else {
-            (batch - 1) * self.block_table_stride as usize + self.max_pages_per_seq as usize
-        }
     }
 }
 

@@ -28,16 +28,17 @@ fn read_array(ptr: DevicePtr<i32>, len: usize, field: &str) -> Result<Vec<i32>> 
     Ok(out)
 }
 
-/// Host copies of a call's length and table arrays (what a prepare reads).
+/// Host copies of a call's length and table arrays (what a prepare reads); empty where the call has
+/// none.
 #[derive(Debug, Default)]
 pub struct TableArrays {
-    seqstart_q: Vec<i32>,
-    seqlen_k: Vec<i32>,
-    cache_batch_idx: Vec<i32>,
-    block_table: Vec<i32>,
-    kv_indptr: Vec<i32>,
-    page_indices: Vec<i32>,
-    last_page_len: Vec<i32>,
+    pub seqstart_q: Vec<i32>,
+    pub seqlen_k: Vec<i32>,
+    pub cache_batch_idx: Vec<i32>,
+    pub block_table: Vec<i32>,
+    pub kv_indptr: Vec<i32>,
+    pub page_indices: Vec<i32>,
+    pub last_page_len: Vec<i32>,
 }
 
 impl TableArrays {
@@ -54,7 +55,10 @@ impl TableArrays {
             }
             TableKind::BlockTable => {
                 arrays.seqlen_k = read_array(t.seqlen_k, b, "seqlen_k")?;
-                arrays.block_table = read_array(t.block_table, t.block_table_len(b), "block_table")?;
+                let len = t.block_table_len(b).ok_or_else(|| {
+                    Error::invalid("block_table_stride", "batch rows of the table span more than the address space")
+                })?;
+                arrays.block_table = read_array(t.block_table, len, "block_table")?;
             }
             TableKind::PageCsr => {
                 arrays.kv_indptr = read_array(t.kv_indptr, b + 1, "kv_indptr")?;
