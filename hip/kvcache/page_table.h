@@ -133,10 +133,10 @@ struct PageLookup {
 // The prepare's scan of every page id a sequence uses (`traits.check_tables`).
 FMHA_HOST_DEVICE inline void check_pages(const fmha_kvcache_params& p, const Sequence& s, Fault& fault) {
   if (p.table_kind == kKindContiguous || s.kv_len == 0) return;
-  const int32_t* table = reinterpret_cast<const int32_t*>(p.table_kind == kKindBlockTable ? p.block_table : p.page_indices);
+  const PageLookup lookup = PageLookup::of(p);
   const int32_t field = p.table_kind == kKindBlockTable ? kBlockTable : kPageIndices;
   for (int64_t t = 0; t <= s.last_page && fault.field == kNoFault; ++t) {
-    const int64_t id = table[s.first + t];
+    const int64_t id = lookup.table[s.first + t];
     require(id >= 0 && id < p.num_pages, fault, field, id, p.num_pages);
   }
 }
