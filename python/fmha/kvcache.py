@@ -82,6 +82,20 @@ def _canonical_dtype(dtype, name):
     raise TypeError(f"fmha: {name} must be a torch.dtype or its name, got {dtype!r}")
 
 
+def _traits(*, dtype, **fields):
+    """The launcher's traits: strided pools, one descale per tensor or (sequence, kv head), fp8 writing
+    bf16 (the layouts and granularities this binding passes)."""
+    fp8 = dtype in (L.DTYPE_FP8_E4M3FN, L.DTYPE_FP8_E4M3FNUZ)
+    return L.fmha_kvcache_traits(
+        dtype=dtype,
+        o_dtype=L.DTYPE_BF16 if fp8 else dtype,
+        kv_layout=L.KV_LAYOUT_STRIDED,
+        kv_scale_granularity=L.KV_SCALE_TENSOR,
+        kv_split_tokens=0,
+        **fields,
+    )
+
+
 def _require_tensor(name, t):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"fmha: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -510,9 +524,8 @@ def flash_attn_with_kvcache(
         lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
 
     mask_type, left, right = _flash_mask(causal, window_size, max_sq, capacity)
-    traits = L.fmha_kvcache_traits(
+    traits = _traits(
         dtype=dtype_code,
-        o_dtype=L.DTYPE_BF16 if fp8 else dtype_code,
         hdim_q=hdim_q,
         hdim_v=hdim_v,
         nhead_q=nhead_q,
@@ -521,15 +534,12 @@ def flash_attn_with_kvcache(
         mask_type=mask_type,
         has_lse=int(bool(return_softmax_lse)),
         kv_table_kind=L.KV_BLOCK_TABLE if paged else L.KV_CONTIGUOUS,
-        kv_layout=L.KV_LAYOUT_STRIDED,
-        kv_scale_granularity=L.KV_SCALE_TENSOR,
         page_size=page_size,
         batch=batch,
         total_q=total_q,
         max_seqlen_q=max_sq,
         max_seqlen_k=capacity,
         max_splits=max(0, min(int(num_splits or 0), _MAX_SPLITS)),
-        kv_split_tokens=0,
         check_tables=0,
     )
     args = L.fmha_kvcache_args(
@@ -764,9 +774,8 @@ class BatchPrefillWithPagedKVCacheWrapper:
         scale = _scale(sm_scale, head_dim_qk)
 
         def traits(has_lse):
-            return L.fmha_kvcache_traits(
+            return _traits(
                 dtype=dtype_code,
-                o_dtype=L.DTYPE_BF16 if q_dtype in _FP8_DTYPES else dtype_code,
                 hdim_q=head_dim_qk,
                 hdim_v=head_dim_vo,
                 nhead_q=num_qo_heads,
@@ -775,15 +784,12 @@ class BatchPrefillWithPagedKVCacheWrapper:
                 mask_type=mask_type,
                 has_lse=int(has_lse),
                 kv_table_kind=L.KV_PAGE_CSR,
-                kv_layout=L.KV_LAYOUT_STRIDED,
-                kv_scale_granularity=L.KV_SCALE_TENSOR,
                 page_size=page_size,
                 batch=batch,
                 total_q=total_q,
                 max_seqlen_q=max_sq,
                 max_seqlen_k=max_sk,
                 max_splits=0,
-                kv_split_tokens=0,
                 check_tables=int(bool(check_tables)),
             )
 
