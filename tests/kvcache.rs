@@ -181,6 +181,40 @@ fn base_traits(case: &Case, total_q: usize) -> fmha_kvcache_traits {
 const NO_SCALE: fmha_scale = fmha_scale { data: null(), batch_stride: 0, head_stride: 0, page_stride: 0 };
 const NO_TENSOR: fmha_tensor = fmha_tensor { data: null_mut(), batch_stride: 0, head_stride: 0, row_stride: 0 };
 
+/// Arguments with every pointer null, every count and stride 0, no descales and no workspace: the
+/// calls below set what they use.
+fn blank_args() -> fmha_kvcache_args {
+    fmha_kvcache_args {
+        struct_size: std::mem::size_of::<fmha_kvcache_args>(),
+        q: NO_TENSOR,
+        k: NO_TENSOR,
+        v: NO_TENSOR,
+        o: NO_TENSOR,
+        lse: NO_TENSOR,
+        seqstart_q: null(),
+        batch: 0,
+        seqlen_q: 0,
+        num_pages: 0,
+        max_pages_per_seq: 0,
+        num_page_indices: 0,
+        seqlen_k: null(),
+        block_table: null(),
+        block_table_stride: 0,
+        kv_indptr: null(),
+        page_indices: null(),
+        last_page_len: null(),
+        cache_batch_idx: null(),
+        scale: 0.0,
+        window_size_left: -1,
+        window_size_right: -1,
+        q_descale: NO_SCALE,
+        k_descale: NO_SCALE,
+        v_descale: NO_SCALE,
+        workspace: null_mut(),
+        workspace_size: 0,
+    }
+}
+
 /// Builds the case's buffers, runs it through a launcher (prepare, run, check), and compares with the
 /// float64 reference.
 fn run_case(case: &Case, rng: &mut Rng, ctx: &str) {
@@ -315,33 +349,15 @@ fn run_case(case: &Case, rng: &mut Rng, ctx: &str) {
     let kv_lens: Vec<i32> = case.lens.iter().map(|l| l.1 as i32).collect();
     let garbage = [i32::MAX, -1, num_pages as i32, i32::MIN];
     let mut args = fmha_kvcache_args {
-        struct_size: std::mem::size_of::<fmha_kvcache_args>(),
-        q: NO_TENSOR,
-        k: NO_TENSOR,
-        v: NO_TENSOR,
-        o: NO_TENSOR,
-        lse: NO_TENSOR,
-        seqstart_q: null(),
         batch: batch as i32,
         seqlen_q: if case.group { total_q as i32 } else { sq_batch as i32 },
         num_pages: num_pages as i32,
-        max_pages_per_seq: 0,
-        num_page_indices: 0,
-        seqlen_k: null(),
-        block_table: null(),
-        block_table_stride: 0,
-        kv_indptr: null(),
-        page_indices: null(),
-        last_page_len: null(),
-        cache_batch_idx: null(),
-        scale: 0.0,
         window_size_left: case.mask.left,
         window_size_right: case.mask.right,
         q_descale: q_ds,
         k_descale: k_ds,
         v_descale: v_ds,
-        workspace: null_mut(),
-        workspace_size: 0,
+        ..blank_args()
     };
     match case.kind {
         FMHA_KV_CONTIGUOUS => {
@@ -656,7 +672,6 @@ fn paged_equals_dense_bitwise_on_contiguous_pages() {
             };
             let traits = base_traits(&case, total_q);
             let args = fmha_kvcache_args {
-                struct_size: std::mem::size_of::<fmha_kvcache_args>(),
                 q: rows(qp, hq),
                 k: fmha_tensor {
                     data: kp,
@@ -676,23 +691,13 @@ fn paged_equals_dense_bitwise_on_contiguous_pages() {
                 batch: lens.len() as i32,
                 seqlen_q: total_q as i32,
                 num_pages: num_pages as i32,
-                max_pages_per_seq: 0,
                 num_page_indices: num_pages as i32,
-                seqlen_k: null(),
-                block_table: null(),
-                block_table_stride: 0,
                 kv_indptr: indptr.cast(),
                 page_indices: dev.upload(&indices).cast(),
                 last_page_len: dev.upload(&last).cast(),
-                cache_batch_idx: null(),
-                scale: 0.0,
                 window_size_left: -1,
                 window_size_right: 0,
-                q_descale: NO_SCALE,
-                k_descale: NO_SCALE,
-                v_descale: NO_SCALE,
-                workspace: null_mut(),
-                workspace_size: 0,
+                ..blank_args()
             };
             ok(fmha_kvcache_fwd(&traits, &args, null_mut()));
         } else {
@@ -793,7 +798,6 @@ impl Small {
         };
         let rows = |data| fmha_tensor { data, batch_stride: 0, head_stride: d as i64, row_stride: (hq * d) as i64 };
         let args = fmha_kvcache_args {
-            struct_size: std::mem::size_of::<fmha_kvcache_args>(),
             q: rows(q),
             k: pool_t(pool),
             v: pool_t(pool_v),
@@ -803,23 +807,15 @@ impl Small {
             batch: 2,
             seqlen_q: 5,
             num_pages: pages as i32,
-            max_pages_per_seq: 0,
             num_page_indices: 4,
-            seqlen_k: null(),
-            block_table: null(),
-            block_table_stride: 0,
             kv_indptr: dev.upload(&kv_indptr).cast(),
             page_indices: dev.upload(&page_indices).cast(),
             last_page_len: dev.upload(&last_page_len).cast(),
-            cache_batch_idx: null(),
-            scale: 0.0,
             window_size_left: -1,
             window_size_right: 0,
-            q_descale: NO_SCALE,
-            k_descale: NO_SCALE,
-            v_descale: NO_SCALE,
             workspace,
             workspace_size: 64,
+            ..blank_args()
         };
         Small { dev, traits, args, seqstart_q, kv_indptr, page_indices, last_page_len }
     }
