@@ -118,6 +118,15 @@ typedef struct fmha_fwd_params {
   int32_t masked;
 } fmha_fwd_params;
 
+// An fp8 descale array on the device: the value for (sequence b, kv head g, physical page p) is
+// `data[b·batch_stride + g·head_stride + p·page_stride]` (fp32); `data` 0 means 1.
+typedef struct fmha_descale_params {
+  uint64_t data;
+  int64_t batch_stride;
+  int64_t head_stride;
+  int64_t page_stride;
+} fmha_descale_params;
+
 // The kv-cache kernels' parameters (the forward and the prepare). The q/o/lse fields are named as
 // the forward's, so the forward kernel serves both (`hip/fwd/sm90/kernel.h`).
 typedef struct fmha_kvcache_params {
@@ -155,6 +164,10 @@ typedef struct fmha_kvcache_params {
   int64_t lse_batch_stride;
   int64_t lse_head_stride;
   int64_t block_table_stride;
+  // fp8 descales of q, k and v.
+  struct fmha_descale_params q_descale;
+  struct fmha_descale_params k_descale;
+  struct fmha_descale_params v_descale;
   int32_t batch;
   int32_t nhead_q;
   int32_t nhead_k;
@@ -172,7 +185,7 @@ typedef struct fmha_kvcache_params {
   int32_t window_right;
   // Softmax scale times log2(e).
   float scale_log2;
-  // 0 fp16, 1 bf16.
+  // `FMHA_DTYPE_*` of q, k and v (fp8: o is bf16).
   int32_t dtype;
   int32_t hdim_bucket;
   int32_t masked;

@@ -35,6 +35,7 @@ macro_rules! layout {
 fn layouts() -> Vec<Layout> {
     vec![
         layout!(FillParams, "fmha_fill_params", [dst, count, value, pad]),
+        layout!(DescaleParams, "fmha_descale_params", [data, batch_stride, head_stride, page_stride]),
         layout!(
             PrepareParams,
             "fmha_prepare_params",
@@ -221,6 +222,9 @@ fn layouts() -> Vec<Layout> {
                 lse_batch_stride,
                 lse_head_stride,
                 block_table_stride,
+                q_descale,
+                k_descale,
+                v_descale,
                 batch,
                 nhead_q,
                 nhead_k,

@@ -223,6 +223,17 @@ pub struct KvCacheFault {
     pub bound: i64,
 }
 
+/// An fp8 descale array on the device: the value for (sequence b, kv head g, physical page p) is
+/// `data[b·batch_stride + g·head_stride + p·page_stride]` (fp32); `data` 0 means 1.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DescaleParams {
+    pub data: u64,
+    pub batch_stride: i64,
+    pub head_stride: i64,
+    pub page_stride: i64,
+}
+
 /// The kv-cache kernels' parameters (the forward and the prepare). The q/o/lse fields are named as
 /// the forward's, so the forward kernel serves both (`hip/fwd/sm90/kernel.h`).
 #[repr(C)]
@@ -262,6 +273,10 @@ pub struct KvCacheParams {
     pub lse_batch_stride: i64,
     pub lse_head_stride: i64,
     pub block_table_stride: i64,
+    /// fp8 descales of q, k and v.
+    pub q_descale: DescaleParams,
+    pub k_descale: DescaleParams,
+    pub v_descale: DescaleParams,
     pub batch: i32,
     pub nhead_q: i32,
     pub nhead_k: i32,
@@ -279,7 +294,7 @@ pub struct KvCacheParams {
     pub window_right: i32,
     /// Softmax scale times log2(e).
     pub scale_log2: f32,
-    /// 0 fp16, 1 bf16.
+    /// `FMHA_DTYPE_*` of q, k and v (fp8: o is bf16).
     pub dtype: i32,
     pub hdim_bucket: i32,
     pub masked: i32,

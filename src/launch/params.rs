@@ -1,11 +1,12 @@
 //! The kernels' parameter blocks (`abi.rs`) built from validated kernel arguments.
 
-use super::abi::{BwdParams, FwdParams, KvCacheFault, KvCacheParams, PrepareParams, KVCACHE_PREPARED};
+use super::abi::{BwdParams, DescaleParams, FwdParams, KvCacheFault, KvCacheParams, PrepareParams, KVCACHE_PREPARED};
 use super::kargs::{BwdKargs, FwdKargs, KvCacheKargs};
 use crate::error::{Error, Result, Status};
 use crate::problem::mask::MaskType;
 use crate::problem::paged::{KvField, TableFault};
-use crate::problem::{CacheDtype, Dtype, Mode};
+use crate::problem::scale::Descale;
+use crate::problem::Mode;
 use crate::runtime::{DeviceAddr, DevicePtr};
 use crate::workspace::WorkspaceLayout;
 
@@ -217,6 +218,17 @@ impl KvCacheFault {
     }
 }
 
+impl DescaleParams {
+    fn new(d: &Descale) -> DescaleParams {
+        DescaleParams {
+            data: d.data.addr().0 as u64,
+            batch_stride: d.batch_stride,
+            head_stride: d.head_stride,
+            page_stride: d.page_stride,
+        }
+    }
+}
+
 impl KvCacheParams {
     /// The parameter block of validated kernel arguments; `record` is the prepare's fault record
     /// (null for the forward). Lengths fit in i32: the ABI passes them so.
@@ -253,6 +265,9 @@ impl KvCacheParams {
             lse_batch_stride: k.lse.batch_stride,
             lse_head_stride: k.lse.head_stride,
             block_table_stride: t.block_table_stride,
+            q_descale: DescaleParams::new(&k.descales.q),
+            k_descale: DescaleParams::new(&k.descales.k),
+            v_descale: DescaleParams::new(&k.descales.v),
             batch: k.batch as i32,
             nhead_q: k.nhead_q as i32,
             nhead_k: k.nhead_k as i32,
@@ -266,10 +281,7 @@ impl KvCacheParams {
             window_left: k.mask.left,
             window_right: k.mask.right,
             scale_log2: k.scale * std::f32::consts::LOG2_E,
-            dtype: match k.dtype {
-                CacheDtype::Half(Dtype::F16) => 0,
-                _ => 1,
-            },
+            dtype: k.dtype.abi_value(),
             hdim_bucket: k.instance.hdim_q as i32,
             masked: i32::from(k.mask.kind != MaskType::None),
             table_kind: t.kind as i32,

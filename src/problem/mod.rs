@@ -80,6 +80,15 @@ impl CacheDtype {
         }
     }
 
+    /// Its `FMHA_DTYPE_*` value.
+    pub fn abi_value(self) -> i32 {
+        match self {
+            CacheDtype::Half(dtype) => dtype as i32,
+            CacheDtype::Fp8(Fp8Format::E4m3fn) => FMHA_DTYPE_FP8_E4M3FN,
+            CacheDtype::Fp8(Fp8Format::E4m3fnuz) => FMHA_DTYPE_FP8_E4M3FNUZ,
+        }
+    }
+
     /// Bytes per element of q, k and v.
     pub fn bytes(self) -> usize {
         match self {
