@@ -178,24 +178,33 @@ const GFX942_BACKWARD_TILES: [(i64, i64, i64); 2] = [(64, 64, 128), (128, 32, 12
 /// and the launch stub checks the workspace's tile without knowing which of the two the device is.
 const GFX950_BACKWARD_TILES: [(i64, i64, i64); 2] = GFX942_BACKWARD_TILES;
 
-/// The instances of a GPU build for `arch` and `operation`: both dtypes, masked or not (the backward
-/// also atomic or deterministic dQ), one per tile. The GPU kernels move 16-byte vectors (head dims in
-/// multiples of 8 elements).
-fn gpu_instances(arch: Arch, operation: Operation, tiles: &[(i64, i64, i64)], pipeline: &'static str) -> Vec<Instance> {
+/// The 16-bit input types, which every GPU kernel takes.
+const HALF_DTYPES: [CacheDtype; 2] = [CacheDtype::Half(Dtype::F16), CacheDtype::Half(Dtype::Bf16)];
+
+/// The instances of a GPU build for `arch` and `operation`: each of `dtypes`, masked or not (the
+/// backward also atomic or deterministic dQ), one per tile. The GPU kernels move 16-byte vectors (head
+/// dims in multiples of 16 bytes).
+fn gpu_instances(
+    arch: Arch,
+    operation: Operation,
+    dtypes: &[CacheDtype],
+    tiles: &[(i64, i64, i64)],
+    pipeline: &'static str,
+) -> Vec<Instance> {
     let modes: &[bool] = if operation == Operation::Backward { &[false, true] } else { &[false] };
     let max_input_row_stride = match arch {
         Arch::Gfx942 | Arch::Gfx950 => AMD_MAX_INPUT_ROW_STRIDE,
         _ => 0,
     };
     let mut list = Vec::new();
-    for dtype in [Dtype::F16, Dtype::Bf16] {
+    for &dtype in dtypes {
         for masked in [false, true] {
             for &deterministic in modes {
                 for &(hdim, m0, n0) in tiles {
                     list.push(Instance {
                         operation,
                         arch,
-                        dtype: dtype.into(),
+                        dtype,
                         hdim_q: hdim,
                         hdim_v: hdim,
                         masked,
@@ -203,7 +212,7 @@ fn gpu_instances(arch: Arch, operation: Operation, tiles: &[(i64, i64, i64)], pi
                         m0,
                         n0,
                         pipeline,
-                        hdim_multiple: 8,
+                        hdim_multiple: 16 / dtype.bytes() as i64,
                         vector_bytes: 16,
                         max_input_row_stride,
                         max_grid_heads_and_batch: GPU_MAX_GRID_YZ,
@@ -224,20 +233,34 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
             list
         }
         Arch::Sm90 if cfg!(feature = "cuda") => {
-            let mut list = gpu_instances(arch, Operation::Forward, &SM90_FORWARD_TILES, "wgmma_cp_async");
-            list.extend(gpu_instances(arch, Operation::Backward, &SM90_BACKWARD_TILES, "wgmma_cp_async"));
-            // The forward kernel with paged K/V tiles (hip/kvcache/kvcache.hip): fp16/bf16 so far.
-            list.extend(gpu_instances(arch, Operation::KvCache, &SM90_FORWARD_TILES, "wgmma_cp_async_paged"));
+            let mut list = gpu_instances(arch, Operation::Forward, &HALF_DTYPES, &SM90_FORWARD_TILES, "wgmma_cp_async");
+            list.extend(gpu_instances(arch, Operation::Backward, &HALF_DTYPES, &SM90_BACKWARD_TILES, "wgmma_cp_async"));
+            // The forward kernel with paged K/V tiles (hip/kvcache/kvcache.hip); fp8 in the OCP format
+            // (the one Hopper's tensor cores take) with the D = 128 shape only.
+            list.extend(gpu_instances(
+                arch,
+                Operation::KvCache,
+                &HALF_DTYPES,
+                &SM90_FORWARD_TILES,
+                "wgmma_cp_async_paged",
+            ));
+            list.extend(gpu_instances(
+                arch,
+                Operation::KvCache,
+                &[CacheDtype::Fp8(Fp8Format::E4m3fn)],
+                &SM90_FORWARD_TILES[1..],
+                "wgmma_cp_async_paged_vt",
+            ));
             list
         }
         Arch::Gfx942 if cfg!(feature = "rocm") => {
-            let mut list = gpu_instances(arch, Operation::Forward, &GFX942_FORWARD_TILES, "mfma_lds");
-            list.extend(gpu_instances(arch, Operation::Backward, &GFX942_BACKWARD_TILES, "mfma_lds"));
+            let mut list = gpu_instances(arch, Operation::Forward, &HALF_DTYPES, &GFX942_FORWARD_TILES, "mfma_lds");
+            list.extend(gpu_instances(arch, Operation::Backward, &HALF_DTYPES, &GFX942_BACKWARD_TILES, "mfma_lds"));
             list
         }
         Arch::Gfx950 if cfg!(feature = "rocm") => {
-            let mut list = gpu_instances(arch, Operation::Forward, &GFX950_FORWARD_TILES, "mfma_lds");
-            list.extend(gpu_instances(arch, Operation::Backward, &GFX950_BACKWARD_TILES, "mfma_lds"));
+            let mut list = gpu_instances(arch, Operation::Forward, &HALF_DTYPES, &GFX950_FORWARD_TILES, "mfma_lds");
+            list.extend(gpu_instances(arch, Operation::Backward, &HALF_DTYPES, &GFX950_BACKWARD_TILES, "mfma_lds"));
             list
         }
         _ => Vec::new(),
@@ -443,7 +466,7 @@ mod tests {
 
     #[test]
     fn gpu_forward_instances_cover_dtypes_and_masks() {
-        let list = gpu_instances(Arch::Gfx942, Operation::Forward, &GFX942_FORWARD_TILES, "mfma_lds");
+        let list = gpu_instances(Arch::Gfx942, Operation::Forward, &HALF_DTYPES, &GFX942_FORWARD_TILES, "mfma_lds");
         assert_eq!(list.len(), 2 * 2 * GFX942_FORWARD_TILES.len());
         let i = list.iter().find(|i| i.dtype == CacheDtype::Half(Dtype::Bf16) && i.masked && i.hdim_q == 128).unwrap();
         assert_eq!((i.m0, i.n0, i.pipeline, i.vector_bytes), (128, 32, "mfma_lds", 16));
@@ -458,19 +481,22 @@ mod tests {
             head_stride: 0,
             row_stride,
         };
-        let amd = &gpu_instances(Arch::Gfx950, Operation::Backward, &GFX950_BACKWARD_TILES, "mfma_lds")[0];
+        let amd =
+            &gpu_instances(Arch::Gfx950, Operation::Backward, &HALF_DTYPES, &GFX950_BACKWARD_TILES, "mfma_lds")[0];
         amd.check_input_rows("do", &tensor((1 << 24) - 8)).unwrap();
         let e = amd.check_input_rows("do", &tensor(1 << 24)).unwrap_err();
         assert_eq!(e.status, crate::Status::Unsupported);
         assert!(e.message.starts_with("do.row_stride: 16777216 elements; the gfx950"), "{}", e.message);
-        let sm90 = &gpu_instances(Arch::Sm90, Operation::Forward, &SM90_FORWARD_TILES, "wgmma_cp_async")[0];
+        let sm90 =
+            &gpu_instances(Arch::Sm90, Operation::Forward, &HALF_DTYPES, &SM90_FORWARD_TILES, "wgmma_cp_async")[0];
         sm90.check_input_rows("q", &tensor(1 << 40)).unwrap();
     }
 
     #[test]
     fn gpu_instances_check_vector_strides_and_grids_naming_the_field() {
         use crate::problem::{Mode, Tensor};
-        let sm90 = &gpu_instances(Arch::Sm90, Operation::Forward, &SM90_FORWARD_TILES, "wgmma_cp_async")[0];
+        let sm90 =
+            &gpu_instances(Arch::Sm90, Operation::Forward, &HALF_DTYPES, &SM90_FORWARD_TILES, "wgmma_cp_async")[0];
         let t = Tensor {
             ptr: crate::runtime::DeviceAddr(1 << 20),
             batch_stride: -12345,
@@ -495,7 +521,7 @@ mod tests {
 
     #[test]
     fn gpu_backward_instances_cover_both_dq_modes() {
-        let list = gpu_instances(Arch::Sm90, Operation::Backward, &SM90_BACKWARD_TILES, "wgmma_cp_async");
+        let list = gpu_instances(Arch::Sm90, Operation::Backward, &HALF_DTYPES, &SM90_BACKWARD_TILES, "wgmma_cp_async");
         assert_eq!(list.len(), 2 * 2 * 2 * SM90_BACKWARD_TILES.len());
         assert_eq!(list.iter().filter(|i| i.deterministic).count(), list.len() / 2);
         let i = list
@@ -508,7 +534,7 @@ mod tests {
     #[test]
     fn amd_backward_instances_cover_both_archs_and_dq_modes() {
         for (arch, tiles) in [(Arch::Gfx942, &GFX942_BACKWARD_TILES), (Arch::Gfx950, &GFX950_BACKWARD_TILES)] {
-            let list = gpu_instances(arch, Operation::Backward, tiles, "mfma_lds");
+            let list = gpu_instances(arch, Operation::Backward, &HALF_DTYPES, tiles, "mfma_lds");
             assert_eq!(list.len(), 2 * 2 * 2 * tiles.len());
             assert_eq!(list.iter().filter(|i| i.deterministic).count(), list.len() / 2);
             // One 32x32 dQ block per wave of the four: m0 · hdim = 4 · 32 · 32; 32 keys per wave.

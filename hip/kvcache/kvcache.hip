@@ -1,6 +1,6 @@
 // The kv-cache operation's kernels: the prepare (checks a call's lengths and tables and records the
 // first fault, kvcache/page_table.h) and, on Hopper, the forward kernel reading its K/V tiles through
-// the page table (kvcache/sm90/paged_tiles.h).
+// the page table (kvcache/sm90/paged_tiles.h): fp16, bf16 and fp8 e4m3 (OCP).
 #include "arch/platform.h"
 #include "arch/thread.h"
 #include "kvcache/page_table.h"
@@ -52,8 +52,16 @@ extern "C" int32_t fmha_hip_kvcache_prepare(const fmha_kvcache_params* params, v
 extern "C" int32_t fmha_hip_kvcache_fwd(const fmha_kvcache_params* params, void* stream) {
   if (params == nullptr || params->max_seqlen_q <= 0 || params->batch <= 0) return 0;  // nothing to compute
   const hipStream_t s = static_cast<hipStream_t>(stream);
-  return params->dtype == 0 ? fmha::dispatch_forward<__half>(*params, s)
-                            : fmha::dispatch_forward<__nv_bfloat16>(*params, s);
+  switch (params->dtype) {
+    case 0:  // FMHA_DTYPE_FP16
+      return fmha::dispatch_forward<__half>(*params, s);
+    case 1:  // FMHA_DTYPE_BF16
+      return fmha::dispatch_forward<__nv_bfloat16>(*params, s);
+    case 3:  // FMHA_DTYPE_FP8_E4M3FN
+      return fmha::dispatch_forward<__nv_fp8_e4m3>(*params, s);
+    default:
+      return static_cast<int32_t>(cudaErrorInvalidValue);
+  }
 }
 
 extern "C" int32_t fmha_hip_load_kvcache(void) { return fmha::arch::load_module(fmha::kvcache_prepare_kernel); }

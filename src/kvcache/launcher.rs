@@ -10,6 +10,7 @@ use crate::error::{Error, Result, Status};
 use crate::launch::abi::KvCacheFault;
 use crate::launch::KvCacheKargs;
 use crate::problem::paged::PoolLayout;
+use crate::problem::scale::ScaleGranularity;
 use crate::problem::MaskType;
 use crate::registry::{Instance, Operation, Request};
 use crate::runtime::{self, Arch, CopyKind, DevicePtr, Stream};
@@ -53,6 +54,13 @@ impl KvCacheLauncher {
         if instance.arch != Arch::Host && traits.layout == PoolLayout::Vectorized {
             return Err(Error::unsupported(format!(
                 "kv_layout: the {} kv-cache kernels read strided pools only (FMHA_KV_LAYOUT_STRIDED)",
+                instance.arch.name()
+            )));
+        }
+        if instance.arch != Arch::Host && traits.scale_granularity == ScaleGranularity::Page {
+            return Err(Error::unsupported(format!(
+                "kv_scale_granularity: the {} kv-cache kernels take descales per tensor or per (sequence, kv head) \
+                 (FMHA_KV_SCALE_TENSOR); per-page descales run on the host backend only",
                 instance.arch.name()
             )));
         }

@@ -14,6 +14,7 @@ namespace fmha {
 template <int kChunks, int kRows>
 struct Swizzle128 {
   static constexpr int kRowBytes = 128;
+  static constexpr int kSwizzlePeriod = 8;  // rows r and r + 8 have the same chunk order
   static constexpr uint32_t kBlockBytes = kRows * 128;
   __device__ static uint32_t offset(int row, int chunk) {
     return static_cast<uint32_t>((chunk / 8) * kBlockBytes + row * 128 + (((chunk % 8) ^ (row & 7)) * 16));
@@ -27,39 +28,48 @@ __device__ inline uint32_t swizzle128_base(const void* dynamic_shared) {
   return (arch::shared_address(dynamic_shared) + 1023u) & ~1023u;
 }
 
-// A thread's share of copying a [kRows][kChunks] tile global → swizzled shared (`Layout`): chunks
-// tid, tid + kThreads, ... which are the same (row, chunk) pairs for every tile, so their offsets are
-// computed once and a tile's copy is a few adds per chunk.
+// A thread's share of copying a [kRows][kChunks] tile global → shared (`Layout`: Swizzle128 or a layout
+// of the same 128-byte rows): chunks tid, tid + kThreads, ... which are the same (row, chunk) pairs for
+// every tile, so their offsets are computed once and a tile's copy is a few adds per chunk.
 template <typename Tile, int kRows, typename Layout>
 struct TileCopy {
   static constexpr int kPerThread = (kRows * Tile::kChunks + Tile::kThreads - 1) / Tile::kThreads;
   static constexpr int kRowStep = Tile::kThreads / Tile::kChunks;  // rows between a thread's chunks
   static_assert(Tile::kThreads % Tile::kChunks == 0, "every thread copies one column of chunks");
-  int row;               // first row of this thread
-  int column_elements;   // chunk * 8
-  uint32_t shared_first; // byte offset of the first chunk in the tile
+  int row;                // first row of this thread
+  int chunk;              // its 16-byte chunk of every row
+  uint32_t shared_first;  // byte offset of the first chunk in the tile
 
   __device__ TileCopy() {
     const int c = arch::thread_index();
     row = c / Tile::kChunks;
-    column_elements = (c % Tile::kChunks) * 8;
-    shared_first = Layout::offset(row, c % Tile::kChunks);
+    chunk = c % Tile::kChunks;
+    shared_first = Layout::offset(row, chunk);
+  }
+
+  // The shared offset of this thread's i-th chunk: where rows i · kRowStep apart have the same chunk
+  // order, the first chunk's offset plus whole rows.
+  __device__ uint32_t shared_offset(int i) const {
+    if constexpr (kRowStep % Layout::kSwizzlePeriod == 0) {
+      return shared_first + i * kRowStep * Layout::kRowBytes;
+    } else {
+      return Layout::offset(row + i * kRowStep, chunk);
+    }
   }
 
   // Queues the copy of rows [0, kRows) of `global` (row stride in elements) into `shared` (a 32-bit
   // shared address); rows from `valid_rows` on and columns from `cols` on become zeros.
   template <typename T>
   __device__ void issue(uint32_t shared, const T* global, int64_t row_stride, int valid_rows, int cols) const {
-    const bool column_valid = column_elements < cols;
-    const T* src = global + row * row_stride + column_elements;
+    const int column = chunk * (16 / static_cast<int>(sizeof(T)));
+    const bool column_valid = column < cols;
+    const T* src = global + row * row_stride + column;
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
       const int r = row + i * kRowStep;
       if (r < kRows) {
-        // Rows r and r + kRowStep * i share (r mod 8) since kRowStep is a multiple of 8: the swizzle is
-        // the same, only the row offset moves.
         const bool valid = column_valid && r < valid_rows;
-        arch::copy_async_16(shared + shared_first + i * kRowStep * Layout::kRowBytes, valid ? src : global, valid);
+        arch::copy_async_16(shared + shared_offset(i), valid ? src : global, valid);
       }
       src += kRowStep * row_stride;
     }
@@ -72,14 +82,15 @@ struct TileCopy {
   template <typename T, typename RowAddress>
   __device__ void issue_rows(uint32_t shared, const RowAddress& row_address, const T* fallback, int valid_rows,
                              int cols) const {
-    const bool column_valid = column_elements < cols;
+    const int column = chunk * (16 / static_cast<int>(sizeof(T)));
+    const bool column_valid = column < cols;
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
       const int r = row + i * kRowStep;
       if (r < kRows) {
         const bool valid = column_valid && r < valid_rows;
-        const T* src = valid ? row_address(i) + column_elements : fallback;
-        arch::copy_async_16(shared + shared_first + i * kRowStep * Layout::kRowBytes, src, valid);
+        const T* src = valid ? row_address(i) + column : fallback;
+        arch::copy_async_16(shared + shared_offset(i), src, valid);
       }
     }
   }

@@ -10,6 +10,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "arch/platform.h"
 
@@ -25,6 +26,19 @@ __device__ inline uint32_t shared_address(const void* p) {
 // 4 bytes to shared memory at `shared` (a 32-bit shared-window address).
 __device__ inline void shared_store_4(uint32_t shared, uint32_t value) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(shared), "r"(value));
+}
+
+// 16 bytes to shared memory at `shared` (16-byte aligned).
+__device__ inline void shared_store_16(uint32_t shared, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(shared), "r"(x), "r"(y), "r"(z), "r"(w));
+}
+
+// 4 bytes from shared memory at `shared` (volatile: the copies that wrote it are asynchronous, ordered
+// by the caller's waits and barriers, which the compiler does not see as writes).
+__device__ inline uint32_t shared_load_4(uint32_t shared) {
+  uint32_t value;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(value) : "r"(shared));
+  return value;
 }
 
 // 16 bytes global → shared (a 32-bit shared-window address), bypassing L1; `valid == false` writes
@@ -81,14 +95,40 @@ struct Element<__nv_bfloat16> {
   }
 };
 
-// Step kk (16 columns) of a row of C fragments, rounded to T, as an A fragment: the C layout of two
-// 8-column tiles is the A layout of one 16-column step.
+// fp8 e4m3 (OCP): four floats into one operand register, x0 in the low byte, saturating to ±448.
+template <>
+struct Element<__nv_fp8_e4m3> {
+  __device__ static uint32_t pack4(float x0, float x1, float x2, float x3) {
+    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(x0, x1), __NV_SATFINITE, __NV_E4M3);
+    const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(x2, x3), __NV_SATFINITE, __NV_E4M3);
+    return lo | (hi << 16);
+  }
+};
+
+// Step kk of a row of C fragments, rounded to T, as an A fragment (the steps of a wgmma: 16 columns
+// for 16-bit types, 32 for 8-bit ones).
+//   16-bit: the C layout of two 8-column tiles is the A layout of one 16-column step.
+//   8-bit: the A fragment holds columns 4t..4t+3 and 16+4t..16+4t+3 of rows g and g+8, the C tiles
+//     columns 2t, 2t+1 of each 8: the step's columns are taken permuted, position 16h + 4t + 2a + b
+//     holding column 16h + 8a + 2t + b of C (tile 4kk + 2h + a, element b), and the B operand's rows
+//     must be permuted alike (fwd/sm90/transpose_v.h).
 template <typename T, int kTiles>
 __device__ inline void a_fragment(uint32_t (&a)[4], const float (&c)[kTiles][4], int kk) {
-  a[0] = Element<T>::pack(c[2 * kk][0], c[2 * kk][1]);
-  a[1] = Element<T>::pack(c[2 * kk][2], c[2 * kk][3]);
-  a[2] = Element<T>::pack(c[2 * kk + 1][0], c[2 * kk + 1][1]);
-  a[3] = Element<T>::pack(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+  if constexpr (sizeof(T) == 1) {
+    const float(&c0)[4] = c[4 * kk];
+    const float(&c1)[4] = c[4 * kk + 1];
+    const float(&c2)[4] = c[4 * kk + 2];
+    const float(&c3)[4] = c[4 * kk + 3];
+    a[0] = Element<T>::pack4(c0[0], c0[1], c1[0], c1[1]);
+    a[1] = Element<T>::pack4(c0[2], c0[3], c1[2], c1[3]);
+    a[2] = Element<T>::pack4(c2[0], c2[1], c3[0], c3[1]);
+    a[3] = Element<T>::pack4(c2[2], c2[3], c3[2], c3[3]);
+  } else {
+    a[0] = Element<T>::pack(c[2 * kk][0], c[2 * kk][1]);
+    a[1] = Element<T>::pack(c[2 * kk][2], c[2 * kk][3]);
+    a[2] = Element<T>::pack(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+    a[3] = Element<T>::pack(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+  }
 }
 
 // Reductions over the four lanes that share a fragment row (same g).

@@ -1,5 +1,6 @@
-// Hopper (sm_90a) warpgroup MMA: `wgmma.mma_async` m64nNk16 with fp32 accumulators, operands read by
-// the tensor cores straight from shared memory through 64-bit matrix descriptors (no ldmatrix).
+// Hopper (sm_90a) warpgroup MMA: `wgmma.mma_async` m64nNk16 (16-bit types) and m64nNk32 (fp8 e4m3) with
+// fp32 accumulators, operands read by the tensor cores straight from shared memory through 64-bit
+// matrix descriptors (no ldmatrix).
 //
 // A warpgroup is 4 consecutive warps (128 threads, the first a multiple of 4). Warp w of the group holds
 // rows 16w..16w+15 of the 64-row accumulator in the C fragment layout of tensor_core.h, repeated along N:
@@ -9,8 +10,8 @@
 // Shared operands use the 128-byte swizzle (`Swizzle128` in shared_tile.h): a tile is stored as blocks
 // of 64 columns, each block [rows][128 B] with 16-byte chunk c of row r at chunk c XOR (r mod 8); the
 // hardware applies that XOR to absolute address bits, so every tile starts on a 1024-byte boundary.
-//   K-major operand (the 16 reduced columns inside a row: Q and K for S = Q·Kᵀ): start at the 16-column
-//     step's 32-byte offset in its block; 8-row groups 1024 B apart (stride offset).
+//   K-major operand (the reduced columns inside a row: Q and K for S = Q·Kᵀ, and Vᵀ for the 8-bit
+//     P·V): start at the step's 32-byte offset in its block; 8-row groups 1024 B apart (stride offset).
 //   N-major operand (reduced along rows: V for O = P·V, rows = keys): start at the step's 16 rows
 //     (2048 B); 8-row groups 1024 B apart (stride offset), 64-column blocks `rows · 128` B apart
 //     (leading offset).
@@ -18,6 +19,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "arch/platform.h"
 
@@ -106,6 +108,23 @@ __device__ inline void fence_shared_for_async_proxy() { asm volatile("fence.prox
   FMHA_WARPGROUP_MMA_REGISTERS(64, FMHA_REGS_0_31, FMHA_ACC_N64, "{%32, %33, %34, %35}", "%36", TYPE)            \
   FMHA_WARPGROUP_MMA_REGISTERS(128, FMHA_REGS_0_63, FMHA_ACC_N128, "{%64, %65, %66, %67}", "%68", TYPE)
 
+// The 8-bit types: m64nNk32, both operands K-major (no transpose immediates exist for them).
+#define FMHA_WARPGROUP_MMA_8BIT_SHARED(N, REGS, ACC, A, B, SCALE, TYPE)                                         \
+  __device__ static void mma(float (&d)[N / 8][4], uint64_t a, uint64_t b, int accumulate) {                   \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE ", 0;\n"                                            \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32." TYPE "." TYPE " " REGS "}, " A ", " B       \
+                 ", p, 1, 1;\n}\n"                                                                             \
+                 : ACC                                                                                         \
+                 : "l"(a), "l"(b), "r"(accumulate));                                                           \
+  }
+#define FMHA_WARPGROUP_MMA_8BIT_REGISTERS(N, REGS, ACC, A, B, TYPE)                                         \
+  __device__ static void mma(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b) {                   \
+    asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k32.f32." TYPE "." TYPE " " REGS "}, " A ", " B \
+                 ", 1, 1, 1;\n"                                                                           \
+                 : ACC                                                                                     \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));                                    \
+  }
+
 template <typename T>
 struct WarpgroupMma;
 
@@ -119,6 +138,16 @@ struct WarpgroupMma<__nv_bfloat16> {
   FMHA_WARPGROUP_MMA("bf16")
 };
 
+template <>
+struct WarpgroupMma<__nv_fp8_e4m3> {
+  FMHA_WARPGROUP_MMA_8BIT_SHARED(64, FMHA_REGS_0_31, FMHA_ACC_N64, "%32", "%33", "%34", "e4m3")
+  FMHA_WARPGROUP_MMA_8BIT_SHARED(128, FMHA_REGS_0_63, FMHA_ACC_N128, "%64", "%65", "%66", "e4m3")
+  FMHA_WARPGROUP_MMA_8BIT_REGISTERS(64, FMHA_REGS_0_31, FMHA_ACC_N64, "{%32, %33, %34, %35}", "%36", "e4m3")
+  FMHA_WARPGROUP_MMA_8BIT_REGISTERS(128, FMHA_REGS_0_63, FMHA_ACC_N128, "{%64, %65, %66, %67}", "%68", "e4m3")
+};
+
+#undef FMHA_WARPGROUP_MMA_8BIT_REGISTERS
+#undef FMHA_WARPGROUP_MMA_8BIT_SHARED
 #undef FMHA_WARPGROUP_MMA
 #undef FMHA_WARPGROUP_MMA_REGISTERS
 #undef FMHA_WARPGROUP_MMA_SHARED
@@ -130,25 +159,40 @@ struct WarpgroupMma<__nv_bfloat16> {
 #undef FMHA_ACC_N32
 #undef FMHA_ACC4
 
+// The bytes of a row one wgmma step reduces: 16 columns of a 16-bit type, 32 of an 8-bit one.
+constexpr uint32_t kStepBytes = 32;
+
 // D = A·Bᵀ over kDim columns, A (64 rows) and B (N rows) both K-major Swizzle128 tiles whose
 // 64-column blocks are kABlockBytes / kBBlockBytes apart; overwrites D. Issue only: fence before,
 // commit and wait after.
 template <typename T, int kDim, uint32_t kABlockBytes, uint32_t kBBlockBytes, int kRows>
 __device__ inline void mma_rows_by_rows(float (&d)[kRows][4], uint64_t a, uint64_t b) {
+  constexpr int kSteps = kDim * static_cast<int>(sizeof(T)) / kStepBytes;
 #pragma unroll
-  for (int kk = 0; kk < kDim / 16; ++kk) {
-    const uint32_t column = (kk % 4) * 32;  // the step's 16 columns inside its 64-column block
+  for (int kk = 0; kk < kSteps; ++kk) {
+    const uint32_t column = (kk % 4) * kStepBytes;  // the step's columns inside their 128-byte block
     WarpgroupMma<T>::mma(d, descriptor_plus(a, (kk / 4) * kABlockBytes + column),
                          descriptor_plus(b, (kk / 4) * kBBlockBytes + column), kk > 0);
   }
 }
 
-// D += A·B, A in registers as kSteps 16-column fragments, B an N-major Swizzle128 tile read 16 rows
-// (2048 bytes) a step. Issue only, like mma_rows_by_rows.
+// D += A·B, A in registers as kSteps fragments, B an N-major Swizzle128 tile read 16 rows (2048 bytes)
+// a step (16-bit types). Issue only, like mma_rows_by_rows.
 template <typename T, int kSteps, int kRows>
 __device__ inline void mma_registers_by_columns(float (&d)[kRows][4], const uint32_t (&a)[kSteps][4], uint64_t b) {
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk) WarpgroupMma<T>::mma(d, a[kk], descriptor_plus(b, kk * 16 * 128));
+}
+
+// D += A·Bᵀ, A in registers as kSteps fragments, B a K-major Swizzle128 tile (Bᵀ stored: the
+// reduced dimension inside its rows) whose 128-byte blocks are kBBlockBytes apart. The 8-bit types'
+// P·V, whose V must arrive transposed (no N-major 8-bit operands). Issue only.
+template <typename T, int kSteps, uint32_t kBBlockBytes, int kRows>
+__device__ inline void mma_registers_by_rows(float (&d)[kRows][4], const uint32_t (&a)[kSteps][4], uint64_t b) {
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    WarpgroupMma<T>::mma(d, a[kk], descriptor_plus(b, (kk / 4) * kBBlockBytes + (kk % 4) * kStepBytes));
+  }
 }
 
 }  // namespace arch

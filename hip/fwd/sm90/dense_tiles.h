@@ -14,6 +14,8 @@ struct KeyValueTiles<fmha_fwd_params, Tile, T> {
   const T* v;
   int64_t k_row_stride, v_row_stride;
   int hdim_q, hdim_v;
+  // The dense forward's inputs are 16-bit: no descales.
+  static constexpr float qk_descale = 1.f, v_descale = 1.f;
 
   __device__ KeyValueTiles(const fmha_fwd_params& p, int b, int hk)
       : rows(batch_rows(p, b)), k_row_stride(p.k_row_stride), v_row_stride(p.v_row_stride), hdim_q(p.hdim_q),
@@ -23,11 +25,11 @@ struct KeyValueTiles<fmha_fwd_params, Tile, T> {
     v = reinterpret_cast<const T*>(p.v) + batch * p.v_batch_stride + hk * p.v_head_stride + rows.k_start * v_row_stride;
   }
 
-  template <typename Copy>
-  __device__ void issue(const Copy& copy, uint32_t sK, uint32_t sV, int64_t j0) const {
+  template <typename KCopy, typename VCopy>
+  __device__ void issue(const KCopy& k_copy, const VCopy& v_copy, uint32_t sK, uint32_t sV, int64_t j0) const {
     const int valid = static_cast<int>(rows.sk - j0);
-    copy.issue(sK, k + j0 * k_row_stride, k_row_stride, valid, hdim_q);
-    copy.issue(sV, v + j0 * v_row_stride, v_row_stride, valid, hdim_v);
+    k_copy.issue(sK, k + j0 * k_row_stride, k_row_stride, valid, hdim_q);
+    v_copy.issue(sV, v + j0 * v_row_stride, v_row_stride, valid, hdim_v);
   }
 };
 

@@ -26,11 +26,18 @@ int32_t launch_forward(const Params& p, hipStream_t stream) {
 //     each other's MMAs (two warpgroups sharing the K/V tiles: 0.88-0.98x of this);
 //   D = 128: two warpgroups sharing each 128-key K/V tile (161 KiB, one CTA per SM): half the K/V
 //     traffic per query row of one warpgroup with 64 keys (that: 0.85-0.97x of this at S >= 2k).
+// fp8 (the kv-cache's) has the D = 128 shape only (rows of one 128-byte swizzle block); the registry
+// routes smaller head dims to it.
 template <typename T, typename Params>
 int32_t dispatch_forward(const Params& p, hipStream_t stream) {
   switch (p.hdim_bucket) {
     case 64:
-      return p.masked ? launch_forward<T, 64, 1, 128, true>(p, stream) : launch_forward<T, 64, 1, 128, false>(p, stream);
+      if constexpr (sizeof(T) == 1) {
+        return static_cast<int32_t>(cudaErrorInvalidValue);
+      } else {
+        return p.masked ? launch_forward<T, 64, 1, 128, true>(p, stream)
+                        : launch_forward<T, 64, 1, 128, false>(p, stream);
+      }
     case 128:
       return p.masked ? launch_forward<T, 128, 2, 128, true>(p, stream)
                       : launch_forward<T, 128, 2, 128, false>(p, stream);

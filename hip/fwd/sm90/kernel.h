@@ -8,6 +8,9 @@
 // (fp32, both operands from shared memory), mask on edge tiles, online softmax in the exp2 domain, P
 // rounded to the input type in registers as the A operand of O += P·V (V read N-major from shared
 // memory). Fully masked tiles are never visited. Rows with no kept key get O = 0 and LSE = -inf.
+// fp8 inputs (the kv-cache's): 8-bit wgmmas, whose B operands must be K-major, so V is transposed in
+// shared memory while S is computed (fwd/sm90/transpose_v.h); P is scaled by 2^8 before its rounding to
+// e4m3; the descales of q and k multiply the softmax scale and v's the output, which is bf16.
 //
 // The kernel is its tile (fwd/sm90/tile.h: the CTA's shape and shared-memory layout), its mainloop
 // (fwd/sm90/mainloop.h: one K/V tile for one warpgroup) and, at the end of forward_kernel below, the
@@ -26,15 +29,16 @@
 namespace fmha {
 
 // Where a call's K and V tiles come from, per parameter block: `rows` (the sequence's query rows and
-// KV length) and `issue(copy, sK, sV, j0)`, which queues the copy of the tiles of keys j0.. into shared
-// memory (keys from `rows.sk` on as zeros). fwd/sm90/dense_tiles.h: dense tensors (fmha_fwd_params);
+// KV length), `qk_descale` and `v_descale` (fp8 descales of the sequence and kv head; 1 for 16-bit
+// inputs) and `issue(k_copy, v_copy, sK, sV, j0)`, which queues the copy of the tiles of keys j0.. into
+// shared memory (keys from `rows.sk` on as zeros). fwd/sm90/dense_tiles.h: dense tensors (fmha_fwd_params);
 // kvcache/sm90/paged_tiles.h: a paged pool (fmha_kvcache_params).
 template <typename Params, typename Tile, typename T>
 struct KeyValueTiles;
 
 template <typename Tile, typename T, typename Params>
 __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
-  using E = arch::Element<T>;
+  using O = typename Tile::Output;
   constexpr int M = Tile::kBlockM, N = Tile::kBlockN;
   constexpr int kDTiles = Tile::kDim / 8;
   constexpr uint32_t kKVBytes = Tile::kKVBytes;
@@ -42,6 +46,7 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
   const uint32_t sQ = swizzle128_base(shared_bytes);
   const uint32_t sK = sQ + Tile::kQBytes;  // two stages
   const uint32_t sV = sK + 2 * kKVBytes;   // two stages
+  const uint32_t sVt = sV + 2 * kKVBytes;  // 8-bit inputs: the transposed V tile
 
   // Masked grids run their last (for causal masks: heaviest) q tiles first, so the long tail of a
   // launch is made of short tiles.
@@ -73,10 +78,11 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
   const int g = lane / 4, t = lane % 4;
 
   const TileCopy<Tile, M, typename Tile::QLayout> q_copy;
-  const TileCopy<Tile, N, typename Tile::KVLayout> kv_copy;
+  const TileCopy<Tile, N, typename Tile::KLayout> k_copy;
+  const TileCopy<Tile, N, typename Tile::VLayout> v_copy;
   if (first_tile < end_tile) {
     q_copy.issue(sQ, q, p.q_row_stride, i1 - i0, p.hdim_q);
-    kv.issue(kv_copy, sK, sV, static_cast<int64_t>(first_tile) * N);
+    kv.issue(k_copy, v_copy, sK, sV, static_cast<int64_t>(first_tile) * N);
   }
   arch::copy_async_commit();
 
@@ -89,14 +95,20 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
   // This warpgroup's 64 Q rows; K and V tiles of stage 0 (a stage is kKVBytes further).
   const uint64_t q_rows = arch::k_major_descriptor(sQ + (warp / 4) * 64 * 128);
   const uint64_t k_tile = arch::k_major_descriptor(sK);
-  const uint64_t v_tile = arch::mn_major_descriptor(sV, Tile::KVLayout::kBlockBytes);
+  uint64_t v_tile;
+  if constexpr (Tile::kTransposeV) {
+    v_tile = arch::k_major_descriptor(sVt);
+  } else {
+    v_tile = arch::mn_major_descriptor(sV, Tile::VLayout::kBlockBytes);
+  }
+  const float scale_log2 = p.scale_log2 * kv.qk_descale;
   // Tiles whose every element the mask keeps and that end before sk need no per-element checks.
   const int64_t interior_lo = (i1 - 1) + mask.off - mask.left, interior_hi = i0 + mask.off + mask.right;
 
   for (int jt = first_tile; jt < end_tile; ++jt) {
     const uint32_t stage = static_cast<uint32_t>((jt - first_tile) & 1) * kKVBytes;
     if (jt + 1 < end_tile) {
-      kv.issue(kv_copy, (sK + kKVBytes) - stage, (sV + kKVBytes) - stage, static_cast<int64_t>(jt + 1) * N);
+      kv.issue(k_copy, v_copy, (sK + kKVBytes) - stage, (sV + kKVBytes) - stage, static_cast<int64_t>(jt + 1) * N);
       arch::copy_async_commit();
       arch::copy_async_wait<1>();
     } else {
@@ -107,36 +119,49 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
 
     const int64_t j0 = static_cast<int64_t>(jt) * N;
     const bool edge = j0 + N > rows.sk || (Tile::kMasked && (j0 < interior_lo || j0 + N - 1 > interior_hi));
+    // 8-bit inputs: one Vᵀ tile, rewritten each step (every warpgroup's P·V of the previous step is
+    // waited for before the barrier that ends it).
+    const uint64_t v_step = Tile::kTransposeV ? v_tile : arch::descriptor_plus(v_tile, stage);
+    auto under_s = [&] {
+      if constexpr (Tile::kTransposeV) {
+        transpose_values<Tile::kThreads, N>(sV + stage, sVt);
+        arch::fence_shared_for_async_proxy();
+        arch::block_barrier();
+      }
+    };
     if (edge) {
-      attend_tile<Tile, T, true>(st, q_rows, arch::descriptor_plus(k_tile, stage), arch::descriptor_plus(v_tile, stage),
-                                 p.scale_log2, mask, j0, rows.sk, row_of, t);
+      attend_tile<Tile, T, true>(st, q_rows, arch::descriptor_plus(k_tile, stage), v_step, scale_log2, mask, j0,
+                                 rows.sk, row_of, t, under_s);
     } else {
-      attend_tile<Tile, T, false>(st, q_rows, arch::descriptor_plus(k_tile, stage), arch::descriptor_plus(v_tile, stage),
-                                  p.scale_log2, mask, j0, rows.sk, row_of, t);
+      attend_tile<Tile, T, false>(st, q_rows, arch::descriptor_plus(k_tile, stage), v_step, scale_log2, mask, j0,
+                                  rows.sk, row_of, t, under_s);
     }
     arch::block_barrier();  // this stage is overwritten by the copy issued next iteration
   }
 
   // Normalise and store O (rows past the batch's length are not written) and the natural-log LSE.
-  T* out = reinterpret_cast<T*>(p.o) + batch * p.o_batch_stride + h * p.o_head_stride;
+  O* out = reinterpret_cast<O*>(p.o) + batch * p.o_batch_stride + h * p.o_head_stride;
   float* lse = reinterpret_cast<float*>(p.lse);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float sum = arch::quad_sum(st.row_sum[r]);
     const int64_t i = row_of[r];
     if (i >= rows.sq) continue;
-    const float inverse = sum > 0.f ? 1.f / sum : 0.f;
-    T* out_row = out + (rows.q_start + i) * p.o_row_stride;
+    const float inverse = sum > 0.f ? kv.v_descale / sum : 0.f;
+    O* out_row = out + (rows.q_start + i) * p.o_row_stride;
 #pragma unroll
     for (int n = 0; n < kDTiles; ++n) {
       const int col = n * 8 + 2 * t;
       if (col < p.hdim_v) {
-        *reinterpret_cast<uint32_t*>(out_row + col) = E::pack(st.o[n][2 * r] * inverse, st.o[n][2 * r + 1] * inverse);
+        *reinterpret_cast<uint32_t*>(out_row + col) =
+            arch::Element<O>::pack(st.o[n][2 * r] * inverse, st.o[n][2 * r + 1] * inverse);
       }
     }
     if (lse != nullptr && t == 0) {
-      // LSE = ln(Σ exp(scale · S)) = (scale_log2 · max + log2 Σ) · ln 2
-      const float natural = sum > 0.f ? (st.row_max[r] * p.scale_log2 + log2f(sum)) * 0.69314718055994531f : -INFINITY;
+      // LSE = ln(Σ exp(scale · S)) = (scale_log2 · max + log2 Σ) · ln 2, Σ in units of 2^-kPShift
+      // (one explicit FMA: the dense and the paged kernels must round it alike)
+      const float natural =
+          sum > 0.f ? fmaf(st.row_max[r], scale_log2, log2f(sum) - Tile::kPShift) * 0.69314718055994531f : -INFINITY;
       lse[(p.group_mode ? 0 : b * p.lse_batch_stride) + h * p.lse_head_stride + rows.q_start + i] = natural;
     }
   }

@@ -20,16 +20,19 @@ struct RowState {
 
 // One K/V tile for one warpgroup: S = Q·Kᵀ, mask (edge tiles only: the masks are compiled out of the
 // interior path), online softmax, O += P·V. `q`, `k`, `v`: the descriptors of the warpgroup's Q rows
-// and of this stage's K and V tiles.
-template <typename Tile, typename T, bool kEdge>
+// and of this stage's K and V (8-bit inputs: Vᵀ) tiles; `under_s()` runs while S is computed (8-bit
+// inputs: the CTA's transpose of V into the Vᵀ tile, with the barrier that publishes it).
+template <typename Tile, typename T, bool kEdge, typename UnderS>
 __device__ inline void attend_tile(RowState<Tile>& st, uint64_t q, uint64_t k, uint64_t v, float scale_log2,
-                                   const ResolvedMask& mask, int64_t j0, int64_t sk, const int64_t (&row_of)[2], int t) {
+                                   const ResolvedMask& mask, int64_t j0, int64_t sk, const int64_t (&row_of)[2], int t,
+                                   const UnderS& under_s) {
   constexpr int N = Tile::kBlockN, D = Tile::kDim, kNTiles = N / 8, kDTiles = D / 8;
 
   float s[kNTiles][4];
   arch::warpgroup_fence();
-  arch::mma_rows_by_rows<T, D, Tile::QLayout::kBlockBytes, Tile::KVLayout::kBlockBytes>(s, q, k);
+  arch::mma_rows_by_rows<T, D, Tile::QLayout::kBlockBytes, Tile::KLayout::kBlockBytes>(s, q, k);
   arch::warpgroup_commit();
+  under_s();
   arch::warpgroup_wait<0>();
   arch::hold_registers(s);
   if (kEdge) {
@@ -57,6 +60,7 @@ __device__ inline void attend_tile(RowState<Tile>& st, uint64_t q, uint64_t k, u
     // Exact exp2 here: the running sum is rescaled by this factor on every tile whose max grows, and
     // the approximate one's ~2^-22 error compounds over the tiles into the LSE (O cancels it).
     const float correction = exp2f(st.row_max[r] * scale_log2 - base);
+    const float p_base = base - Tile::kPShift;  // P in units of 2^-kPShift
     st.row_max[r] = new_max;
     st.row_sum[r] *= correction;
 #pragma unroll
@@ -69,19 +73,25 @@ __device__ inline void attend_tile(RowState<Tile>& st, uint64_t q, uint64_t k, u
     float tile_sum = 0.f;
 #pragma unroll
     for (int n = 0; n < kNTiles; ++n) {
-      s[n][2 * r] = arch::fast_exp2(fmaf(s[n][2 * r], scale_log2, -base));
-      s[n][2 * r + 1] = arch::fast_exp2(fmaf(s[n][2 * r + 1], scale_log2, -base));
+      s[n][2 * r] = arch::fast_exp2(fmaf(s[n][2 * r], scale_log2, -p_base));
+      s[n][2 * r + 1] = arch::fast_exp2(fmaf(s[n][2 * r + 1], scale_log2, -p_base));
       tile_sum += s[n][2 * r] + s[n][2 * r + 1];
     }
     st.row_sum[r] += tile_sum;
   }
 
-  // O += P·V: P's accumulator layout is the A-fragment layout of a 16-key step.
-  uint32_t p[N / 16][4];
+  // O += P·V: P's accumulator layout is (up to a permutation of the keys, for 8-bit types) the
+  // A-fragment layout of a wgmma step.
+  constexpr int kSteps = N * Tile::kElementBytes / arch::kStepBytes;
+  uint32_t p[kSteps][4];
 #pragma unroll
-  for (int kk = 0; kk < N / 16; ++kk) arch::a_fragment<T>(p[kk], s, kk);
+  for (int kk = 0; kk < kSteps; ++kk) arch::a_fragment<T>(p[kk], s, kk);
   arch::warpgroup_fence();
-  arch::mma_registers_by_columns<T>(st.o, p, v);
+  if constexpr (Tile::kTransposeV) {
+    arch::mma_registers_by_rows<T, kSteps, Tile::VtLayout::kBlockBytes>(st.o, p, v);
+  } else {
+    arch::mma_registers_by_columns<T>(st.o, p, v);
+  }
   arch::warpgroup_commit();
   arch::warpgroup_wait<0>();
   arch::hold_registers(st.o);

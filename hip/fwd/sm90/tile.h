@@ -1,9 +1,13 @@
 // The forward's tile on Hopper (sm_90a): the CTA's shape (warpgroups of 64 query rows, keys per K/V tile)
-// and its shared-memory layout (Q, then two stages of K and of V, in the wgmma 128-byte swizzle).
+// and its shared-memory layout (Q, then two stages of K and of V, in the wgmma 128-byte swizzle; for
+// 8-bit inputs V's stages are staging tiles and one transposed Vᵀ tile follows, fwd/sm90/transpose_v.h).
 #pragma once
+
+#include <cuda_fp8.h>
 
 #include "arch/nvidia/shared_tile.h"
 #include "arch/nvidia/tensor_core.h"
+#include "fwd/sm90/transpose_v.h"
 
 namespace fmha {
 
@@ -16,16 +20,26 @@ struct ForwardTile {
   static constexpr bool kMasked = kMasked_;
   static constexpr int kThreads = kWarps * arch::kWarpSize;
   static constexpr int kDim = kHeadDim;
-  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+  static constexpr int kElementBytes = static_cast<int>(sizeof(T));
+  static constexpr int kChunks = kHeadDim * kElementBytes / 16;  // 16-byte chunks per row
+  // 8-bit inputs: V is transposed on its way to the tensor cores, P is scaled by 2^kPShift before it is
+  // rounded (FA3's shift: the largest P, 1, becomes 256, inside e4m3's normal range), and O is bf16.
+  static constexpr bool kTransposeV = kElementBytes == 1;
+  static constexpr float kPShift = kTransposeV ? 8.f : 0.f;
+  using Output = std::conditional_t<kTransposeV, __nv_bfloat16, T>;
   // The wgmma N shapes compiled in arch/nvidia/warpgroup.h: 64 and 128 (S is 64 x kBlockN, O 64 x D).
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
   static_assert(kBlockN == 64 || kBlockN == 128, "64 or 128 keys per tile");
+  static_assert(kChunks % 8 == 0, "rows of whole 128-byte swizzle blocks");
   using QLayout = Swizzle128<kChunks, kBlockM>;
-  using KVLayout = Swizzle128<kChunks, kBlockN>;
-  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;
-  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * 2;
-  // Q, two stages of K and of V, from a 1024-byte boundary.
-  static constexpr int kSharedBytes = kQBytes + 4 * kKVBytes + kSwizzle128Slack;
+  using KLayout = Swizzle128<kChunks, kBlockN>;
+  // Where V tiles are copied to, and the tile the P·V product reads (Vᵀ for 8-bit inputs).
+  using VLayout = std::conditional_t<kTransposeV, ValueStaging<kBlockN>, Swizzle128<kChunks, kBlockN>>;
+  using VtLayout = Swizzle128<kBlockN * kElementBytes / 16, kHeadDim>;
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * kElementBytes;
+  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * kElementBytes;
+  // Q, two stages of K and of V (and Vᵀ), from a 1024-byte boundary.
+  static constexpr int kSharedBytes = kQBytes + (kTransposeV ? 5 : 4) * kKVBytes + kSwizzle128Slack;
 };
 
 }  // namespace fmha

@@ -33,6 +33,8 @@ struct KeyValueTiles<fmha_kvcache_params, Tile, T> {
   bool whole_tiles;   // page_size is a multiple of the tile: every tile lies in one page
   bool same_strides;  // K and V pools have the same page and row strides
   int hdim_q, hdim_v;
+  // fp8 descales of this sequence and kv head: q's times k's, and v's (1 where none is given).
+  float qk_descale, v_descale;
   // Pages holding whole tiles: the page of the tile of keys ahead_j0.. (looked up one tile ahead).
   // Smaller pages: the offsets of the rows of the tile of keys ahead_j0.. are in `staged[stage]` (shared
   // memory, written one tile ahead by the thread that owns the row), and `ahead` is the page of this
@@ -58,7 +60,15 @@ struct KeyValueTiles<fmha_kvcache_params, Tile, T> {
     v = reinterpret_cast<const T*>(p.v) + hk * p.v_head_stride;
     shift = (page_size & (page_size - 1)) == 0 ? __ffs(static_cast<int>(page_size)) - 1 : -1;
     whole_tiles = page_size % N == 0;
+    qk_descale = descale(p.q_descale, b, hk) * descale(p.k_descale, b, hk);
+    v_descale = descale(p.v_descale, b, hk);
     same_strides = k_page_stride == v_page_stride && k_row_stride == v_row_stride;
+  }
+
+  // A uniform descale (per tensor or per (sequence, kv head)): the registry refuses per-page ones here.
+  __device__ static float descale(const fmha_descale_params& d, int b, int hk) {
+    const float* data = reinterpret_cast<const float*>(d.data);
+    return data != nullptr ? data[b * d.batch_stride + hk * d.head_stride] : 1.f;
   }
 
   // Token -> (logical page, row in it): shifts and masks for powers of two.
@@ -77,40 +87,47 @@ struct KeyValueTiles<fmha_kvcache_params, Tile, T> {
   }
 
   // Queues the copies of the tiles of keys j0.. Called by every thread with j0 = first, first + N, ...
-  template <typename Copy>
-  __device__ void issue(const Copy& copy, uint32_t sK, uint32_t sV, int64_t j0) {
+  template <typename KCopy, typename VCopy>
+  __device__ void issue(const KCopy& k_copy, const VCopy& v_copy, uint32_t sK, uint32_t sV, int64_t j0) {
     const int valid = static_cast<int>(rows.sk - j0);
     if (whole_tiles) {
       const int32_t page = ahead_j0 == j0 ? ahead : page_of_token(j0);
       ahead = page_of_token(j0 + N);  // in flight while this tile is copied and computed
       ahead_j0 = j0 + N;
       const uint32_t u0 = row_of(static_cast<uint32_t>(j0));
-      copy.issue(sK, k + page * k_page_stride + u0 * k_row_stride, k_row_stride, valid, hdim_q);
-      copy.issue(sV, v + page * v_page_stride + u0 * v_row_stride, v_row_stride, valid, hdim_v);
+      k_copy.issue(sK, k + page * k_page_stride + u0 * k_row_stride, k_row_stride, valid, hdim_q);
+      v_copy.issue(sV, v + page * v_page_stride + u0 * v_row_stride, v_row_stride, valid, hdim_v);
       return;
     }
     const int t = static_cast<int>(arch::thread_index());
-    if (ahead_j0 != j0) {  // the first tile (block-uniform): staged here, and the next tile's pages loaded
+    const bool first = ahead_j0 != j0;  // the first tile (block-uniform)
+    if (first) {  // staged here, and the next tile's pages loaded
       if (t < N) stage_row(stage, t, j0 + t, page_of_token(j0 + t));
       ahead = t < N ? page_of_token(j0 + N + t) : 0;
       arch::block_barrier();
     }
     const RowOffsets* rows_now = staged[stage];
-    auto k_offset = [&](int i) { return rows_now[copy.first_row() + i * Copy::kRowStep].k; };
-    copy.issue_rows(sK, [&](int i) { return k + k_offset(i); }, k, valid, hdim_q);
+    // Both copies take the same rows of the tile (same thread mapping, different shared layouts).
+    auto k_offset = [&](int i) { return rows_now[k_copy.first_row() + i * KCopy::kRowStep].k; };
+    k_copy.issue_rows(sK, [&](int i) { return k + k_offset(i); }, k, valid, hdim_q);
     if (same_strides) {  // the usual pools: V's offsets are K's (half the shared-memory reads)
-      copy.issue_rows(sV, [&](int i) { return v + k_offset(i); }, v, valid, hdim_v);
+      v_copy.issue_rows(sV, [&](int i) { return v + k_offset(i); }, v, valid, hdim_v);
     } else {
-      copy.issue_rows(sV, [&](int i) { return v + rows_now[copy.first_row() + i * Copy::kRowStep].v; }, v, valid, hdim_v);
+      v_copy.issue_rows(sV, [&](int i) { return v + rows_now[v_copy.first_row() + i * VCopy::kRowStep].v; }, v, valid,
+                        hdim_v);
     }
-    // The next tile's rows from the pages loaded one tile ago (the kernel's barriers order these writes
-    // after every read of that stage and before the next issue), and the loads of the tile after.
+    // The next tile's rows from the pages loaded one tile ago (the kernel's barriers between two issues
+    // order these writes after every read of that stage and before the next issue), and the loads of
+    // the tile after.
     if (t < N) {
       stage_row(stage ^ 1, t, j0 + N + t, ahead);
       ahead = page_of_token(j0 + 2 * N + t);
     }
     stage ^= 1;
     ahead_j0 = j0 + N;
+    // The kernel issues the second tile right after the first, with no barrier between: this one
+    // publishes the stage just written and keeps the next call's writes after this call's reads.
+    if (first) arch::block_barrier();
   }
 };
 
