@@ -1,6 +1,8 @@
 """Paged prefill on a GPU: fmha's kv-cache operation against fmha's own dense forward on the same tokens
 and against the rivals that can run in the same process (FA3 from tokenspeed-fa3, flashinfer's fa3 and fa2
-backends), every output checked against PyTorch SDPA before it is timed.
+backends), every output checked against PyTorch SDPA before it is timed. fp8: the same problem quantised
+per tensor to e4m3 (OCP; descale = amax / 448), fmha and FA3 on the same codes, checked against SDPA on the
+dequantised inputs.
 
 The problem is `../shared/spec/inference.md` §4.3's (and `../shared/peers/peer_bench.py`'s): 8 sequences
 of 2-4k new tokens appended to 0-8k cached ones, 32 query / 8 kv heads, d 128, bf16, causal aligned to
@@ -26,6 +28,7 @@ CACHED = [0, 8192, 1024, 4096, 6000, 2048, 512, 7777]
 HQ, HKV, D = 32, 8, 128
 PAGES = (1, 16, 128)
 TOL = 0.05  # max |o - sdpa| for bf16 outputs of O(1) (peer_bench's rule)
+TOL_FP8 = 0.1  # fp8 inputs and P: within 2x the bf16 bound of the dequantised reference
 
 
 def timed(fn, warmup_ms=100, rep_ms=500):
@@ -95,6 +98,31 @@ def paginate(pr, P, dev, seed=2):
                 seqlens=torch.tensor(L, dtype=torch.int32, device=dev))
 
 
+def quantize(x):
+    """Per-tensor e4m3 (OCP) codes of x and the descale (a one-element float32 tensor)."""
+    d = (x.float().abs().amax() / 448.0).clamp(min=1e-12).reshape(1, 1)
+    return (x.float() / d).to(torch.float8_e4m3fn), d
+
+
+def fp8_reference(pr, q8, qd, kd, vd, pg, P):
+    """SDPA (bf16 inputs would round the dequantised values again: float32) on the dequantised codes."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    cu_q, L = pr["cu_q"], pr["L"]
+    qf = q8.float() * qd
+    out = []
+    for i, n in enumerate(QLENS):
+        pages = pg["table"][i, :math.ceil(L[i] / P)].long()
+        kf = (pg["kc"][pages].reshape(-1, HKV, D)[:L[i]].float() / kd).to(torch.float8_e4m3fn).float() * kd
+        vf = (pg["vc"][pages].reshape(-1, HKV, D)[:L[i]].float() / vd).to(torch.float8_e4m3fn).float() * vd
+        qi = qf[cu_q[i]:cu_q[i + 1]].transpose(0, 1)[None]
+        ki = kf.repeat_interleave(HQ // HKV, dim=1).transpose(0, 1)[None]
+        vi = vf.repeat_interleave(HQ // HKV, dim=1).transpose(0, 1)[None]
+        with torch.no_grad():
+            out.append(F.scaled_dot_product_attention(qi, ki, vi, attn_mask=causal_lower_right(n, L[i]))[0].transpose(0, 1))
+    return torch.cat(out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT"))
@@ -123,13 +151,14 @@ def main():
     maxq, maxk = max(QLENS), max(pr["L"])
     rows = []
 
-    def cell(name, page, make):
+    def cell(name, page, make, want=None, tol=TOL):
+        want = ref if want is None else want
         try:
             fn = make()
             out = fn()
             torch.cuda.synchronize()
-            err = (out.float() - ref.float()).abs().max().item()
-            if not err <= TOL:
+            err = (out.float() - want.float()).abs().max().item()
+            if not err <= tol:
                 rows.append(dict(impl=name, page=page, status=f"wrong: max err {err:.3g}"))
                 return
             ms = timed(fn)
@@ -168,7 +197,21 @@ def main():
                     return lambda: w.run(q, (pg["kc"], pg["vc"]))
 
                 cell(f"flashinfer {backend} paged", P, fi)
-        del pg
+        # fp8: per-tensor e4m3 codes of the same pages; FA3 takes (batch, Hkv) descales.
+        q8, qd = quantize(q)
+        k8, kd = quantize(pg["kc"])
+        v8, vd = quantize(pg["vc"])
+        ref8 = fp8_reference(pr, q8, qd, kd, vd, pg, P)
+        ds = {n: x.expand(len(QLENS), HKV) for n, x in (("q", qd), ("k", kd), ("v", vd))}
+        cell("fmha paged fp8", P, lambda: (lambda: fmha.flash_attn_with_kvcache(
+            q8, k8, v8, cache_seqlens=pg["seqlens"], page_table=pg["table"], cu_seqlens_q=cu_q, max_seqlen_q=maxq,
+            causal=True, q_descale=ds["q"], k_descale=ds["k"], v_descale=ds["v"])), ref8, TOL_FP8)
+        if "fa3" in rivals:
+            cell("fa3 paged fp8", P, lambda: (lambda: rivals["fa3"].flash_attn_with_kvcache(
+                q8, k8, v8, cache_seqlens=pg["seqlens"], page_table=pg["table"], cu_seqlens_q=cu_q,
+                max_seqlen_q=maxq, causal=True, q_descale=ds["q"], k_descale=ds["k"], v_descale=ds["v"])),
+                ref8, TOL_FP8)
+        del pg, k8, v8, ref8
         torch.cuda.empty_cache()
 
     dense = next((r["tflops"] for r in rows if r["impl"] == "fmha dense" and r["status"] == "ok"), None)
@@ -182,6 +225,10 @@ def main():
             print(f"{r['impl']:28} {r['page']!s:>5} {r['ms']:8.3f} {r['tflops']:8.1f} {rel:>12}  ok (err {r['err']:.3f})")
         else:
             print(f"{r['impl']:28} {r['page']!s:>5} {'':>8} {'':>8} {'':>12}  {r['status']}")
+    bf16 = {r["page"]: r["tflops"] for r in rows if r["impl"] == "fmha paged" and r["status"] == "ok"}
+    for r in rows:
+        if r["impl"] == "fmha paged fp8" and r["status"] == "ok" and r["page"] in bf16:
+            print(f"fmha fp8 / fmha bf16 at page {r['page']}: {r['tflops'] / bf16[r['page']]:.2f}")
     if args.out:
         with open(os.path.join(args.out, "paged_prefill.json"), "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), rows=rows, flops=pr["flops"]), f, indent=1)
