@@ -58,7 +58,9 @@ extern "C" int32_t fmha_hip_kvcache_fwd(const fmha_kvcache_params* params, void*
     case 1:  // FMHA_DTYPE_BF16
       return fmha::dispatch_forward<__nv_bfloat16>(*params, s);
     case 3:  // FMHA_DTYPE_FP8_E4M3FN
-      return fmha::dispatch_forward<__nv_fp8_e4m3>(*params, s);
+      return params->k_descale.page_stride != 0 || params->v_descale.page_stride != 0
+                 ? fmha::dispatch_forward<__nv_fp8_e4m3, true>(*params, s)
+                 : fmha::dispatch_forward<__nv_fp8_e4m3, false>(*params, s);
     default:
       return static_cast<int32_t>(cudaErrorInvalidValue);
   }

@@ -57,11 +57,18 @@ impl KvCacheLauncher {
                 instance.arch.name()
             )));
         }
-        if instance.arch != Arch::Host && traits.scale_granularity == ScaleGranularity::Page {
+        // Per-page descales on a GPU: one K and one V descale per key tile, so pages must hold whole
+        // tiles (spec/inference.md §2.3; CK's block scale has the same rule).
+        if instance.arch != Arch::Host
+            && traits.scale_granularity == ScaleGranularity::Page
+            && traits.page_size % instance.n0 != 0
+        {
             return Err(Error::unsupported(format!(
-                "kv_scale_granularity: the {} kv-cache kernels take descales per tensor or per (sequence, kv head) \
-                 (FMHA_KV_SCALE_TENSOR); per-page descales run on the host backend only",
-                instance.arch.name()
+                "kv_scale_granularity: the {} kv-cache kernels take per-page descales for pages of a multiple of \
+                 {} tokens (page_size = {}); smaller pages run on the host backend",
+                instance.arch.name(),
+                instance.n0,
+                traits.page_size
             )));
         }
         Ok(KvCacheLauncher { traits, instance })

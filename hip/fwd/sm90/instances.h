@@ -8,9 +8,9 @@
 
 namespace fmha {
 
-template <typename T, int kHeadDim, int kWarpgroups, int kBlockN, bool kMasked, typename Params>
+template <typename T, int kHeadDim, int kWarpgroups, int kBlockN, bool kMasked, bool kPageScales, typename Params>
 int32_t launch_forward(const Params& p, hipStream_t stream) {
-  using Tile = ForwardTile<T, kHeadDim, kWarpgroups, kBlockN, kMasked>;
+  using Tile = ForwardTile<T, kHeadDim, kWarpgroups, kBlockN, kMasked, kPageScales>;
   auto kernel = forward_kernel<Tile, T, Params>;
   // Over 48 KiB of dynamic shared memory must be opted into, once per kernel.
   static const cudaError_t configured =
@@ -28,19 +28,21 @@ int32_t launch_forward(const Params& p, hipStream_t stream) {
 //     traffic per query row of one warpgroup with 64 keys (that: 0.85-0.97x of this at S >= 2k).
 // fp8 (the kv-cache's) has the D = 128 shape only (rows of one 128-byte swizzle block); the registry
 // routes smaller head dims to it.
-template <typename T, typename Params>
+// kPageScales: the kv-cache's fp8 K/V descales per page (its own instances, so that the uniform path
+// carries nothing of them).
+template <typename T, bool kPageScales = false, typename Params>
 int32_t dispatch_forward(const Params& p, hipStream_t stream) {
   switch (p.hdim_bucket) {
     case 64:
       if constexpr (sizeof(T) == 1) {
         return static_cast<int32_t>(cudaErrorInvalidValue);
       } else {
-        return p.masked ? launch_forward<T, 64, 1, 128, true>(p, stream)
-                        : launch_forward<T, 64, 1, 128, false>(p, stream);
+        return p.masked ? launch_forward<T, 64, 1, 128, true, kPageScales>(p, stream)
+                        : launch_forward<T, 64, 1, 128, false, kPageScales>(p, stream);
       }
     case 128:
-      return p.masked ? launch_forward<T, 128, 2, 128, true>(p, stream)
-                      : launch_forward<T, 128, 2, 128, false>(p, stream);
+      return p.masked ? launch_forward<T, 128, 2, 128, true, kPageScales>(p, stream)
+                      : launch_forward<T, 128, 2, 128, false, kPageScales>(p, stream);
     default:
       return static_cast<int32_t>(cudaErrorInvalidValue);
   }

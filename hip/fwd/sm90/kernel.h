@@ -29,12 +29,18 @@
 namespace fmha {
 
 // Where a call's K and V tiles come from, per parameter block: `rows` (the sequence's query rows and
-// KV length), `qk_descale` and `v_descale` (fp8 descales of the sequence and kv head; 1 for 16-bit
-// inputs) and `issue(k_copy, v_copy, sK, sV, j0)`, which queues the copy of the tiles of keys j0.. into
-// shared memory (keys from `rows.sk` on as zeros). fwd/sm90/dense_tiles.h: dense tensors (fmha_fwd_params);
+// KV length), `qk_descale` and `v_descale` (the fp8 descales uniform over the call's tiles; 1 for
+// 16-bit inputs), `issue(k_copy, v_copy, sK, sV, j0)`, which queues the copy of the tiles of keys j0..
+// into shared memory (keys from `rows.sk` on as zeros), and with per-page descales `tile_scales()`, the
+// K and V descales of the tile issued last (the kernel asks before it issues the next). fwd/sm90/dense_tiles.h: dense tensors (fmha_fwd_params);
 // kvcache/sm90/paged_tiles.h: a paged pool (fmha_kvcache_params).
 template <typename Params, typename Tile, typename T>
 struct KeyValueTiles;
+
+// The fp8 descales of one K/V tile.
+struct TileScales {
+  float k, v;
+};
 
 template <typename Tile, typename T, typename Params>
 __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
@@ -105,8 +111,16 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
   // Tiles whose every element the mask keeps and that end before sk need no per-element checks.
   const int64_t interior_lo = (i1 - 1) + mask.off - mask.left, interior_hi = i0 + mask.off + mask.right;
 
+  float tile_v = 1.f;  // per-page descales: the V descale O is in units of
   for (int jt = first_tile; jt < end_tile; ++jt) {
     const uint32_t stage = static_cast<uint32_t>((jt - first_tile) & 1) * kKVBytes;
+    float tile_dk = 1.f, o_rescale = 1.f;
+    if constexpr (Tile::kPageScales) {
+      const TileScales scales = kv.tile_scales();  // tile jt's, asked before the issue of jt + 1
+      tile_dk = scales.k;
+      o_rescale = tile_v / scales.v;
+      tile_v = scales.v;
+    }
     if (jt + 1 < end_tile) {
       kv.issue(k_copy, v_copy, (sK + kKVBytes) - stage, (sV + kKVBytes) - stage, static_cast<int64_t>(jt + 1) * N);
       arch::copy_async_commit();
@@ -130,11 +144,11 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
       }
     };
     if (edge) {
-      attend_tile<Tile, T, true>(st, q_rows, arch::descriptor_plus(k_tile, stage), v_step, scale_log2, mask, j0,
-                                 rows.sk, row_of, t, under_s);
+      attend_tile<Tile, T, true>(st, q_rows, arch::descriptor_plus(k_tile, stage), v_step, scale_log2, tile_dk,
+                                 o_rescale, mask, j0, rows.sk, row_of, t, under_s);
     } else {
-      attend_tile<Tile, T, false>(st, q_rows, arch::descriptor_plus(k_tile, stage), v_step, scale_log2, mask, j0,
-                                  rows.sk, row_of, t, under_s);
+      attend_tile<Tile, T, false>(st, q_rows, arch::descriptor_plus(k_tile, stage), v_step, scale_log2, tile_dk,
+                                  o_rescale, mask, j0, rows.sk, row_of, t, under_s);
     }
     arch::block_barrier();  // this stage is overwritten by the copy issued next iteration
   }
@@ -147,7 +161,7 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
     const float sum = arch::quad_sum(st.row_sum[r]);
     const int64_t i = row_of[r];
     if (i >= rows.sq) continue;
-    const float inverse = sum > 0.f ? kv.v_descale / sum : 0.f;
+    const float inverse = sum > 0.f ? kv.v_descale * tile_v / sum : 0.f;
     O* out_row = out + (rows.q_start + i) * p.o_row_stride;
 #pragma unroll
     for (int n = 0; n < kDTiles; ++n) {

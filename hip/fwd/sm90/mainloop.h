@@ -10,7 +10,8 @@
 namespace fmha {
 
 // The running state of one thread's share of its warp's 16 query rows: the O accumulator and the
-// online softmax statistics (in the exp2 domain of unscaled scores: max is of raw S).
+// online softmax statistics (in the exp2 domain of unscaled scores: max is of raw S, times the tile's K
+// descale with per-page descales).
 template <typename Tile>
 struct RowState {
   float o[Tile::kDim / 8][4];
@@ -21,10 +22,12 @@ struct RowState {
 // One K/V tile for one warpgroup: S = Q·Kᵀ, mask (edge tiles only: the masks are compiled out of the
 // interior path), online softmax, O += P·V. `q`, `k`, `v`: the descriptors of the warpgroup's Q rows
 // and of this stage's K and V (8-bit inputs: Vᵀ) tiles; `under_s()` runs while S is computed (8-bit
-// inputs: the CTA's transpose of V into the Vᵀ tile, with the barrier that publishes it).
+// inputs: the CTA's transpose of V into the Vᵀ tile, with the barrier that publishes it). Per-page
+// descales (Tile::kPageScales): `tile_dk`, this tile's K descale, and `o_rescale`, the previous tile's
+// V descale over this one's (O is kept in units of the current tile's V descale).
 template <typename Tile, typename T, bool kEdge, typename UnderS>
 __device__ inline void attend_tile(RowState<Tile>& st, uint64_t q, uint64_t k, uint64_t v, float scale_log2,
-                                   const ResolvedMask& mask, int64_t j0, int64_t sk, const int64_t (&row_of)[2], int t,
+                                   float tile_dk, float o_rescale, const ResolvedMask& mask, int64_t j0, int64_t sk, const int64_t (&row_of)[2], int t,
                                    const UnderS& under_s) {
   constexpr int N = Tile::kBlockN, D = Tile::kDim, kNTiles = N / 8, kDTiles = D / 8;
 
@@ -48,12 +51,14 @@ __device__ inline void attend_tile(RowState<Tile>& st, uint64_t q, uint64_t k, u
   }
 
   // Online softmax on raw scores: P = 2^(scale_log2 · (S - max)), one FFMA and one EX2 per element.
+  const float coefficient = Tile::kPageScales ? scale_log2 * tile_dk : scale_log2;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float tile_max = -INFINITY;
 #pragma unroll
     for (int n = 0; n < kNTiles; ++n) tile_max = fmaxf(tile_max, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
     tile_max = arch::quad_max(tile_max);
+    if constexpr (Tile::kPageScales) tile_max *= tile_dk;  // dk > 0: the max of S · dk
     const float new_max = fmaxf(st.row_max[r], tile_max);
     // A row with every key so far masked keeps max = -inf; 0 keeps the exponent away from NaN.
     const float base = new_max == -INFINITY ? 0.f : new_max * scale_log2;
@@ -63,18 +68,19 @@ __device__ inline void attend_tile(RowState<Tile>& st, uint64_t q, uint64_t k, u
     const float p_base = base - Tile::kPShift;  // P in units of 2^-kPShift
     st.row_max[r] = new_max;
     st.row_sum[r] *= correction;
+    const float o_correction = Tile::kPageScales ? correction * o_rescale : correction;
 #pragma unroll
     for (int n = 0; n < kDTiles; ++n) {
-      st.o[n][2 * r] *= correction;
-      st.o[n][2 * r + 1] *= correction;
+      st.o[n][2 * r] *= o_correction;
+      st.o[n][2 * r + 1] *= o_correction;
     }
     // The tile's sum first, then one add into the running sum: thousands of keys would otherwise
     // accumulate one rounding each.
     float tile_sum = 0.f;
 #pragma unroll
     for (int n = 0; n < kNTiles; ++n) {
-      s[n][2 * r] = arch::fast_exp2(fmaf(s[n][2 * r], scale_log2, -p_base));
-      s[n][2 * r + 1] = arch::fast_exp2(fmaf(s[n][2 * r + 1], scale_log2, -p_base));
+      s[n][2 * r] = arch::fast_exp2(fmaf(s[n][2 * r], coefficient, -p_base));
+      s[n][2 * r + 1] = arch::fast_exp2(fmaf(s[n][2 * r + 1], coefficient, -p_base));
       tile_sum += s[n][2 * r] + s[n][2 * r + 1];
     }
     st.row_sum[r] += tile_sum;

@@ -11,13 +11,15 @@
 
 namespace fmha {
 
-template <typename T, int kHeadDim, int kWarpgroups_, int kBlockN_, bool kMasked_>
+// kPageScales_: fp8 K/V descales per page (pages of whole tiles), one K and one V descale per tile.
+template <typename T, int kHeadDim, int kWarpgroups_, int kBlockN_, bool kMasked_, bool kPageScales_ = false>
 struct ForwardTile {
   static constexpr int kWarpgroups = kWarpgroups_;
   static constexpr int kWarps = 4 * kWarpgroups;
   static constexpr int kBlockM = 64 * kWarpgroups;
   static constexpr int kBlockN = kBlockN_;
   static constexpr bool kMasked = kMasked_;
+  static constexpr bool kPageScales = kPageScales_;
   static constexpr int kThreads = kWarps * arch::kWarpSize;
   static constexpr int kDim = kHeadDim;
   static constexpr int kElementBytes = static_cast<int>(sizeof(T));

@@ -33,8 +33,16 @@ struct KeyValueTiles<fmha_kvcache_params, Tile, T> {
   bool whole_tiles;   // page_size is a multiple of the tile: every tile lies in one page
   bool same_strides;  // K and V pools have the same page and row strides
   int hdim_q, hdim_v;
-  // fp8 descales of this sequence and kv head: q's times k's, and v's (1 where none is given).
+  // fp8 descales uniform over this sequence and kv head: q's times k's, and v's (1 where none is given
+  // or where they vary by page).
   float qk_descale, v_descale;
+  // Per-page K/V descales (Tile::kPageScales; pages of whole tiles, the launcher refuses the rest): this
+  // kv head's column of each array (null where uniform), its page stride, and the values of the tile
+  // issued last.
+  const float* k_page_scales = nullptr;
+  const float* v_page_scales = nullptr;
+  int64_t k_scale_stride = 0, v_scale_stride = 0;
+  float issued_k = 1.f, issued_v = 1.f;
   // Pages holding whole tiles: the page of the tile of keys ahead_j0.. (looked up one tile ahead).
   // Smaller pages: the offsets of the rows of the tile of keys ahead_j0.. are in `staged[stage]` (shared
   // memory, written one tile ahead by the thread that owns the row), and `ahead` is the page of this
@@ -60,16 +68,29 @@ struct KeyValueTiles<fmha_kvcache_params, Tile, T> {
     v = reinterpret_cast<const T*>(p.v) + hk * p.v_head_stride;
     shift = (page_size & (page_size - 1)) == 0 ? __ffs(static_cast<int>(page_size)) - 1 : -1;
     whole_tiles = page_size % N == 0;
-    qk_descale = descale(p.q_descale, b, hk) * descale(p.k_descale, b, hk);
-    v_descale = descale(p.v_descale, b, hk);
+    const bool k_paged = Tile::kPageScales && p.k_descale.data != 0 && p.k_descale.page_stride != 0;
+    const bool v_paged = Tile::kPageScales && p.v_descale.data != 0 && p.v_descale.page_stride != 0;
+    qk_descale = descale(p.q_descale, b, hk) * (k_paged ? 1.f : descale(p.k_descale, b, hk));
+    v_descale = v_paged ? 1.f : descale(p.v_descale, b, hk);
+    if (k_paged) {
+      k_page_scales = reinterpret_cast<const float*>(p.k_descale.data) + hk * p.k_descale.head_stride;
+      k_scale_stride = p.k_descale.page_stride;
+    }
+    if (v_paged) {
+      v_page_scales = reinterpret_cast<const float*>(p.v_descale.data) + hk * p.v_descale.head_stride;
+      v_scale_stride = p.v_descale.page_stride;
+    }
     same_strides = k_page_stride == v_page_stride && k_row_stride == v_row_stride;
   }
 
-  // A uniform descale (per tensor or per (sequence, kv head)): the registry refuses per-page ones here.
+  // A uniform descale (per tensor or per (sequence, kv head)).
   __device__ static float descale(const fmha_descale_params& d, int b, int hk) {
     const float* data = reinterpret_cast<const float*>(d.data);
     return data != nullptr ? data[b * d.batch_stride + hk * d.head_stride] : 1.f;
   }
+
+  // The K and V descales of the tile issued last (the kernel asks before it issues the next).
+  __device__ TileScales tile_scales() const { return TileScales{issued_k, issued_v}; }
 
   // Token -> (logical page, row in it): shifts and masks for powers of two.
   __device__ uint32_t page_of(uint32_t token) const { return shift >= 0 ? token >> shift : token / page_size; }
@@ -95,6 +116,10 @@ struct KeyValueTiles<fmha_kvcache_params, Tile, T> {
       ahead = page_of_token(j0 + N);  // in flight while this tile is copied and computed
       ahead_j0 = j0 + N;
       const uint32_t u0 = row_of(static_cast<uint32_t>(j0));
+      if constexpr (Tile::kPageScales) {  // loaded now, read when the tile is computed (an iteration later)
+        if (k_page_scales != nullptr) issued_k = k_page_scales[page * k_scale_stride];
+        if (v_page_scales != nullptr) issued_v = v_page_scales[page * v_scale_stride];
+      }
       k_copy.issue(sK, k + page * k_page_stride + u0 * k_row_stride, k_row_stride, valid, hdim_q);
       v_copy.issue(sV, v + page * v_page_stride + u0 * v_row_stride, v_row_stride, valid, hdim_v);
       return;
