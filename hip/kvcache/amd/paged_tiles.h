@@ -66,15 +66,15 @@ struct AmdKeyValueTiles<fmha_kvcache_params, Tile> {
   // This lane's token in the tile of keys j0.. (it resolves row `lane % N`, or row 0 when the tile lies
   // in one page, so that the value is the same in every lane): rows past the sequence take its last
   // key (which exists: only tiles starting before the end are loaded), whose page the lookup may read.
-  __device__ uint32_t token(uint32_t page_size, int j0) const {
-    const int row = whole_tiles(page_size) ? 0 : static_cast<int>(arch::thread_index() % N);
-    return static_cast<uint32_t>(j0 + row < rows.sk ? j0 + row : rows.sk - 1);
+  __device__ uint32_t token(uint32_t page_size, int64_t j0) const {
+    const int64_t t = j0 + (whole_tiles(page_size) ? 0 : static_cast<int>(arch::thread_index() % N));
+    return static_cast<uint32_t>(t < rows.sk ? t : rows.sk - 1);
   }
   __device__ uint32_t page_of(uint32_t page_size, uint32_t token) const {
     return static_cast<uint32_t>((uint64_t(token) * reciprocal) >> shift(page_size));
   }
   // Starts the load of this lane's page in the tile of keys j0...
-  __device__ int32_t page_of_row(const fmha_kvcache_params& p, int j0) const {
+  __device__ int32_t page_of_row(const fmha_kvcache_params& p, int64_t j0) const {
     const uint32_t page_size = static_cast<uint32_t>(p.page_size);
     kvcache::Sequence seq = {};
     seq.first = first;
@@ -108,7 +108,7 @@ struct AmdKeyValueTiles<fmha_kvcache_params, Tile> {
                      valid_rows, p.hdim_q, p.hdim_v);
     }
     // In flight while this tile is stored and the next one computed.
-    ahead = page_of_row(p, j0 + N);
+    ahead = page_of_row(p, int64_t(j0) + N);
   }
 };
 
