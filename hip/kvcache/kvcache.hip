@@ -65,8 +65,14 @@ extern "C" int32_t fmha_hip_load_kvcache(void) { return fmha::arch::load_module(
 extern "C" int32_t fmha_hip_kvcache_fwd(const fmha_kvcache_params* params, void* stream) {
   if (params == nullptr || params->max_seqlen_q <= 0 || params->batch <= 0) return 0;  // nothing to compute
   const hipStream_t s = static_cast<hipStream_t>(stream);
-  return params->dtype == 0 ? fmha::dispatch_forward<fmha::arch::Half>(*params, s)
-                            : fmha::dispatch_forward<fmha::arch::BFloat16>(*params, s);
+  switch (params->dtype) {
+    case 0:  // fp16
+      return fmha::dispatch_forward<fmha::arch::Half>(*params, s);
+    case 1:  // bf16
+      return fmha::dispatch_forward<fmha::arch::BFloat16>(*params, s);
+    default:  // no AMD instance (the registry refuses the call first)
+      return 1;  // hipErrorInvalidValue
+  }
 }
 
 extern "C" int32_t fmha_hip_load_kvcache(void) { return fmha::arch::load_module(fmha::kvcache_prepare_kernel); }
