@@ -7,7 +7,7 @@
 #   clippy        cargo clippy --release --all-targets -- -D warnings
 #   cargo test    cargo test --release (Rust tests through the C ABI; include/fmha.h drift test)
 #   valgrind      the async-prepare lifetime tests and the releaser tests under valgrind
-#   AMD kernels   the gfx942/gfx950 forward and backward kernel sources run on the CPU
+#   AMD kernels   the gfx942/gfx950 forward, kv-cache and backward kernel sources run on the CPU
 #                 (tests/hip_emulation)
 #   quickstart    cargo run --release --example quickstart
 #   install       scripts/install.sh build/prefix; include/fmha.h == generated header; exports/soname
@@ -224,13 +224,14 @@ valgrind_tests --test hardening -- releaser device_synchronize struct_size
 valgrind_tests --lib -- pinned::
 
 begin "AMD kernels (CPU emulation)"
-# The AMD forward (hip/fwd/amd/) and the backward's stages (dq_dk_dv in hip/bwd/amd/ with dot_do_o and
-# convert_dq), unmodified, with every work-item a fiber and MFMA / buffer loads / lane exchange emulated
-# from the documented register layouts, against a float64 reference (no AMD GPU here).
+# The AMD forward (hip/fwd/amd/), its kv-cache instance (hip/kvcache/amd/) and the backward's stages
+# (dq_dk_dv in hip/bwd/amd/ with dot_do_o and convert_dq), unmodified, with every work-item a fiber and
+# MFMA / buffer loads / lane exchange emulated from the documented register layouts, against a float64
+# reference (no AMD GPU here).
 mkdir -p "$build"
 for mode in gfx942 gfx950; do
     define=$([[ $mode == gfx950 ]] && echo -DEMU_GFX950 || true)
-    for kernel in forward backward; do
+    for kernel in forward backward kvcache; do
         clang++-22 -std=c++20 -O2 -Wno-psabi $define -Itests/hip_emulation -Ihip \
             "tests/hip_emulation/$kernel.cpp" -o "$build/emulate_${kernel}_$mode"
         "$build/emulate_${kernel}_$mode"

@@ -253,18 +253,20 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
             ));
             list
         }
-        Arch::Gfx942 if cfg!(feature = "rocm") => {
-            let mut list = gpu_instances(arch, Operation::Forward, &HALF_DTYPES, &GFX942_FORWARD_TILES, "mfma_lds");
-            list.extend(gpu_instances(arch, Operation::Backward, &HALF_DTYPES, &GFX942_BACKWARD_TILES, "mfma_lds"));
-            list
-        }
-        Arch::Gfx950 if cfg!(feature = "rocm") => {
-            let mut list = gpu_instances(arch, Operation::Forward, &HALF_DTYPES, &GFX950_FORWARD_TILES, "mfma_lds");
-            list.extend(gpu_instances(arch, Operation::Backward, &HALF_DTYPES, &GFX950_BACKWARD_TILES, "mfma_lds"));
-            list
-        }
+        Arch::Gfx942 if cfg!(feature = "rocm") => amd_instances(arch, &GFX942_FORWARD_TILES, &GFX942_BACKWARD_TILES),
+        Arch::Gfx950 if cfg!(feature = "rocm") => amd_instances(arch, &GFX950_FORWARD_TILES, &GFX950_BACKWARD_TILES),
         _ => Vec::new(),
     }
+}
+
+/// The instances of a rocm build for `arch`: the forward, the backward and the forward kernel with
+/// paged K/V tiles (hip/kvcache/kvcache.hip: fp16/bf16, strided pools; its pools' page strides are
+/// 64-bit, their row strides bounded like every input's).
+fn amd_instances(arch: Arch, forward: &[(i64, i64, i64)], backward: &[(i64, i64, i64)]) -> Vec<Instance> {
+    let mut list = gpu_instances(arch, Operation::Forward, &HALF_DTYPES, forward, "mfma_lds");
+    list.extend(gpu_instances(arch, Operation::Backward, &HALF_DTYPES, backward, "mfma_lds"));
+    list.extend(gpu_instances(arch, Operation::KvCache, &HALF_DTYPES, forward, "mfma_lds_paged"));
+    list
 }
 
 /// The host backend's instances: every forward and backward tile.
@@ -544,6 +546,28 @@ mod tests {
                 .find(|i| i.dtype == CacheDtype::Half(Dtype::Bf16) && i.masked && i.deterministic && i.hdim_q == 64)
                 .unwrap();
             assert_eq!(i.name(), format!("fmha_bwd_d64x64_bf16_mask_deterministic_b64x128_{}_mfma_lds", arch.name()));
+        }
+    }
+
+    #[test]
+    fn amd_kvcache_instances_are_the_forward_tiles_for_16_bit_inputs() {
+        for (arch, tiles) in [(Arch::Gfx942, &GFX942_FORWARD_TILES), (Arch::Gfx950, &GFX950_FORWARD_TILES)] {
+            let list = amd_instances(arch, tiles, &GFX942_BACKWARD_TILES);
+            let paged: Vec<_> = list.iter().filter(|i| i.operation == Operation::KvCache).collect();
+            assert_eq!(paged.len(), 2 * 2 * tiles.len());
+            for i in &paged {
+                let forward = list
+                    .iter()
+                    .find(|f| {
+                        f.operation == Operation::Forward
+                            && f.dtype == i.dtype
+                            && f.masked == i.masked
+                            && f.hdim_q == i.hdim_q
+                    })
+                    .unwrap();
+                assert_eq!((i.m0, i.n0, i.max_input_row_stride), (forward.m0, forward.n0, AMD_MAX_INPUT_ROW_STRIDE));
+                assert!(matches!(i.dtype, CacheDtype::Half(_)) && i.pipeline == "mfma_lds_paged");
+            }
         }
     }
 

@@ -1,6 +1,7 @@
 // The kv-cache operation's kernels: the prepare (checks a call's lengths and tables and records the
-// first fault, kvcache/page_table.h) and, on Hopper, the forward kernel reading its K/V tiles through
-// the page table (kvcache/sm90/paged_tiles.h): fp16, bf16 and fp8 e4m3 (OCP).
+// first fault, kvcache/page_table.h) and the forward kernel reading its K/V tiles through the page
+// table (Hopper: kvcache/sm90/paged_tiles.h, fp16, bf16 and fp8 e4m3 (OCP); gfx942 / gfx950:
+// kvcache/amd/paged_tiles.h, fp16 and bf16).
 #include "arch/platform.h"
 #include "arch/thread.h"
 #include "kvcache/page_table.h"
@@ -69,9 +70,21 @@ extern "C" int32_t fmha_hip_kvcache_fwd(const fmha_kvcache_params* params, void*
 extern "C" int32_t fmha_hip_load_kvcache(void) { return fmha::arch::load_module(fmha::kvcache_prepare_kernel); }
 
 #else
+#include "fwd/amd/instances.h"
+#include "kvcache/amd/paged_tiles.h"
 
-// No AMD kv-cache forward yet: the registry lists no instance, so this stub is never reached.
-extern "C" int32_t fmha_hip_kvcache_fwd(const fmha_kvcache_params*, void*) { return 1; }
+extern "C" int32_t fmha_hip_kvcache_fwd(const fmha_kvcache_params* params, void* stream) {
+  if (params == nullptr || params->max_seqlen_q <= 0 || params->batch <= 0) return 0;  // nothing to compute
+  const hipStream_t s = static_cast<hipStream_t>(stream);
+  switch (params->dtype) {
+    case 0:  // fp16
+      return fmha::dispatch_forward<fmha::arch::Half>(*params, s);
+    case 1:  // bf16
+      return fmha::dispatch_forward<fmha::arch::BFloat16>(*params, s);
+    default:  // no AMD instance (the registry refuses the call first)
+      return 1;  // hipErrorInvalidValue
+  }
+}
 
 extern "C" int32_t fmha_hip_load_kvcache(void) { return fmha::arch::load_module(fmha::kvcache_prepare_kernel); }
 

@@ -122,11 +122,18 @@ struct PageLookup {
     return l;
   }
 
+  struct DirectLoad {
+    FMHA_HOST_DEVICE int32_t operator()(const int32_t* entry) const { return *entry; }
+  };
+
   // The physical page of logical page `t` of a non-empty sequence: the table index is clamped to the
   // sequence's last page (entries past it are never read: CK's AICK-1171), the id to the pool.
-  FMHA_HOST_DEVICE int64_t page_id(const Sequence& s, int64_t t) const {
+  // `load(const int32_t*)` reads the entry (the AMD kernels: a global load, which their CPU emulation
+  // checks against the entries the test allows).
+  template <typename Load = DirectLoad>
+  FMHA_HOST_DEVICE int64_t page_id(const Sequence& s, int64_t t, Load load = Load()) const {
     if (kind == kKindContiguous) return s.first;
-    return clamp64(table[s.first + (t < s.last_page ? t : s.last_page)], 0, num_pages - 1);
+    return clamp64(load(table + s.first + (t < s.last_page ? t : s.last_page)), 0, num_pages - 1);
   }
 };
 

@@ -51,14 +51,17 @@ inline void expose(const std::vector<T>& v) {
 
 // Runs `body` as every workgroup of `grid` (256 work-items each, the one barrier size), in order, each
 // with the kernel's `lds_bytes` of LDS poisoned with NaN bit patterns (by lds_pointer, at its first use
-// in the workgroup).
-inline void launch(dim3 grid, size_t lds_bytes, const std::function<void()>& body) {
+// in the workgroup). `before(x, y, z)`, if given, runs before each workgroup (e.g. to register only
+// the buffers that workgroup may read).
+inline void launch(dim3 grid, size_t lds_bytes, const std::function<void()>& body,
+                   const std::function<void(uint32_t, uint32_t, uint32_t)>& before = {}) {
   fmha::arch::g_lds_size = lds_bytes;
   g_grid[0] = grid.x, g_grid[1] = grid.y, g_grid[2] = grid.z;
   for (uint32_t z = 0; z < grid.z; ++z)
     for (uint32_t y = 0; y < grid.y; ++y)
       for (uint32_t x = 0; x < grid.x; ++x) {
         g_block[0] = x, g_block[1] = y, g_block[2] = z;
+        if (before) before(x, y, z);
         fmha::arch::g_lds = nullptr;
         run_workgroup(256, body);
       }

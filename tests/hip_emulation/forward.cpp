@@ -9,6 +9,7 @@
 
 #include <string>
 
+#include "fwd/amd/dense_tiles.h"
 #include "fwd/amd/kernel.h"
 #include "fwd/amd/tile.h"
 
@@ -33,7 +34,7 @@ static void launch(const fmha_fwd_params& p) {
   using Tile = AmdForwardTile<D>;
   static_assert(Tile::kThreads == 256, "emulated workgroups have 256 work-items");
   const dim3 grid((p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM, p.nhead_q, p.batch);
-  emu::launch(grid, Tile::kLdsBytes, [&] { forward_kernel_amd<T, D, M>(p); });
+  emu::launch(grid, Tile::kLdsBytes, [&] { forward_kernel_amd<T, D, M, fmha_fwd_params>(p); });
 }
 
 template <typename T, int D>

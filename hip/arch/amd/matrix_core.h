@@ -84,6 +84,8 @@ __device__ inline u32x4 global_load_16(const void* p) { return *(const __attribu
 
 __device__ inline u32x2 global_load_8(const void* p) { return *(const __attribute__((address_space(1))) u32x2*)(p); }
 
+__device__ inline uint32_t global_load_4(const void* p) { return *(const __attribute__((address_space(1))) uint32_t*)(p); }
+
 // A raw buffer resource: `bytes` bytes from `base` (both wave-uniform). A buffer load at a byte offset
 // at or past `bytes` returns zeros (range checking): the kernels point the loads of rows past a
 // sequence's end and of padding columns there, so that those read as zeros with no select on the
@@ -149,6 +151,11 @@ __device__ inline float other_half(float x) {
   const uint32_t lane = __builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u));
   return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(static_cast<int>((lane ^ 32u) << 2),
                                                                 __builtin_bit_cast(int, x)));
+}
+
+// x of lane `source` (0..63), for every lane; every lane of the wave must take part.
+__device__ inline uint32_t lane_value(uint32_t x, int source) {
+  return static_cast<uint32_t>(__builtin_amdgcn_ds_bpermute(source << 2, static_cast<int>(x)));
 }
 
 __device__ inline float halves_max(float x) { return __builtin_fmaxf(x, other_half(x)); }

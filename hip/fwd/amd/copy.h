@@ -8,13 +8,13 @@
 
 namespace fmha {
 
-// A thread's share of moving one K tile and one V tile global → registers → LDS. Addresses are the
-// tile's row 0 (wave-uniform) plus a 32-bit byte offset per thread (global_load with a scalar base:
-// the launch stub refuses row strides for which 128 rows overflow 32 bits). Loads of rows past
-// `valid_rows` or of columns past the head dim read row 0 instead (which exists; no branch), and
-// `store` writes zeros for them: a zero V row times P = 0 adds nothing, where garbage could be NaN.
-// The zeros are selected at the store, not at the load, so that nothing waits for the loads before
-// the step's compute.
+// A thread's share of moving one K tile and one V tile global → registers → LDS. Addresses (`load`)
+// are the tile's row 0 (wave-uniform) plus a 32-bit byte offset per thread (global_load with a scalar
+// base: the launch stub refuses row strides for which 128 rows overflow 32 bits), or one address per
+// row (`load_rows`). Loads of rows past `valid_rows` or of columns past the head dim read row 0
+// instead (which exists; no branch), and `store` writes zeros for them: a zero V row times P = 0 adds
+// nothing, where garbage could be NaN. The zeros are selected at the store, not at the load, so that
+// nothing waits for the loads before the step's compute.
 //   K: 16-byte chunk `k_col / 8` of rows k_row + i · kRowStep, stored as two 8-byte units. Lanes 0-7
 //      take chunks 0-7 of one row, lanes 8-15 the same chunks of the next row, so that each 16-lane
 //      phase of a ds_write_b64 hits 16 distinct slots of the bank window.
@@ -68,6 +68,26 @@ struct KVCopy {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       v[e] = arch::global_load_16(vb + (v_valid(e, valid_rows, hdim_v) ? v_offset + e * v_step : 0u));
+    }
+  }
+
+  // The same tiles with each row at its own address (a paged pool's rows of one tile may lie in
+  // different pages): `k_row_at(r)` / `v_row_at(r)` give the byte address of tile row r. They are
+  // called for every row of the thread in every lane, with row 0 where the row or column is not
+  // loaded (so they may exchange values between the lanes of the wave).
+  template <typename KRowAt, typename VRowAt>
+  __device__ void load_rows(KRowAt k_row_at, VRowAt v_row_at, int valid_rows, int hdim_q, int hdim_v) {
+#pragma unroll
+    for (int i = 0; i < kKLoads; ++i) {
+      const bool valid = k_valid(i, valid_rows, hdim_q);
+      const uint8_t* row = k_row_at(valid ? k_row + i * kRowStep : 0);
+      k[i] = arch::global_load_16(row + (valid ? 2 * k_col : 0));
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const bool valid = v_valid(e, valid_rows, hdim_v);
+      const uint8_t* row = v_row_at(valid ? 4 * v_group + e : 0);
+      v[e] = arch::global_load_16(row + (valid ? 2 * v_col : 0));
     }
   }
 

@@ -17,6 +17,7 @@
 // The kernel is its tile (fwd/amd/tile.h: the workgroup's shape and LDS layout), its K/V copy
 // (fwd/amd/copy.h: global → registers → LDS), its mainloop (fwd/amd/mainloop.h: one K/V tile for one
 // wave) and, at the end of forward_kernel_amd below, the epilogue (normalise O, store O and the LSE).
+// The K/V tiles come from dense tensors (the forward) or through a page table (the kv-cache operation).
 #pragma once
 
 #include "arch/amd/lds_swizzle.h"
@@ -31,9 +32,19 @@
 
 namespace fmha {
 
-template <typename T, int kHeadDim, bool kMasked>
+// Where a call's K and V tiles come from, per parameter block: `rows` (the sequence's query rows and
+// KV length, from the constructor), `at_head(p, hk)` (the kv head, once the workgroup has rows to
+// compute), `start(j0)` before the first tile and `load(copy, j0, valid_rows)`, which loads the tiles
+// of keys j0.. into the copy's registers (called by every thread with j0 = first, first + N, ..., in
+// uniform control flow).
+// fwd/amd/dense_tiles.h: dense tensors (fmha_fwd_params); kvcache/amd/paged_tiles.h: a paged pool
+// (fmha_kvcache_params).
+template <typename Params, typename Tile>
+struct AmdKeyValueTiles;
+
+template <typename T, int kHeadDim, bool kMasked, typename Params>
 __global__ void __launch_bounds__(AmdForwardTile<kHeadDim>::kThreads) FMHA_AMD_MIN_WAVES_PER_SIMD(2)
-    forward_kernel_amd(fmha_fwd_params p) {
+    forward_kernel_amd(Params p) {
   using Tile = AmdForwardTile<kHeadDim>;
   constexpr int M = Tile::kBlockM, N = Tile::kBlockN, kDimBlocks = Tile::kDim / 32;
   constexpr uint32_t kKV = Tile::kKVBytes, kVTiles = 2 * kKV;  // Vᵀ stages follow the two K stages
@@ -45,23 +56,16 @@ __global__ void __launch_bounds__(AmdForwardTile<kHeadDim>::kThreads) FMHA_AMD_M
   const int tile = kMasked ? static_cast<int>(arch::grid_blocks_x() - 1 - arch::block_index_x())
                            : static_cast<int>(arch::block_index_x());
   const int h = arch::block_index_y(), b = arch::block_index_z();
-  const BatchRows rows = batch_rows(b, p.group_mode != 0, p.seqlen_q, p.seqlen_k,
-                                    arch::global_pointer<const int32_t>(p.seqstart_q),
-                                    arch::global_pointer<const int32_t>(p.seqstart_k),
-                                    arch::global_pointer<const int32_t>(p.seqlen_q_ptr),
-                                    arch::global_pointer<const int32_t>(p.seqlen_k_ptr));
+  AmdKeyValueTiles<Params, Tile> kv(p, b);
+  const BatchRows rows = kv.rows;
   const int i0 = tile * M;
   if (i0 >= rows.sq) return;
   const int i1 = i0 + M < rows.sq ? i0 + M : rows.sq;
-  const int hk = h / (p.nhead_q / p.nhead_k);
+  kv.at_head(p, h / (p.nhead_q / p.nhead_k));
   const int64_t batch = p.group_mode ? 0 : b;
 
   const uint16_t* q = arch::global_pointer<const uint16_t>(p.q) + batch * p.q_batch_stride + h * p.q_head_stride +
                       (rows.q_start + i0) * p.q_row_stride;
-  const uint16_t* k = arch::global_pointer<const uint16_t>(p.k) + batch * p.k_batch_stride + hk * p.k_head_stride +
-                      rows.k_start * p.k_row_stride;
-  const uint16_t* v = arch::global_pointer<const uint16_t>(p.v) + batch * p.v_batch_stride + hk * p.v_head_stride +
-                      rows.k_start * p.v_row_stride;
 
   // Keys that any row of this tile keeps: [key_lo, key_hi); tiles outside are never visited.
   const ResolvedMask mask = resolve_mask(p.mask_type, p.window_left, p.window_right, rows.sq, rows.sk);
@@ -98,7 +102,8 @@ __global__ void __launch_bounds__(AmdForwardTile<kHeadDim>::kThreads) FMHA_AMD_M
   KVCopy<Tile> copy(tid, p.k_row_stride, p.v_row_stride);
   if (first_tile < end_tile) {
     const int j0 = first_tile * N;
-    copy.load(k + j0 * p.k_row_stride, v + j0 * p.v_row_stride, valid_keys(j0), p.hdim_q, p.hdim_v);
+    kv.start(j0);
+    kv.load(copy, j0, valid_keys(j0));
   }
 #pragma unroll
   for (int db = 0; db < kDimBlocks; ++db) st.o[db] = arch::zero_accumulator();
@@ -126,8 +131,7 @@ __global__ void __launch_bounds__(AmdForwardTile<kHeadDim>::kThreads) FMHA_AMD_M
     const bool more = jt + 1 < end_tile;
     const int next_valid = valid_keys((jt + 1) * N);
     if (more) {
-      const int j0 = (jt + 1) * N;
-      copy.load(k + j0 * p.k_row_stride, v + j0 * p.v_row_stride, next_valid, p.hdim_q, p.hdim_v);
+      kv.load(copy, (jt + 1) * N, next_valid);
     }
 
     const int j0 = jt * N;
@@ -141,30 +145,32 @@ __global__ void __launch_bounds__(AmdForwardTile<kHeadDim>::kThreads) FMHA_AMD_M
   }
 
   // Normalise and store O (rows past the batch's length are not written) and the natural-log LSE.
-  // The halves' sums are combined before any lane leaves: every lane takes part in the exchange.
+  // The halves' sums are combined before any lane leaves: every lane takes part in the exchange. The
+  // parameters are read here (arch::reloaded), not held in scalar registers through the mainloop.
   const float sum = arch::halves_sum(st.row_sum);
   if (row >= rows.sq) return;
+  const Params& out = arch::reloaded(p);
   const float inverse = sum > 0.f ? 1.f / sum : 0.f;
-  uint16_t* out_row = arch::global_pointer<uint16_t>(p.o) + batch * p.o_batch_stride + h * p.o_head_stride +
-                      (rows.q_start + row) * p.o_row_stride;
+  uint16_t* out_row = arch::global_pointer<uint16_t>(out.o) + batch * out.o_batch_stride + h * out.o_head_stride +
+                      (rows.q_start + row) * out.o_row_stride;
 #pragma unroll
   for (int db = 0; db < kDimBlocks; ++db) {
 #pragma unroll
     for (int g = 0; g < 4; ++g) {
       const int col = db * 32 + 8 * g + 4 * half;  // 4 consecutive dims: registers 4g .. 4g + 3
-      if (col < p.hdim_v) {
+      if (col < out.hdim_v) {
         const arch::f32x16& o = st.o[db];
         arch::global_store_8(out_row + col, arch::pack4<T>(o[4 * g] * inverse, o[4 * g + 1] * inverse,
                                                            o[4 * g + 2] * inverse, o[4 * g + 3] * inverse));
       }
     }
   }
-  float* lse = arch::global_pointer<float>(p.lse);
+  float* lse = arch::global_pointer<float>(out.lse);
   if (lse != nullptr && half == 0) {
     // LSE = ln(Σ exp(scale · S)) = (scale_log2 · max + log2 Σ) · ln 2
     const float natural =
-        sum > 0.f ? (st.row_max * p.scale_log2 + arch::exact_log2(sum)) * 0.69314718055994531f : -__builtin_inff();
-    lse[(p.group_mode ? 0 : b * p.lse_batch_stride) + h * p.lse_head_stride + rows.q_start + row] = natural;
+        sum > 0.f ? (st.row_max * out.scale_log2 + arch::exact_log2(sum)) * 0.69314718055994531f : -__builtin_inff();
+    lse[(out.group_mode ? 0 : b * out.lse_batch_stride) + h * out.lse_head_stride + rows.q_start + row] = natural;
   }
 }
 

@@ -80,6 +80,7 @@ inline void check_global(const void* p, size_t n) {
 }
 inline u32x4 global_load_16(const void* p) { check_global(p, 16); u32x4 v; memcpy(&v, p, 16); return v; }
 inline u32x2 global_load_8(const void* p) { check_global(p, 8); u32x2 v; memcpy(&v, p, 8); return v; }
+inline uint32_t global_load_4(const void* p) { check_global(p, 4); uint32_t v; memcpy(&v, p, 4); return v; }
 inline void global_store_8(void* p, u32x2 v) { check_global(p, 8); memcpy(p, &v, 8); }
 
 // Raw buffers: loads at or past `bytes` read zeros; a load that straddles the end is a kernel bug here
@@ -150,6 +151,15 @@ inline float other_half(float x) {
   w.bar.wait();
   float y;
   memcpy(&y, &w.slot[lane() ^ 32][0], 4);
+  w.bar.wait();
+  return y;
+}
+inline uint32_t lane_value(uint32_t x, int source) {
+  if (source < 0 || source >= 64) __builtin_trap();
+  emu::Wave& w = wave();
+  w.slot[lane()][0] = x;
+  w.bar.wait();
+  const uint32_t y = w.slot[source][0];
   w.bar.wait();
   return y;
 }

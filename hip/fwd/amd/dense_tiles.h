@@ -1,0 +1,43 @@
+// The AMD forward's K/V tiles from dense tensors: batch mode by batch stride, group mode from
+// seqstart_k; a tile is its row 0 plus 32-bit offsets (KVCopy::load).
+#pragma once
+
+#include "arch/amd/matrix_core.h"
+#include "common/sequence.h"
+#include "fwd/amd/copy.h"
+#include "fwd/amd/kernel.h"
+#include "launch.h"
+
+namespace fmha {
+
+template <typename Tile>
+struct AmdKeyValueTiles<fmha_fwd_params, Tile> {
+  BatchRows rows;
+  const uint16_t* k;  // row 0 of the sequence at this kv head
+  const uint16_t* v;
+  int64_t k_row_stride, v_row_stride;
+  int hdim_q, hdim_v;
+
+  __device__ AmdKeyValueTiles(const fmha_fwd_params& p, int b)
+      : rows(batch_rows(b, p.group_mode != 0, p.seqlen_q, p.seqlen_k, arch::global_pointer<const int32_t>(p.seqstart_q),
+                        arch::global_pointer<const int32_t>(p.seqstart_k),
+                        arch::global_pointer<const int32_t>(p.seqlen_q_ptr),
+                        arch::global_pointer<const int32_t>(p.seqlen_k_ptr))),
+        k_row_stride(p.k_row_stride), v_row_stride(p.v_row_stride), hdim_q(p.hdim_q), hdim_v(p.hdim_v) {}
+
+  __device__ void at_head(const fmha_fwd_params& p, int hk) {
+    const int64_t batch = p.group_mode ? 0 : arch::block_index_z();
+    k = arch::global_pointer<const uint16_t>(p.k) + batch * p.k_batch_stride + hk * p.k_head_stride +
+        rows.k_start * k_row_stride;
+    v = arch::global_pointer<const uint16_t>(p.v) + batch * p.v_batch_stride + hk * p.v_head_stride +
+        rows.k_start * v_row_stride;
+  }
+
+  __device__ void start(int) const {}
+
+  __device__ void load(KVCopy<Tile>& copy, int j0, int valid_rows) const {
+    copy.load(k + j0 * k_row_stride, v + j0 * v_row_stride, valid_rows, hdim_q, hdim_v);
+  }
+};
+
+}  // namespace fmha
