@@ -197,6 +197,22 @@ typedef struct fmha_kvcache_params {
   int32_t num_page_indices;
   // The prepare checks every page id used.
   int32_t check_tables;
+  // Split-KV (spec/inference.md §3): chunks per sequence at most (1: unsplit, the fields below
+  // unused), fixed chunk length in key tiles (0: the prepare's `KvCacheSplitPlan`).
+  int32_t max_splits;
+  int32_t split_tiles;
+  // The forward's tile (query rows, keys) and the device's CU count: the prepare's adaptive chunk
+  // length is computed from them.
+  int32_t block_m;
+  int32_t block_n;
+  int32_t cu_count;
+  // The workspace's split plan (`KvCacheSplitPlan`, written by the prepare) and the partial
+  // results: fp32 LSE `[split][head][row]` and O `[split][head][row][hdim_v]`, `partial_rows` rows
+  // per plane (a row is `q_start + i` in group mode, `b·seqlen_q + i` in batch mode).
+  uint64_t split_plan;
+  uint64_t partial_lse;
+  uint64_t partial_o;
+  int64_t partial_rows;
 } fmha_kvcache_params;
 
 // The backward kernels' parameters, shared by the three stages. The workspace fields are the layout
@@ -362,6 +378,14 @@ typedef struct fmha_kv_cache_fault {
   int64_t value;
   int64_t bound;
 } fmha_kv_cache_fault;
+
+// The chunk length the prepare chose for a call (`problem::split::adaptive_tiles`); read by the
+// forward and the combine of a splitting launcher. Without `KVCACHE_PREPARED` in `magic` the kernels
+// split nothing.
+typedef struct fmha_kv_cache_split_plan {
+  uint32_t magic;
+  int32_t tiles_per_split;
+} fmha_kv_cache_split_plan;
 
 #ifdef __cplusplus
 extern "C" {

@@ -149,6 +149,8 @@ struct Case {
     lens: Vec<(usize, usize)>,
     /// Sequences after the first share its first full pages (prefix caching).
     share_prefix: bool,
+    /// The traits' `max_splits` and `kv_split_tokens`.
+    splits: (i32, i32),
 }
 
 fn base_traits(case: &Case, total_q: usize) -> fmha_kvcache_traits {
@@ -173,8 +175,8 @@ fn base_traits(case: &Case, total_q: usize) -> fmha_kvcache_traits {
         total_q: total_q as i32,
         max_seqlen_q: max_q as i32,
         max_seqlen_k: max_k as i32,
-        max_splits: 0,
-        kv_split_tokens: 0,
+        max_splits: case.splits.0,
+        kv_split_tokens: case.splits.1,
         check_tables: 1,
     }
 }
@@ -218,7 +220,9 @@ fn blank_args() -> fmha_kvcache_args {
 
 /// Builds the case's buffers, runs it through a launcher (prepare, run, check), and compares with the
 /// float64 reference.
-fn run_case(case: &Case, rng: &mut Rng, ctx: &str) {
+/// Runs `case` (prepare, run, check) against the float64 reference; returns O's bits and the LSE
+/// (None where this build refuses the case, as it must).
+fn run_case(case: &Case, rng: &mut Rng, ctx: &str) -> Option<(Vec<u16>, Vec<f32>)> {
     let (hq, hk, d, p, input) = (case.hq, case.hk, case.d, case.page, case.input);
     let batch = case.lens.len();
     let contiguous = case.kind == FMHA_KV_CONTIGUOUS;
@@ -421,12 +425,12 @@ fn run_case(case: &Case, rng: &mut Rng, ctx: &str) {
     let mut launcher = null_mut();
     if let Some(field) = gpu_lacks(case) {
         expect_error(fmha_kvcache_launcher_create(&traits, &mut launcher), FMHA_ERR_UNSUPPORTED, &[field]);
-        return;
+        return None;
     }
     ok(fmha_kvcache_launcher_create(&traits, &mut launcher));
     let mut bytes = 0;
     ok(fmha_kvcache_launcher_workspace_size(launcher, &mut bytes));
-    let workspace = dev.upload(&vec![0u8; bytes]);
+    let workspace = dev.upload(&vec![0xFFu8; bytes]); // NaN partials: each must be written before it is read
     args.workspace = workspace;
     args.workspace_size = bytes;
     let mut stream = null_mut();
@@ -523,6 +527,7 @@ fn run_case(case: &Case, rng: &mut Rng, ctx: &str) {
         let (mean, base_mean) = (err_sum / count as f64, base_sum / count as f64);
         assert!(mean <= 3.0 * base_mean + floor / 4.0, "{ctx}: O mean error {mean:e} vs baseline {base_mean:e}");
     }
+    Some((o_bits, lse_out))
 }
 
 /// max over the keys of Σ_e |q_e · k_e| for query row `i` of head `h` (`q`: [hq][sq][d] of one
@@ -562,7 +567,11 @@ fn gpu_lacks(case: &Case) -> Option<&'static str> {
         return Some("kv_layout");
     }
     // Per-page descales: pages holding whole 128-key tiles.
-    (fp8 && case.per_page_scales && case.page % 128 != 0).then_some("kv_scale_granularity")
+    if fp8 && case.per_page_scales && case.page % 128 != 0 {
+        return Some("kv_scale_granularity");
+    }
+    // The AMD kernels run unsplit (the heuristic's 0 is allowed); the split tests ask for splits.
+    (ACTIVE_BACKEND == BackendKind::Rocm && (case.splits.0 > 1 || case.splits.1 > 0)).then_some("max_splits")
 }
 
 /// GPU builds without a device only check the clean failure elsewhere.
@@ -613,6 +622,7 @@ fn random_case(rng: &mut Rng, input: Input) -> Case {
         d: rng.pick(&[16, 32, 48]),
         lens,
         share_prefix: rng.range(0, 2) == 0,
+        splits: (rng.pick(&[0, 1, 2, 5]), 0),
     }
 }
 
@@ -656,6 +666,7 @@ fn page_sizes_and_edge_lengths() {
                 d: 32,
                 lens: vec![(1, 1), (0, 17), (3, 0), (5, 130), (2, 1025), (1, 2)],
                 share_prefix: false,
+                splits: (0, 0),
             };
             run_case(&case, &mut rng, &format!("seed {seed}: page {page} kind {kind}"));
         }
@@ -687,8 +698,67 @@ fn fp8_full_head_dim_over_many_tiles() {
             d: 128,
             lens: if i == 2 { vec![(200, 333), (200, 600)] } else { vec![(130, 400), (1, 1), (257, 700)] },
             share_prefix: i == 0,
+            splits: (0, 0),
         };
         run_case(&case, &mut rng, &format!("seed {seed}: fp8 d128 page {page} kind {kind}"));
+    }
+}
+
+/// Split-KV decode (spec/inference.md §3): few query rows per sequence against long caches, every
+/// split count from 1 to the longest sequence's tile count, the heuristic, and fixed chunk lengths;
+/// empty and one-token sequences and lengths on page boundaries; both table formats, fp8 and GQA.
+/// The workspace starts as NaN, so a partial read before it is written fails the NaN check; a rerun
+/// gives the same bits.
+#[test]
+fn split_kv_decode_matches_the_reference() {
+    if skip() {
+        return;
+    }
+    // The host backend plans chunks for an H100-sized GPU (its default, one CU per thread, would
+    // rarely split); results may not depend on it.
+    if host_backend() {
+        ok(fmha_host_set_cu_count(132));
+    }
+    let rng = Rng::fresh();
+    let seed = rng.0;
+    let lens = vec![(1usize, 700usize), (4, 0), (1, 1), (16, 2048), (3, 129), (1, 256)];
+    // Bounds on the adaptive chunks, then fixed chunks of 1..16 key tiles (the longest sequence's 16
+    // tiles in 16 down to 1 chunks), then the heuristic.
+    let tiles = 2048 / 128;
+    let mut splits: Vec<(i32, i32)> = (1..=tiles).map(|s| (s, 0)).collect();
+    splits.extend([1, 2, 3, 5, 7, 16].map(|t| (0, 128 * t)));
+    splits.extend([(0, 0), (0, 200), (64, 1000)]);
+    for (i, &split) in splits.iter().enumerate() {
+        let input = match i % 4 {
+            0 => Input::Fp8(Fp8Format::E4m3fn),
+            1 => Input::F16,
+            _ => Input::Bf16,
+        };
+        let case = Case {
+            input,
+            kind: if i % 2 == 0 { FMHA_KV_PAGE_CSR } else { FMHA_KV_BLOCK_TABLE },
+            pool: if i % 3 == 0 { Pool::Hnd } else { Pool::Nhd },
+            page: [16, 1, 128, 5][i % 4],
+            group: i % 5 != 4,
+            mask: if i % 3 == 1 {
+                Mask { kind: MaskType::BottomRight, left: 300, right: 0 }
+            } else {
+                Mask::causal(MaskType::BottomRight)
+            },
+            per_page_scales: false,
+            hq: 8,
+            hk: 2,
+            d: if i % 2 == 0 { 128 } else { 64 },
+            lens: if i % 5 == 4 { lens.iter().map(|l| (2, l.1)).collect() } else { lens.clone() },
+            share_prefix: i % 2 == 1,
+            splits: split,
+        };
+        let ctx = format!("seed {seed}: splits {split:?} {case:?}");
+        let case_seed = rng.0 ^ i as u64;
+        let first = run_case(&case, &mut Rng(case_seed), &ctx);
+        if i % 6 == 0 {
+            assert_eq!(first, run_case(&case, &mut Rng(case_seed), &ctx), "{ctx}: a rerun changed the bits");
+        }
     }
 }
 
@@ -745,6 +815,7 @@ fn paged_equals_dense_bitwise_on_contiguous_pages() {
                 d,
                 lens: lens.to_vec(),
                 share_prefix: false,
+                splits: (1, 0), // the dense forward's tiles
             };
             let traits = base_traits(&case, total_q);
             let args = fmha_kvcache_args {

@@ -2,7 +2,7 @@
 
 use super::traits::KvCacheTraits;
 use crate::error::{ensure, Error, Result};
-use crate::launch::{FwdExtents, KvCacheKargs, KvTableArgs};
+use crate::launch::{FwdExtents, KvCacheKargs, KvSplitArgs, KvTableArgs};
 use crate::problem::mask::Mask;
 use crate::problem::paged::{PoolLayout, SequenceBounds, TableKind};
 use crate::problem::scale::{Descale, Descales, ScaleGranularity};
@@ -166,6 +166,7 @@ impl KvCacheArgs {
             seqstart_q: self.seqstart_q,
             table,
             check_tables: t.check_tables,
+            splits: KvSplitArgs::UNSPLIT, // the launcher's: it owns the workspace layout
         })
     }
 

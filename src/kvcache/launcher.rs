@@ -2,27 +2,29 @@
 //! call's lengths and tables on the stream and records the first fault in the workspace; `run`
 //! enqueues the attention; `check` reports what a prepare recorded.
 //!
-//! Prefill runs every sequence unsplit, so `run` reads nothing from the workspace: its bytes are the
-//! prepare's fault record (split-KV decode will add its partial results after it).
+//! A launcher that splits the KV (decode: few query rows, long sequences; spec/inference.md §3) runs
+//! each sequence's chunks into partial results in the workspace and combines them in chunk order, with
+//! the chunk length the prepare chose; an unsplit launcher's `run` reads nothing from the workspace.
 
-use super::{KvCacheArgs, KvCacheTraits};
+use super::workspace::KvCacheWorkspace;
+use super::{KvCacheArgs, KvCacheTraits, MAX_SPLITS};
 use crate::error::{Error, Result, Status};
 use crate::launch::abi::KvCacheFault;
 use crate::launch::KvCacheKargs;
 use crate::problem::paged::PoolLayout;
 use crate::problem::scale::ScaleGranularity;
+use crate::problem::split::{ceil_div, heuristic_max_splits, SplitPolicy};
 use crate::problem::MaskType;
 use crate::registry::{Instance, Operation, Request};
 use crate::runtime::{self, Arch, CopyKind, DevicePtr, Stream};
-use crate::workspace::{check_workspace_argument, SECTION_ALIGNMENT};
-
-/// Bytes of a prefill launcher's workspace: the fault record, rounded to a section.
-pub const WORKSPACE_BYTES: usize = std::mem::size_of::<KvCacheFault>().next_multiple_of(SECTION_ALIGNMENT);
+use crate::workspace::check_workspace_argument;
 
 #[derive(Debug)]
 pub struct KvCacheLauncher {
     traits: KvCacheTraits,
     instance: Instance,
+    cu_count: i64,
+    workspace: KvCacheWorkspace,
 }
 
 fn select(traits: &KvCacheTraits) -> Result<Instance> {
@@ -41,10 +43,49 @@ fn select(traits: &KvCacheTraits) -> Result<Instance> {
     )
 }
 
+/// How a launcher for `traits` splits the KV on a device of `cu_count` CUs (spec/inference.md §3.3):
+/// `kv_split_tokens > 0` fixes the chunks (rounded up to whole key tiles) and so their count for the
+/// longest sequence; otherwise `max_splits`, or when it is 0 FA3's static rule on the traits' bounds.
+fn split_policy(traits: &KvCacheTraits, instance: &Instance, cu_count: i64) -> Result<SplitPolicy> {
+    let n0 = instance.n0;
+    let policy = if traits.kv_split_tokens > 0 {
+        let split_tiles = ceil_div(traits.kv_split_tokens, n0);
+        let needed = ceil_div(traits.max_seqlen_k, split_tiles * n0).max(1);
+        if needed > MAX_SPLITS || (traits.max_splits > 0 && needed > traits.max_splits) {
+            return Err(Error::invalid(
+                "kv_split_tokens",
+                format!(
+                    "chunks of {} tokens cut max_seqlen_k = {} into {needed} splits, over max_splits = {}",
+                    split_tiles * n0,
+                    traits.max_seqlen_k,
+                    if traits.max_splits > 0 { traits.max_splits } else { MAX_SPLITS }
+                ),
+            ));
+        }
+        SplitPolicy { max_splits: needed, split_tiles }
+    } else if traits.max_splits > 0 {
+        SplitPolicy { max_splits: traits.max_splits, split_tiles: 0 }
+    } else {
+        let heads = traits.nhead_q;
+        let bound = heuristic_max_splits(heads, traits.max_seqlen_q, traits.max_seqlen_k, instance.m0, n0, cu_count);
+        SplitPolicy { max_splits: bound, split_tiles: 0 }
+    };
+    // The AMD kernels have no split path yet: they run unsplit unless the caller asked for splits.
+    if policy.splits() && matches!(instance.arch, Arch::Gfx942 | Arch::Gfx950) {
+        if traits.max_splits == 0 && traits.kv_split_tokens == 0 {
+            return Ok(SplitPolicy::UNSPLIT);
+        }
+        return Err(Error::unsupported(format!(
+            "max_splits: the {} kv-cache kernels do not split the KV yet (max_splits 0 or 1, kv_split_tokens 0)",
+            instance.arch.name()
+        )));
+    }
+    Ok(policy)
+}
+
 /// The workspace size for `traits` on the current device without creating a launcher.
 pub fn workspace_size_upper_bound(traits: &KvCacheTraits) -> Result<usize> {
-    select(traits)?;
-    Ok(WORKSPACE_BYTES)
+    Ok(KvCacheLauncher::new(*traits)?.workspace_size())
 }
 
 impl KvCacheLauncher {
@@ -71,11 +112,18 @@ impl KvCacheLauncher {
                 traits.page_size
             )));
         }
-        Ok(KvCacheLauncher { traits, instance })
+        let cu_count = runtime::current()?.cu_count()?;
+        let workspace = KvCacheWorkspace::new(&traits, split_policy(&traits, &instance, cu_count)?)?;
+        Ok(KvCacheLauncher { traits, instance, cu_count, workspace })
     }
 
     pub fn workspace_size(&self) -> usize {
-        WORKSPACE_BYTES
+        self.workspace.bytes
+    }
+
+    /// How this launcher splits the KV.
+    pub fn split_policy(&self) -> SplitPolicy {
+        self.workspace.policy
     }
 
     /// Checks a workspace the prepare writes and `check` reads: not null, aligned, large enough
@@ -86,7 +134,9 @@ impl KvCacheLauncher {
     }
 
     fn kargs(&self, args: &KvCacheArgs) -> Result<KvCacheKargs> {
-        args.validate(&self.traits, &self.instance)
+        let mut kargs = args.validate(&self.traits, &self.instance)?;
+        kargs.splits = self.workspace.split_args(args.workspace, self.cu_count);
+        Ok(kargs)
     }
 
     /// Enqueues the check of `args`' lengths and tables on `stream` (nothing blocks the host); the
@@ -94,13 +144,22 @@ impl KvCacheLauncher {
     pub fn prepare_async(&self, args: &KvCacheArgs, stream: Stream) -> Result<()> {
         self.check_workspace(args.workspace, args.workspace_size)?;
         let kargs = self.kargs(args)?;
-        crate::launch::kvcache_prepare(&kargs, args.workspace.addr().cast(), stream)
+        crate::launch::kvcache_prepare(&kargs, KvCacheWorkspace::fault(args.workspace), stream)
     }
 
     /// Validates `args` and enqueues the attention on `stream`.
     pub fn run(&self, args: &KvCacheArgs, stream: Stream) -> Result<()> {
         if !args.workspace.is_null() {
             self.check_workspace(args.workspace, args.workspace_size)?;
+        } else if self.split_policy().splits() {
+            return Err(Error::new(
+                Status::NullPointer,
+                format!(
+                    "workspace must not be null: this launcher splits the KV (up to {} chunks per sequence) \
+                     and run writes partial results into the prepared workspace",
+                    self.split_policy().max_splits
+                ),
+            ));
         }
         let kargs = self.kargs(args)?;
         if kargs.batch == 0 || kargs.bounds.total_q == 0 {

@@ -306,6 +306,32 @@ pub struct KvCacheParams {
     pub num_page_indices: i32,
     /// The prepare checks every page id used.
     pub check_tables: i32,
+    /// Split-KV (spec/inference.md §3): chunks per sequence at most (1: unsplit, the fields below
+    /// unused), fixed chunk length in key tiles (0: the prepare's `KvCacheSplitPlan`).
+    pub max_splits: i32,
+    pub split_tiles: i32,
+    /// The forward's tile (query rows, keys) and the device's CU count: the prepare's adaptive chunk
+    /// length is computed from them.
+    pub block_m: i32,
+    pub block_n: i32,
+    pub cu_count: i32,
+    /// The workspace's split plan (`KvCacheSplitPlan`, written by the prepare) and the partial
+    /// results: fp32 LSE `[split][head][row]` and O `[split][head][row][hdim_v]`, `partial_rows` rows
+    /// per plane (a row is `q_start + i` in group mode, `b·seqlen_q + i` in batch mode).
+    pub split_plan: u64,
+    pub partial_lse: u64,
+    pub partial_o: u64,
+    pub partial_rows: i64,
+}
+
+/// The chunk length the prepare chose for a call (`problem::split::adaptive_tiles`); read by the
+/// forward and the combine of a splitting launcher. Without `KVCACHE_PREPARED` in `magic` the kernels
+/// split nothing.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KvCacheSplitPlan {
+    pub magic: u32,
+    pub tiles_per_split: i32,
 }
 
 /// `KvCacheFault::magic` of a prepared workspace ("KVCP").

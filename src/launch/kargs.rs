@@ -2,8 +2,10 @@
 //! addresses as typed values. The host executor reads them directly; the GPU executor turns them into
 //! the kernels' parameter blocks (`abi.rs`, built in `params.rs`).
 
+use super::abi::KvCacheSplitPlan;
 use crate::problem::paged::{PoolLayout, SequenceBounds, TableKind};
 use crate::problem::scale::Descales;
+use crate::problem::split::SplitPolicy;
 use crate::problem::{CacheDtype, Mask, Mode, SequenceArrays, Shape, Tensor};
 use crate::registry::Instance;
 use crate::runtime::DevicePtr;
@@ -108,6 +110,31 @@ pub struct KvCacheKargs {
     pub table: KvTableArgs,
     /// The prepare scans every page id the sequences use.
     pub check_tables: bool,
+    pub splits: KvSplitArgs,
+}
+
+/// Split-KV of a kv-cache call: the launcher's policy, the CU count the prepare sizes chunks by, and
+/// the workspace's plan and partial results (null for an unsplit launcher's forward).
+#[derive(Debug, Clone, Copy)]
+pub struct KvSplitArgs {
+    pub policy: SplitPolicy,
+    pub cu_count: i64,
+    pub plan: DevicePtr<KvCacheSplitPlan>,
+    /// fp32 `[split][head][row]` and `[split][head][row][hdim_v]`, `rows` rows per plane.
+    pub partial_lse: DevicePtr<f32>,
+    pub partial_o: DevicePtr<f32>,
+    pub rows: i64,
+}
+
+impl KvSplitArgs {
+    pub const UNSPLIT: KvSplitArgs = KvSplitArgs {
+        policy: SplitPolicy::UNSPLIT,
+        cu_count: 1,
+        plan: DevicePtr::NULL,
+        partial_lse: DevicePtr::NULL,
+        partial_o: DevicePtr::NULL,
+        rows: 0,
+    };
 }
 
 /// The page table's device arrays and bounds (`problem::paged::PageTable` reads them).

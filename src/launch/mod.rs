@@ -12,7 +12,7 @@ pub mod host;
 mod kargs;
 mod params;
 
-pub use kargs::{BwdExtents, BwdKargs, FwdExtents, FwdKargs, KvCacheKargs, KvTableArgs};
+pub use kargs::{BwdExtents, BwdKargs, FwdExtents, FwdKargs, KvCacheKargs, KvSplitArgs, KvTableArgs};
 
 use crate::error::{Error, Result};
 use crate::runtime::{DevicePtr, Stream};

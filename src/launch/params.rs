@@ -290,6 +290,15 @@ impl KvCacheParams {
             max_pages_per_seq: t.max_pages_per_seq as i32,
             num_page_indices: t.num_page_indices as i32,
             check_tables: i32::from(k.check_tables),
+            max_splits: k.splits.policy.max_splits as i32,
+            split_tiles: k.splits.policy.split_tiles as i32,
+            block_m: k.instance.m0 as i32,
+            block_n: k.instance.n0 as i32,
+            cu_count: k.splits.cu_count.min(i64::from(i32::MAX)) as i32,
+            split_plan: k.splits.plan.addr().0 as u64,
+            partial_lse: k.splits.partial_lse.addr().0 as u64,
+            partial_o: k.splits.partial_o.addr().0 as u64,
+            partial_rows: k.splits.rows,
         }
     }
 }

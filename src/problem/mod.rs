@@ -4,11 +4,13 @@
 
 pub mod fp8;
 pub mod mask;
+pub mod merge;
 pub mod operands;
 pub mod overlap;
 pub mod paged;
 pub mod scale;
 pub mod shape;
+pub mod split;
 pub mod tensor;
 
 pub use fp8::Fp8Format;

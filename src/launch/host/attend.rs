@@ -25,6 +25,8 @@ pub struct QueryTile {
     pub n0: i64,
     /// The sequence's mask (resolved to its lengths; unmasked keeps every key).
     pub mask: ResolvedMask,
+    /// The keys this block attends to at most: a split's chunk (`0..i64::MAX` unsplit).
+    pub keys: std::ops::Range<i64>,
     /// Rounds P before the P·V product (the input type of the GPU's matrix units).
     pub round_p: fn(f32) -> f32,
 }
@@ -56,23 +58,41 @@ impl<E: Scalar, O: Scalar> QueryIo<'_, E, O> {
         t: &QueryTile,
         kv: &mut impl KeyValueRows,
     ) -> Result<()> {
-        let (m, dq, dv) = (t.rows, t.hdim_q, t.hdim_v);
+        let out = self.attend_rows(batch, head, first, q_scale, t, kv)?;
+        self.write_rows(batch, head, first, &out, t.hdim_v);
+        Ok(())
+    }
+
+    /// The block's rows attended (`attend_block` without the writes).
+    pub fn attend_rows(
+        &self,
+        batch: i64,
+        head: i64,
+        first: i64,
+        q_scale: f32,
+        t: &QueryTile,
+        kv: &mut impl KeyValueRows,
+    ) -> Result<Attended> {
+        let (m, dq) = (t.rows, t.hdim_q);
         let mut q_staging = Vec::new();
         let mut q = vec![0f32; m * dq];
         for (i, row) in q.chunks_exact_mut(dq).enumerate() {
             self.q.read_row(batch, head, first + i as i64, row, &mut q_staging);
             row.iter_mut().for_each(|x| *x *= q_scale);
         }
-        let out = attend(t, &q, kv)?;
+        attend(t, &q, kv)
+    }
+
+    /// Writes finished rows' O and LSE from physical row `first` on.
+    pub fn write_rows(&self, batch: i64, head: i64, first: i64, out: &Attended, dv: usize) {
         let mut o_staging = Vec::new();
-        for i in 0..m {
+        for (i, lse_i) in out.lse.iter().enumerate() {
             let row = first + i as i64;
             self.o.write_row(batch, head, row, &out.o[i * dv..(i + 1) * dv], &mut o_staging);
             if let Some(lse) = self.lse {
-                lse.slice().set(lse.row_offset(batch, head, row), out.lse[i]);
+                lse.slice().set(lse.row_offset(batch, head, row), *lse_i);
             }
         }
-        Ok(())
     }
 }
 
@@ -87,6 +107,7 @@ pub fn attend(t: &QueryTile, q: &[f32], kv: &mut impl KeyValueRows) -> Result<At
     let mut v_tile = vec![0f32; n0 as usize * dv];
     let mut scores = vec![0f32; n0 as usize];
     let (j0, j1) = t.mask.key_range(t.i0, t.i0 + m as i64);
+    let (j0, j1) = (j0.max(t.keys.start), j1.min(t.keys.end));
 
     let mut jt = j0;
     while jt < j1 {

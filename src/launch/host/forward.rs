@@ -42,6 +42,7 @@ pub fn run<E: Element>(k: &FwdKargs, cu_count: i64) -> Result<()> {
             scale: s.scale,
             n0,
             mask: s.mask.resolve(rows.sq, rows.sk),
+            keys: 0..i64::MAX,
             round_p: E::round_probability, // P enters P·V in the input type, as on the matrix units
         };
         let mut kv = DenseRows {

@@ -1,18 +1,22 @@
 //! The kv-cache forward on the host: the forward's blocks (q tile, query head, sequence) with key and
 //! value rows looked up through the page table, fp8 codes decoded and multiplied by their descales.
 //! Every sequence's rows and table are checked before any block runs, naming the field at fault (a GPU
-//! kernel clamps instead); the prepare records the same faults in the workspace.
+//! kernel clamps instead); the prepare records the same faults in the workspace, and the chunk length
+//! of a splitting launcher. Split calls attend chunk by chunk into the workspace's partials and then
+//! combine them, in the GPU's chunks and order (`problem::split`, `problem::merge`).
 
-use super::attend::{KeyValueRows, QueryIo, QueryTile};
+use super::attend::{Attended, KeyValueRows, QueryIo, QueryTile};
 use super::grid::for_each_block;
 use super::tensor_view::TensorView;
 use crate::error::{Error, Result};
 use crate::host_buffer::try_filled;
-use crate::launch::abi::KvCacheFault;
-use crate::launch::{KvCacheKargs, KvTableArgs};
+use crate::launch::abi::{KvCacheFault, KvCacheSplitPlan, KVCACHE_PREPARED};
+use crate::launch::{KvCacheKargs, KvSplitArgs, KvTableArgs};
 use crate::problem::mask::MaskType;
+use crate::problem::merge::merge_row;
 use crate::problem::paged::{resolve_sequences, PageTable, PoolLayout, Sequence, SequencePages, TableFault, TableKind};
 use crate::problem::scale::Descale;
+use crate::problem::split::{adaptive_tiles, chunks, work_units, Chunks};
 use crate::problem::{Mode, Scalar};
 use crate::runtime::host::DeviceSlice;
 use crate::runtime::DevicePtr;
@@ -92,12 +96,57 @@ impl TableArrays {
 }
 
 /// The prepare: checks the call's lengths and tables and writes the outcome into the workspace's
-/// fault record (the first fault in sequence order, or none).
+/// fault record (the first fault in sequence order, or none), and into its split plan the adaptive
+/// chunk length (no plan when a fault was found: the forward then splits nothing).
 pub fn prepare(k: &KvCacheKargs, record: DeviceSlice<KvCacheFault>) -> Result<()> {
     let arrays = TableArrays::read(k)?;
-    let fault = arrays.sequences(k, k.check_tables).err();
-    record.set(0, KvCacheFault::new(fault));
+    let sequences = arrays.sequences(k, k.check_tables);
+    if !k.splits.plan.is_null() {
+        let plan = match &sequences {
+            Ok(sequences) => KvCacheSplitPlan { magic: KVCACHE_PREPARED, tiles_per_split: planned_tiles(k, sequences) },
+            Err(_) => KvCacheSplitPlan::default(),
+        };
+        DeviceSlice::new(k.splits.plan, 1, "workspace")?.set(0, plan);
+    }
+    record.set(0, KvCacheFault::new(sequences.err()));
     Ok(())
+}
+
+/// The adaptive chunk length of the call (`problem::split::adaptive_tiles`), as an i32 plan value.
+fn planned_tiles(k: &KvCacheKargs, sequences: &[Sequence]) -> i32 {
+    let (m0, n0) = (k.instance.m0, k.instance.n0);
+    let work: i64 = sequences.iter().map(|s| work_units(s.sq, s.pages.kv_len, m0, n0)).sum();
+    adaptive_tiles(work.saturating_mul(k.nhead_q), k.splits.cu_count).min(i64::from(i32::MAX)) as i32
+}
+
+/// The workspace's partial results, as the split forward writes them and the combine reads them.
+struct Partials {
+    lse: DeviceSlice<f32>,
+    o: DeviceSlice<f32>,
+    rows: i64,
+    heads: i64,
+    /// The prepare's chunk length (0: no plan).
+    planned: i64,
+}
+
+impl Partials {
+    fn new(s: &KvSplitArgs, heads: i64, dv: usize) -> Result<Partials> {
+        let plan = DeviceSlice::new(s.plan, 1, "workspace")?.get(0);
+        let planned = if plan.magic == KVCACHE_PREPARED { i64::from(plan.tiles_per_split) } else { 0 };
+        let states = (s.policy.max_splits * heads * s.rows) as usize;
+        Ok(Partials {
+            lse: DeviceSlice::new(s.partial_lse, states, "workspace")?,
+            o: DeviceSlice::new(s.partial_o, states * dv, "workspace")?,
+            rows: s.rows,
+            heads,
+            planned,
+        })
+    }
+
+    /// The index of (split, head, row) in the LSE plane (times `dv`: in O's).
+    fn state(&self, split: i64, head: i64, row: i64) -> usize {
+        ((split * self.heads + head) * self.rows + row) as usize
+    }
 }
 
 /// A descale array read on the host (1 where none was given).
@@ -143,26 +192,44 @@ pub fn run<E: Scalar, O: Scalar>(k: &KvCacheKargs, cu_count: i64) -> Result<()> 
     let heads = k.nhead_q as usize;
     let (dq, dv) = (k.hdim_q as usize, k.hdim_v as usize);
     let group = k.nhead_q / k.nhead_k;
+    let policy = k.splits.policy;
+    let partials = if policy.splits() { Some(Partials::new(&k.splits, k.nhead_q, dv)?) } else { None };
+    let chunks_of = |seq: &Sequence| match &partials {
+        Some(p) => chunks(seq.pages.kv_len, k.instance.n0, policy, p.planned),
+        None => Chunks { count: 1, tiles: 0 },
+    };
+    // Batch mode: sequence b is batch b of q/o/lse; group mode: its rows start at q_start.
+    let batch_of = |seq: &Sequence| if mode == Mode::Batch { seq.pages.batch as i64 } else { 0 };
+    // The partials' row of a sequence's row i (`fmha_kvcache_params::partial_rows`).
+    let partial_row = |seq: &Sequence, i: i64| match mode {
+        Mode::Group => seq.q_start + i,
+        Mode::Batch => seq.pages.batch as i64 * k.bounds.max_seqlen_q + i,
+    };
+    let splits = policy.max_splits as usize;
 
-    for_each_block(q_tiles * heads * sequences.len(), cu_count, |block| {
-        let (tile, rest) = (block % q_tiles, block / q_tiles);
+    for_each_block(q_tiles * heads * sequences.len() * splits, cu_count, |block| {
+        let (split, rest) = ((block % splits) as i64, block / splits);
+        let (tile, rest) = (rest % q_tiles, rest / q_tiles);
         let (h, seq) = ((rest % heads) as i64, &sequences[rest / heads]);
         let i0 = tile as i64 * m0;
-        if i0 >= seq.sq {
+        let chunks = chunks_of(seq);
+        if i0 >= seq.sq || split >= chunks.count {
             return Ok(());
         }
         let (b, g) = (seq.pages.batch as i64, h / group);
-        // Batch mode: sequence b is batch b of q/o/lse; group mode: its rows start at q_start.
-        let qb = if mode == Mode::Batch { b } else { 0 };
         let m = ((i0 + m0).min(seq.sq) - i0) as usize;
+        let n0 = k.instance.n0;
+        let keys =
+            if chunks.count > 1 { split * chunks.tiles * n0..(split + 1) * chunks.tiles * n0 } else { 0..i64::MAX };
         let tile = QueryTile {
             i0,
             rows: m,
             hdim_q: dq,
             hdim_v: dv,
             scale: k.scale,
-            n0: k.instance.n0,
+            n0,
             mask: k.mask.resolve(seq.sq, seq.pages.kv_len),
+            keys,
             round_p: E::round_probability,
         };
         let mut kv = PagedRows {
@@ -176,7 +243,41 @@ pub fn run<E: Scalar, O: Scalar>(k: &KvCacheKargs, cu_count: i64) -> Result<()> 
             head: g,
             staging: Vec::new(),
         };
-        io.attend_block(qb, h, seq.q_start + i0, q_descale.value(b, g, 0), &tile, &mut kv)?;
+        let (qb, first, q_scale) = (batch_of(seq), seq.q_start + i0, q_descale.value(b, g, 0));
+        let out = io.attend_rows(qb, h, first, q_scale, &tile, &mut kv)?;
+        match &partials {
+            Some(p) if chunks.count > 1 => {
+                for (i, &lse) in out.lse.iter().enumerate() {
+                    let state = p.state(split, h, partial_row(seq, i0 + i as i64));
+                    p.lse.set(state, lse);
+                    p.o.write_from(state * dv, &out.o[i * dv..(i + 1) * dv]);
+                }
+            }
+            _ => io.write_rows(qb, h, first, &out, dv),
+        }
+        Ok(())
+    })?;
+
+    // The combine: each split row's chunks merged in chunk order.
+    let Some(p) = &partials else { return Ok(()) };
+    for_each_block(heads * sequences.len(), cu_count, |block| {
+        let (h, seq) = ((block % heads) as i64, &sequences[block / heads]);
+        let count = chunks_of(seq).count as usize;
+        if count == 1 {
+            return Ok(());
+        }
+        let mut row = vec![0f32; dv];
+        let mut states = vec![0f32; count * dv];
+        for i in 0..seq.sq {
+            let r = partial_row(seq, i);
+            for (c, state) in states.chunks_exact_mut(dv).enumerate() {
+                p.o.read_into(p.state(c as i64, h, r) * dv, state);
+            }
+            let lse =
+                merge_row(count, |c| p.lse.get(p.state(c as i64, h, r)), |c| &states[c * dv..(c + 1) * dv], &mut row);
+            let merged = Attended { o: row.clone(), lse: vec![lse] };
+            io.write_rows(batch_of(seq), h, seq.q_start + i, &merged, dv);
+        }
         Ok(())
     })
 }

@@ -1,0 +1,129 @@
+//! Split-KV (spec/inference.md §3): a sequence's key tiles cut into chunks, each attended on its own
+//! into a partial state (O normalised over the chunk's keys, LSE), the states combined in chunk order.
+//! These are the rules every backend follows; the C++ twin is `hip/kvcache/split.h`, compared with
+//! this file on random cases by `launch/kvcache_prepare_tests.rs`.
+
+/// `a / b` rounded up, for `a ≥ 0`, `b > 0`.
+pub fn ceil_div(a: i64, b: i64) -> i64 {
+    (a + b - 1) / b
+}
+
+/// How a launcher splits: at most `max_splits` chunks per sequence; `split_tiles > 0`: chunks of that
+/// many key tiles, so that a sequence's chunks depend on its own length only (batch invariance);
+/// `split_tiles == 0`: the chunk length the prepare chose for the call (`adaptive_tiles`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitPolicy {
+    pub max_splits: i64,
+    pub split_tiles: i64,
+}
+
+impl SplitPolicy {
+    pub const UNSPLIT: SplitPolicy = SplitPolicy { max_splits: 1, split_tiles: 0 };
+
+    pub fn splits(&self) -> bool {
+        self.max_splits > 1
+    }
+}
+
+/// One sequence's chunks: `count` chunks of `tiles` key tiles each (the last may be shorter); chunk
+/// `c` holds keys `c·tiles·n0 .. (c + 1)·tiles·n0`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunks {
+    pub count: i64,
+    pub tiles: i64,
+}
+
+/// The chunks of a sequence of `kv_len` keys in tiles of `n0`. `planned_tiles` is the prepare's chunk
+/// length (≤ 0 when no prepare wrote a plan: then the sequence is not split, which is as correct).
+pub fn chunks(kv_len: i64, n0: i64, policy: SplitPolicy, planned_tiles: i64) -> Chunks {
+    let n = ceil_div(kv_len.max(0), n0);
+    if !policy.splits() || n <= 1 {
+        return Chunks { count: 1, tiles: n.max(1) };
+    }
+    let want = if policy.split_tiles > 0 {
+        policy.split_tiles
+    } else if planned_tiles > 0 {
+        planned_tiles
+    } else {
+        n
+    };
+    let tiles = want.max(ceil_div(n, policy.max_splits));
+    Chunks { count: ceil_div(n, tiles), tiles }
+}
+
+/// The adaptive chunk length (FA3's dynamic rule): the call's work, in (query tile, key tile, head)
+/// units, spread over the CUs with 10 % slack, is what one chunk may hold.
+pub fn adaptive_tiles(work_units: i64, cu_count: i64) -> i64 {
+    ceil_div(work_units.min(i64::MAX / 16) * 11, 10 * cu_count.max(1)).max(1)
+}
+
+/// One sequence's share of `adaptive_tiles`' work: its query tiles times its key tiles (per head).
+pub fn work_units(sq: i64, kv_len: i64, m0: i64, n0: i64) -> i64 {
+    ceil_div(sq.max(0), m0) * ceil_div(kv_len.max(0), n0)
+}
+
+/// Most splits a launcher allows when the caller leaves it to the library (FA3's static rule, with the
+/// batch taken as 1 since lengths are per sequence): none when the heads' query tiles already fill 80 %
+/// of the CUs or a sequence has at most 4 key tiles; otherwise the smallest count whose wave
+/// efficiency is within 85 % of the best count's.
+pub fn heuristic_max_splits(heads: i64, max_seqlen_q: i64, max_seqlen_k: i64, m0: i64, n0: i64, cu_count: i64) -> i64 {
+    let cus = cu_count.max(1);
+    let total = heads * ceil_div(max_seqlen_q.max(1), m0);
+    let n_blocks = ceil_div(max_seqlen_k, n0);
+    if 5 * total >= 4 * cus || n_blocks <= 4 {
+        return 1;
+    }
+    let efficiency = |s: i64| {
+        let waves = (total * s) as f64 / cus as f64;
+        waves / waves.ceil()
+    };
+    let most = 128.min(cus).min(n_blocks);
+    let best = (1..=most).map(efficiency).fold(0.0, f64::max);
+    (1..=most).find(|&s| efficiency(s) >= 0.85 * best).unwrap_or(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_cover_every_tile_once_within_the_bound() {
+        for kv_len in [0i64, 1, 127, 128, 129, 1000, 20000] {
+            for max_splits in [1i64, 2, 3, 16, 256] {
+                for split_tiles in [0i64, 1, 2, 7] {
+                    for planned in [-1i64, 0, 1, 3, 100] {
+                        let policy = SplitPolicy { max_splits, split_tiles };
+                        let c = chunks(kv_len, 128, policy, planned);
+                        let n = ceil_div(kv_len, 128);
+                        assert!(c.count >= 1 && c.count <= max_splits.max(1), "{kv_len} {policy:?} {planned}: {c:?}");
+                        assert!(c.count == 1 || (c.count - 1) * c.tiles < n && c.count * c.tiles >= n, "{c:?} {n}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fixed_chunks_depend_on_the_length_only() {
+        let policy = SplitPolicy { max_splits: 40, split_tiles: 2 };
+        assert_eq!(chunks(1000, 128, policy, 1), chunks(1000, 128, policy, 50));
+        assert_eq!(chunks(1000, 128, policy, 9), Chunks { count: 4, tiles: 2 });
+    }
+
+    #[test]
+    fn the_heuristic_splits_long_sparse_calls_only() {
+        // Prefill: 32 heads × 32 query tiles fill the GPU.
+        assert_eq!(heuristic_max_splits(32, 4096, 8192, 128, 128, 132), 1);
+        // Short keys: at most 4 tiles.
+        assert_eq!(heuristic_max_splits(32, 1, 512, 128, 128, 132), 1);
+        // Decode of one long sequence: 32 heads on 132 SMs want 4 chunks (97 % of a wave).
+        assert_eq!(heuristic_max_splits(32, 1, 32768, 128, 128, 132), 4);
+        assert_eq!(heuristic_max_splits(8, 1, 32768, 128, 128, 132), 15);
+    }
+
+    #[test]
+    fn adaptive_chunks_shrink_with_the_work() {
+        assert_eq!(adaptive_tiles(256 * 32, 132), 69);
+        assert_eq!(adaptive_tiles(0, 132), 1);
+    }
+}
