@@ -433,8 +433,15 @@ extern int32_t fmha_hip_bwd(const struct fmha_bwd_params *params,
 extern int32_t fmha_cpu_prepare_workspace(const struct fmha_prepare_args *args, void *unused);
 
 // The kv-cache prepare compiled for the host CPU (every backend), on host addresses: writes the
-// fault record at `params.workspace`. Returns 0, or 8 (null pointer) when that is 0.
-extern int32_t fmha_cpu_kvcache_prepare(const struct fmha_kvcache_params *params, void *unused);
+// fault record at `params.workspace` and the split plan at `params.split_plan` (when not 0). Returns 0, or 8 (null pointer) when that is 0.
+extern int32_t fmha_cpu_kvcache_prepare(const struct fmha_kvcache_params *params,
+                                        void *unused);
+
+// `hip/kvcache/split.h`'s chunks of a sequence of `kv_len` keys under `*params`' split policy,
+// compiled for the host CPU: `out[0]` the count, `out[1]` the key tiles per chunk.
+extern void fmha_cpu_kvcache_chunks(const struct fmha_kvcache_params *params,
+                                    int64_t kv_len,
+                                    int64_t *out);
 
 // The deterministic walkers compiled for the host CPU (every backend): the units workgroup
 // `args.worker` runs, in order, into `units` (at most `capacity`); returns how many there are (more

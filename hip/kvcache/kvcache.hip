@@ -1,10 +1,11 @@
 // The kv-cache operation's kernels: the prepare (checks a call's lengths and tables and records the
-// first fault, kvcache/page_table.h) and the forward kernel reading its K/V tiles through the page
-// table (Hopper: kvcache/sm90/paged_tiles.h, fp16, bf16 and fp8 e4m3 (OCP); gfx942 / gfx950:
+// first fault, kvcache/page_table.h, and the split plan, kvcache/split.h), the forward kernel reading
+// its K/V tiles through the page table, and the split-KV combine (kvcache/combine.h) (Hopper: kvcache/sm90/paged_tiles.h, fp16, bf16 and fp8 e4m3 (OCP); gfx942 / gfx950:
 // kvcache/amd/paged_tiles.h, fp16 and bf16).
 #include "arch/platform.h"
 #include "arch/thread.h"
 #include "kvcache/page_table.h"
+#include "kvcache/split.h"
 #include "launch.h"
 
 namespace fmha {
@@ -12,29 +13,39 @@ namespace fmha {
 constexpr int kPrepareThreads = 256;
 
 // One workgroup: thread t checks sequences t, t + 256, ... and keeps its first fault; the smallest
-// faulty sequence's fault is recorded (the Rust order: the first in sequence order).
+// faulty sequence's fault is recorded (the Rust order: the first in sequence order). The work units of
+// every sequence are summed into the split plan (kvcache/split.h).
 __global__ void __launch_bounds__(kPrepareThreads) kvcache_prepare_kernel(fmha_kvcache_params p) {
   __shared__ int32_t first[kPrepareThreads];
   __shared__ kvcache::Fault faults[kPrepareThreads];
+  __shared__ int64_t work[kPrepareThreads];
   const int t = static_cast<int>(arch::thread_index());
   first[t] = p.batch;
+  int64_t mine = 0;
   for (int32_t b = t; b < p.batch; b += kPrepareThreads) {
-    const kvcache::Fault f = kvcache::sequence_fault(p, b);
-    if (f.field != kvcache::kNoFault) {
+    kvcache::Sequence s;
+    const kvcache::Fault f = kvcache::sequence_fault(p, b, s);
+    mine += kvcache::work_units(p, s);
+    if (f.field != kvcache::kNoFault && first[t] == p.batch) {
       first[t] = b;
       faults[t] = f;
-      break;
     }
   }
+  work[t] = mine;
   arch::block_barrier();
   if (t != 0) return;
   int winner = 0;
-  for (int i = 1; i < kPrepareThreads; ++i) {
+  int64_t total = 0;
+  for (int i = 0; i < kPrepareThreads; ++i) {
     if (first[i] < first[winner]) winner = i;
+    total += work[i];
   }
   const kvcache::Fault none = {kvcache::kNoFault, 0, 0};
   const bool found = first[winner] < p.batch;
   *reinterpret_cast<fmha_kv_cache_fault*>(p.workspace) = kvcache::record_of(first[winner], found ? faults[winner] : none);
+  if (p.split_plan != 0) {
+    *reinterpret_cast<fmha_kv_cache_split_plan*>(p.split_plan) = kvcache::plan_of(p, found, total);
+  }
 }
 
 }  // namespace fmha
@@ -48,20 +59,27 @@ extern "C" int32_t fmha_hip_kvcache_prepare(const fmha_kvcache_params* params, v
 
 #if defined(FMHA_PLATFORM_NVIDIA)
 #include "fwd/sm90/instances.h"
+#include "kvcache/combine.h"
 #include "kvcache/sm90/paged_tiles.h"
 
 extern "C" int32_t fmha_hip_kvcache_fwd(const fmha_kvcache_params* params, void* stream) {
   if (params == nullptr || params->max_seqlen_q <= 0 || params->batch <= 0) return 0;  // nothing to compute
   const hipStream_t s = static_cast<hipStream_t>(stream);
+  // The forward, then (splitting launchers) the combine of its partial states.
+  const auto then_combine = [&](int32_t forward, auto output) {
+    using O = decltype(output);
+    return forward != 0 ? forward : fmha::launch_combine<O>(*params, s);
+  };
   switch (params->dtype) {
     case 0:  // FMHA_DTYPE_FP16
-      return fmha::dispatch_forward<__half>(*params, s);
+      return then_combine(fmha::dispatch_forward<__half>(*params, s), __half());
     case 1:  // FMHA_DTYPE_BF16
-      return fmha::dispatch_forward<__nv_bfloat16>(*params, s);
-    case 3:  // FMHA_DTYPE_FP8_E4M3FN
-      return params->k_descale.page_stride != 0 || params->v_descale.page_stride != 0
-                 ? fmha::dispatch_forward<__nv_fp8_e4m3, true>(*params, s)
-                 : fmha::dispatch_forward<__nv_fp8_e4m3, false>(*params, s);
+      return then_combine(fmha::dispatch_forward<__nv_bfloat16>(*params, s), __nv_bfloat16());
+    case 3:  // FMHA_DTYPE_FP8_E4M3FN (bf16 out)
+      return then_combine(params->k_descale.page_stride != 0 || params->v_descale.page_stride != 0
+                              ? fmha::dispatch_forward<__nv_fp8_e4m3, true>(*params, s)
+                              : fmha::dispatch_forward<__nv_fp8_e4m3, false>(*params, s),
+                          __nv_bfloat16());
     default:
       return static_cast<int32_t>(cudaErrorInvalidValue);
   }

@@ -148,10 +148,11 @@ FMHA_HOST_DEVICE inline void check_pages(const fmha_kvcache_params& p, const Seq
   }
 }
 
-// Sequence `b`'s first fault, as the prepare checks it (`problem::paged::resolve_sequences`).
-FMHA_HOST_DEVICE inline Fault sequence_fault(const fmha_kvcache_params& p, int32_t b) {
+// Sequence `b` (clamped, into `s`) and its first fault, as the prepare checks it
+// (`problem::paged::resolve_sequences`).
+FMHA_HOST_DEVICE inline Fault sequence_fault(const fmha_kvcache_params& p, int32_t b, Sequence& s) {
   Fault fault = {kNoFault, 0, 0};
-  const Sequence s = resolve(p, b, fault);
+  s = resolve(p, b, fault);
   if (fault.field == kNoFault && p.check_tables != 0 && s.sq > 0) check_pages(p, s, fault);
   return fault;
 }

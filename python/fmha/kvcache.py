@@ -331,8 +331,9 @@ def flash_attn_with_kvcache(
 
     ``causal`` and ``window_size = (left, right)`` (``-1`` = unbounded) are aligned to the bottom-right
     corner: the queries are the last tokens of each sequence. ``softmax_scale`` defaults to
-    ``1/sqrt(d)``. ``num_splits`` bounds the split-KV decode (0 = heuristic, 1 = never split; this version
-    runs every sequence unsplit).
+    ``1/sqrt(d)``. ``num_splits``: split-KV (each sequence's keys cut into chunks attended in parallel,
+    then combined in a fixed order): 1 never splits, 0 lets fmha choose from the shapes and the device,
+    ``n > 1`` allows up to ``n`` chunks per sequence.
 
     fp8: ``q``, the caches (and ``k``/``v``) in ``torch.float8_e4m3fn`` or ``torch.float8_e4m3fnuz``;
     ``q_descale``/``k_descale``/``v_descale``: float32 ``(batch, nheads_k)`` (FA3: one descale per sequence
@@ -570,6 +571,11 @@ def flash_attn_with_kvcache(
         workspace=None,
         workspace_size=0,
     )
+    # A splitting launcher (decode against long caches) keeps its plan and partial results here.
+    ws_size = c_size_t(0)
+    L.call("fmha_kvcache_workspace_size_upper_bound", byref(traits), byref(ws_size))
+    workspace = torch.empty(ws_size.value, dtype=torch.uint8, device=q.device)
+    args.workspace, args.workspace_size = _ptr(workspace), ws_size.value
     with _device_guard(device):
         L.call("fmha_kvcache_fwd", byref(traits), byref(args), _stream_handle(device))
         _finish(device)

@@ -83,8 +83,17 @@ pub struct fmha_kvcache_traits {
     pub total_q: i32,
     pub max_seqlen_q: i32,
     pub max_seqlen_k: i32,
-    /// Split-KV decode bounds (0..=256; 0 = heuristic, 1 = never split) and fixed split length (0 =
-    /// adaptive). This version runs every sequence unsplit, which both allow.
+    /// Split-KV (decode: few query rows against long caches). A splitting launcher cuts each
+    /// sequence's keys into chunks attended in parallel into partial results in the workspace, then
+    /// combines them in chunk order (bitwise reproducible for the same call). `max_splits` (0..=256)
+    /// bounds the chunks per sequence: 1 never splits; 0 lets the library choose the bound from the
+    /// traits and the device's CU count (FA3's rule: no split when nhead_q times the query tiles of
+    /// max_seqlen_q fill 80 % of the CUs, or when max_seqlen_k spans at most 4 key tiles; otherwise the
+    /// smallest count whose wave efficiency is within 85 % of the best). Within the bound, the prepare
+    /// picks the chunk length of each call from its lengths (the call's work over the CUs, plus 10 %).
+    /// `kv_split_tokens` > 0 fixes the chunk length instead (rounded up to whole key tiles), so that a
+    /// sequence's result depends on its own length only (batch invariance); max_seqlen_k must then fit in
+    /// max_splits (or 256) chunks. AMD builds run unsplit (they refuse max_splits > 1).
     pub max_splits: i32,
     pub kv_split_tokens: i32,
     /// 0 or 1: the prepare checks every page id the sequences use, not only their lengths.
@@ -160,9 +169,10 @@ pub struct fmha_kvcache_args {
     pub q_descale: fmha_scale,
     pub k_descale: fmha_scale,
     pub v_descale: fmha_scale,
-    /// 16-byte aligned, `fmha_kvcache_launcher_workspace_size` bytes: written by the prepare, read by
-    /// `_check`. A prefill run reads nothing from it (NULL allowed there). `workspace_size` 0 skips the
-    /// size check.
+    /// 16-byte aligned, `fmha_kvcache_launcher_workspace_size` bytes: written by the prepare (fault
+    /// record, split plan), read by `_check`. A splitting launcher's run writes partial results into it
+    /// and reads the plan (a workspace no prepare wrote runs unsplit); an unsplit run reads nothing from
+    /// it (NULL allowed there). `workspace_size` 0 skips the size check.
     pub workspace: *mut c_void,
     pub workspace_size: usize,
 }
@@ -357,7 +367,9 @@ pub extern "C" fn fmha_kvcache_launcher_check(
 }
 
 /// One call for bindings: creates a launcher for `traits`, enqueues `args` on `stream`, destroys it.
-/// No prepare (use the launcher to have the tables checked).
+/// A launcher that splits the KV (see `max_splits`) first enqueues its prepare on `args.workspace`
+/// (`fmha_kvcache_workspace_size_upper_bound` bytes), whose faults nothing reports here; an unsplit one
+/// runs without a prepare (use the launcher to have the tables checked).
 #[no_mangle]
 pub extern "C" fn fmha_kvcache_fwd(
     traits: *const fmha_kvcache_traits,
@@ -367,6 +379,10 @@ pub extern "C" fn fmha_kvcache_fwd(
     boundary(|| {
         let traits = read_extensible(traits, "traits")?.to_traits()?;
         let args = read_extensible(args, "args")?.to_args();
-        KvCacheLauncher::new(traits)?.run(&args, Stream(stream as usize))
+        let (launcher, stream) = (KvCacheLauncher::new(traits)?, Stream(stream as usize));
+        if launcher.split_policy().splits() {
+            launcher.prepare_async(&args, stream)?;
+        }
+        launcher.run(&args, stream)
     })
 }

@@ -429,8 +429,12 @@ extern "C" {
     pub fn fmha_cpu_prepare_workspace(args: *const PrepareArgs, unused: *mut c_void) -> i32;
 
     /// The kv-cache prepare compiled for the host CPU (every backend), on host addresses: writes the
-    /// fault record at `params.workspace`. Returns 0, or 8 (null pointer) when that is 0.
+    /// fault record at `params.workspace` and the split plan at `params.split_plan` (when not 0). Returns 0, or 8 (null pointer) when that is 0.
     pub fn fmha_cpu_kvcache_prepare(params: *const KvCacheParams, unused: *mut c_void) -> i32;
+
+    /// `hip/kvcache/split.h`'s chunks of a sequence of `kv_len` keys under `*params`' split policy,
+    /// compiled for the host CPU: `out[0]` the count, `out[1]` the key tiles per chunk.
+    pub fn fmha_cpu_kvcache_chunks(params: *const KvCacheParams, kv_len: i64, out: *mut i64);
 
     /// The deterministic walkers compiled for the host CPU (every backend): the units workgroup
     /// `args.worker` runs, in order, into `units` (at most `capacity`); returns how many there are (more

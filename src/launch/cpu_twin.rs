@@ -2,9 +2,12 @@
 //! `build_cpu_twins`): the workspace prepare routine and the deterministic walkers. The tests hold them
 //! to the Rust code that the host executor runs, so that CI checks the device code paths without a GPU.
 
-use super::abi::{self, BwdParams, KvCacheFault, KvCacheParams, PrepareArgs, PrepareParams, UnitRecord, WalkArgs};
+use super::abi::{
+    self, BwdParams, KvCacheFault, KvCacheParams, KvCacheSplitPlan, PrepareArgs, PrepareParams, UnitRecord, WalkArgs,
+};
 use crate::host_buffer::AlignedBytes;
-use crate::runtime::foreign::{call_stub, call_walker};
+use crate::problem::split::Chunks;
+use crate::runtime::foreign::{call_pair, call_stub, call_walker};
 use crate::runtime::Stream;
 use crate::schedule::WorkUnit;
 use crate::workspace::WorkspaceLayout;
@@ -44,16 +47,30 @@ pub fn prepare_workspace(
     (code, buffer.as_slice().to_vec())
 }
 
-/// Runs the C++ kv-cache prepare (`hip/kvcache/page_table.h`, the code of the GPU prepare kernel) on
-/// the host CPU over the host arrays `params` addresses, and returns the fault record it writes.
-pub fn kvcache_prepare(params: &KvCacheParams) -> KvCacheFault {
+/// Runs the C++ kv-cache prepare (`hip/kvcache/page_table.h`, `split.h`: the code of the GPU prepare
+/// kernel) on the host CPU over the host arrays `params` addresses, and returns the fault record and
+/// the split plan it writes.
+pub fn kvcache_prepare(params: &KvCacheParams) -> (KvCacheFault, KvCacheSplitPlan) {
     let mut record = KvCacheFault::default();
-    let params = KvCacheParams { workspace: &mut record as *mut KvCacheFault as u64, ..*params };
+    let mut plan = KvCacheSplitPlan::default();
+    let params = KvCacheParams {
+        workspace: &mut record as *mut KvCacheFault as u64,
+        split_plan: &mut plan as *mut KvCacheSplitPlan as u64,
+        ..*params
+    };
     // The routine reads the arrays `params` points at (host memory the caller keeps alive, of the
-    // lengths the table kind implies) and writes one record at `workspace`, which is `record`.
+    // lengths the table kind implies) and writes one record at `workspace` and one plan at
+    // `split_plan`, which are `record` and `plan`.
     let code = call_stub(abi::fmha_cpu_kvcache_prepare, &params, Stream(0));
     assert_eq!(code, 0, "the record address is not null");
-    record
+    (record, plan)
+}
+
+/// The C++ chunks (`hip/kvcache/split.h`) of a sequence of `kv_len` keys under `params`' split
+/// fields; a split plan, if the policy reads one, at the host address `params.split_plan`.
+pub fn kvcache_chunks(params: &KvCacheParams, kv_len: i64) -> Chunks {
+    let [count, tiles] = call_pair(abi::fmha_cpu_kvcache_chunks, params, kv_len);
+    Chunks { count, tiles }
 }
 
 fn units(records: Vec<UnitRecord>) -> Vec<WorkUnit> {

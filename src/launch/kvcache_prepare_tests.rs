@@ -1,11 +1,13 @@
 //! The C++ kv-cache prepare (the code the GPU prepare kernel runs, compiled for the CPU) against the
 //! Rust rules the host backend runs, on random tables with random faults: the same first fault, field,
-//! sequence, value and bound.
+//! sequence, value and bound, and the same split plan; and the C++ chunks of a sequence against
+//! `problem::split::chunks`.
 
-use super::abi::KvCacheParams;
+use super::abi::{KvCacheParams, KvCacheSplitPlan, KVCACHE_PREPARED};
 use super::cpu_twin;
 use super::host::paged_forward::TableArrays;
 use crate::problem::paged::{resolve_sequences, PageTable, SequenceBounds, TableKind};
+use crate::problem::split::{adaptive_tiles, chunks, work_units, SplitPolicy};
 use crate::test_rng::{starts, Rng};
 
 fn spoil(rng: &mut Rng, values: &mut [i32]) {
@@ -75,7 +77,16 @@ fn cpu_prepare_finds_the_rust_fault() {
             cache_batch_idx: &a.cache_batch_idx,
         };
         let starts_q: &[i32] = if group { &a.seqstart_q } else { &[] };
-        let rust = resolve_sequences(&table, starts_q, batch, bounds, check_pages).err();
+        let resolved = resolve_sequences(&table, starts_q, batch, bounds, check_pages);
+        let (block_m, block_n, cu_count, hq) = (rng.pick(&[1i64, 2, 64]), rng.pick(&[1i64, 4, 128]), rng.range(1, 200), rng.range(1, 9));
+        let plan = match &resolved {
+            Ok(sequences) => {
+                let work: i64 = sequences.iter().map(|s| work_units(s.sq, s.pages.kv_len, block_m, block_n)).sum();
+                KvCacheSplitPlan { magic: KVCACHE_PREPARED, tiles_per_split: adaptive_tiles(work * hq, cu_count) as i32 }
+            }
+            Err(_) => KvCacheSplitPlan::default(),
+        };
+        let rust = resolved.err();
 
         let host = |v: &Vec<i32>| v.as_ptr() as u64;
         let params = KvCacheParams {
@@ -98,9 +109,41 @@ fn cpu_prepare_finds_the_rust_fault() {
             max_pages_per_seq: max_pages_per_seq as i32,
             num_page_indices: a.page_indices.len() as i32,
             check_tables: i32::from(check_pages),
+            nhead_q: hq as i32,
+            block_m: block_m as i32,
+            block_n: block_n as i32,
+            cu_count: cu_count as i32,
             ..KvCacheParams::default()
         };
-        let cpp = cpu_twin::kvcache_prepare(&params).outcome().unwrap();
-        assert_eq!(cpp, rust, "seed {seed} case {case}: {kind:?} page {page_size}");
+        let (record, cpp_plan) = cpu_twin::kvcache_prepare(&params);
+        assert_eq!(record.outcome().unwrap(), rust, "seed {seed} case {case}: {kind:?} page {page_size}");
+        assert_eq!(cpp_plan, plan, "seed {seed} case {case}: the split plan");
+    }
+}
+
+#[test]
+fn cpu_chunks_are_the_rust_chunks() {
+    let mut rng = Rng::fresh();
+    let seed = rng.0;
+    for case in 0..5000 {
+        let policy = SplitPolicy { max_splits: rng.range(1, 300), split_tiles: rng.pick(&[0, 0, 1, 3, 40]) };
+        let prepared = rng.range(0, 3) != 0;
+        let plan = KvCacheSplitPlan {
+            magic: if prepared { KVCACHE_PREPARED } else { rng.range(0, 1000) as u32 },
+            tiles_per_split: rng.pick(&[-5, 0, 1, 2, 7, 1000]),
+        };
+        let n0 = rng.pick(&[1i64, 64, 128]);
+        let any = rng.range(0, 100000);
+        let kv_len = rng.pick(&[0i64, 1, 127, 128, 129, 5000, 131072, any]);
+        let params = KvCacheParams {
+            max_splits: policy.max_splits as i32,
+            split_tiles: policy.split_tiles as i32,
+            block_n: n0 as i32,
+            split_plan: &plan as *const KvCacheSplitPlan as u64,
+            ..KvCacheParams::default()
+        };
+        let planned = if prepared { i64::from(plan.tiles_per_split) } else { 0 };
+        let want = chunks(kv_len, n0, policy, planned);
+        assert_eq!(cpu_twin::kvcache_chunks(&params, kv_len), want, "seed {seed} case {case}: {policy:?} {plan:?} n0 {n0} L {kv_len}");
     }
 }

@@ -12,6 +12,9 @@ pub type Stub<A> = unsafe extern "C" fn(args: *const A, stream: *mut c_void) -> 
 /// A CPU-compiled routine that writes at most `capacity` records to `out` and returns how many it has.
 pub type Walker<A, R> = unsafe extern "C" fn(args: *const A, out: *mut R, capacity: i64) -> i64;
 
+/// A CPU-compiled function of one value under `*args`, answering two values in `out`.
+pub type PairFunction<A> = unsafe extern "C" fn(args: *const A, x: i64, out: *mut i64);
+
 /// A module loader of the launch stubs: no arguments, the runtime's error code.
 pub type Loader = unsafe extern "C" fn() -> i32;
 
@@ -37,6 +40,15 @@ pub(crate) fn call_walker<A, R: Copy + Default>(walker: Walker<A, R>, args: &A, 
     let count = usize::try_from(count).ok().filter(|&n| n <= capacity)?;
     out.truncate(count);
     Some(out)
+}
+
+/// Calls a CPU-compiled pair function.
+pub(crate) fn call_pair<A>(function: PairFunction<A>, args: &A, x: i64) -> [i64; 2] {
+    let mut out = [0i64; 2];
+    // SAFETY: `args` is valid for the call and the routine writes exactly two values to `out`, which
+    // holds two (the C++ contract of `hip/launch.h`).
+    unsafe { function(args, x, out.as_mut_ptr()) };
+    out
 }
 
 /// Calls a module loader.

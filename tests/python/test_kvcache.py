@@ -313,7 +313,9 @@ def test_fp8_descales(fp8):
     output error is at most 2^-4 x sum_j P_j |V_j| < 0.0625 if every rounding went the same way; they do
     not (round-to-nearest errors of the many P_j cancel in the sum), so 0.06 is a loose bound that
     still catches a missing or misapplied descale (those are errors of the order of the outputs, ~0.5).
-    The LSE comes from fp32 scores of the dequantized values: as tight as fp16/bf16's.
+    The LSE comes from fp32 scores of the dequantized values, as tight as fp16/bf16's, except that fp8
+    tensor cores (Hopper's e4m3 wgmma) keep about 14 bits of a dot product's running sum: a score may be
+    off by 2^-13 of the sum of its products' magnitudes (tests/kvcache.rs bounds it the same way).
     """
     h, h_k, d, page_size, sq = 4, 2, 64, 6, 5
     lengths = [17, 30, 5]
@@ -350,7 +352,10 @@ def test_fp8_descales(fp8):
         keep = keep_mask(sq, lengths[b], BOTTOM_RIGHT, -1, 0)
         o_ref, lse_ref = attention_ref(qb[None], kb[None], vb[None], keep, scale)
         worst = max(worst, max_err(out[b], o_ref[0]))
-        assert max_err(lse[b], lse_ref[0]) < 1e-4 * (1 + lse_ref[0].abs().max().item())
+        rep = h // h_k
+        abs_dot = torch.einsum("ihd,jhd->hij", qb.abs(), kb.abs().repeat_interleave(rep, dim=1)).max().item()
+        accumulation = 2.0**-13 * scale * abs_dot
+        assert max_err(lse[b], lse_ref[0]) < 1e-4 * (1 + lse_ref[0].abs().max().item()) + accumulation
     assert worst < 0.06, f"fp8 out: max abs error {worst:.4f} against the dequantized reference"
 
 

@@ -16,7 +16,10 @@ int32_t launch_forward(const Params& p, hipStream_t stream) {
   static const cudaError_t configured =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes);
   if (configured != cudaSuccess) return static_cast<int32_t>(configured);
-  const dim3 grid((p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM, p.nhead_q, p.batch);
+  // x: q tiles (kv cache: times the launcher's splits, kvcache/split.h), y: query heads, z: batches.
+  int splits = 1;
+  if constexpr (std::is_same_v<Params, fmha_kvcache_params>) splits = p.max_splits > 1 ? p.max_splits : 1;
+  const dim3 grid((p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM * splits, p.nhead_q, p.batch);
   kernel<<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(p);
   return static_cast<int32_t>(cudaGetLastError());
 }

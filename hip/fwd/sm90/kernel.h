@@ -18,6 +18,8 @@
 // K/V tiles come from dense tensors (the forward) or through a page table (the kv-cache operation).
 #pragma once
 
+#include <type_traits>
+
 #include "arch/nvidia/shared_tile.h"
 #include "arch/nvidia/tensor_core.h"
 #include "arch/nvidia/warpgroup.h"
@@ -25,6 +27,7 @@
 #include "common/sequence.h"
 #include "launch.h"
 #include "fwd/sm90/mainloop.h"
+#include "kvcache/split.h"
 
 namespace fmha {
 
@@ -54,9 +57,16 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
   const uint32_t sV = sK + 2 * kKVBytes;   // two stages
   const uint32_t sVt = sV + 2 * kKVBytes;  // 8-bit inputs: the transposed V tile
 
+  // Split-KV (the kv-cache's decode): x = q tile · splits + split; the dense forward never splits.
+  constexpr bool kCanSplit = std::is_same_v<Params, fmha_kvcache_params>;
+  int splits = 1;
+  if constexpr (kCanSplit) splits = p.max_splits > 1 ? p.max_splits : 1;
+  const int split = static_cast<int>(arch::block_index_x()) % splits;
+  const int q_tiles = static_cast<int>(arch::grid_blocks_x()) / splits;
   // Masked grids run their last (for causal masks: heaviest) q tiles first, so the long tail of a
   // launch is made of short tiles.
-  const int tile = Tile::kMasked ? static_cast<int>(arch::grid_blocks_x() - 1 - arch::block_index_x()) : arch::block_index_x();
+  const int x_tile = static_cast<int>(arch::block_index_x()) / splits;
+  const int tile = Tile::kMasked ? q_tiles - 1 - x_tile : x_tile;
   const int h = arch::block_index_y(), b = arch::block_index_z();
   const int hk = h / (p.nhead_q / p.nhead_k);
   KeyValueTiles<Params, Tile, T> kv(p, b, hk);
@@ -77,8 +87,23 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
     key_lo = lo > 0 ? lo : 0;
     key_hi = hi < rows.sk ? hi : rows.sk;
   }
-  const int first_tile = static_cast<int>(key_lo / N);
-  const int end_tile = key_hi > key_lo ? static_cast<int>((key_hi + N - 1) / N) : first_tile;
+  int first_tile = static_cast<int>(key_lo / N);
+  int end_tile = key_hi > key_lo ? static_cast<int>((key_hi + N - 1) / N) : first_tile;
+  // A split sequence's CTA attends to its chunk's tiles only and leaves a partial state
+  // (kvcache/split.h); an empty chunk leaves O = 0, LSE = -inf.
+  bool partial = false;
+  if constexpr (kCanSplit) {
+    if (splits > 1) {
+      const kvcache::Chunks chunks = kvcache::chunks(p, rows.sk);
+      if (split >= chunks.count) return;
+      partial = chunks.count > 1;
+      if (partial) {
+        const int lo = static_cast<int>(split * chunks.tiles), hi = static_cast<int>((split + 1) * chunks.tiles);
+        first_tile = max(first_tile, lo);
+        end_tile = max(min(end_tile, hi), first_tile);
+      }
+    }
+  }
 
   const int lane = arch::thread_index() % arch::kWarpSize, warp = arch::thread_index() / arch::kWarpSize;
   const int g = lane / 4, t = lane % 4;
@@ -153,7 +178,8 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
     arch::block_barrier();  // this stage is overwritten by the copy issued next iteration
   }
 
-  // Normalise and store O (rows past the batch's length are not written) and the natural-log LSE.
+  // Normalise and store O (rows past the batch's length are not written) and the natural-log LSE; a
+  // partial state goes to the workspace in fp32.
   O* out = reinterpret_cast<O*>(p.o) + batch * p.o_batch_stride + h * p.o_head_stride;
   float* lse = reinterpret_cast<float*>(p.lse);
 #pragma unroll
@@ -162,6 +188,25 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
     const int64_t i = row_of[r];
     if (i >= rows.sq) continue;
     const float inverse = sum > 0.f ? kv.v_descale * tile_v / sum : 0.f;
+    // LSE = ln(Σ exp(scale · S)) = (scale_log2 · max + log2 Σ) · ln 2, Σ in units of 2^-kPShift
+    // (one explicit FMA: the dense and the paged kernels must round it alike)
+    const float natural =
+        sum > 0.f ? fmaf(st.row_max[r], scale_log2, log2f(sum) - Tile::kPShift) * 0.69314718055994531f : -INFINITY;
+    if constexpr (kCanSplit) {
+      if (partial) {
+        const int64_t state = kvcache::partial_state(p, split, h, kvcache::partial_row(p, kv.seq, b, i));
+        float* o_state = reinterpret_cast<float*>(p.partial_o) + state * p.hdim_v;
+#pragma unroll
+        for (int n = 0; n < kDTiles; ++n) {
+          const int col = n * 8 + 2 * t;
+          if (col < p.hdim_v) {
+            *reinterpret_cast<float2*>(o_state + col) = make_float2(st.o[n][2 * r] * inverse, st.o[n][2 * r + 1] * inverse);
+          }
+        }
+        if (t == 0) reinterpret_cast<float*>(p.partial_lse)[state] = natural;
+        continue;
+      }
+    }
     O* out_row = out + (rows.q_start + i) * p.o_row_stride;
 #pragma unroll
     for (int n = 0; n < kDTiles; ++n) {
@@ -172,10 +217,6 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
       }
     }
     if (lse != nullptr && t == 0) {
-      // LSE = ln(Σ exp(scale · S)) = (scale_log2 · max + log2 Σ) · ln 2, Σ in units of 2^-kPShift
-      // (one explicit FMA: the dense and the paged kernels must round it alike)
-      const float natural =
-          sum > 0.f ? fmaf(st.row_max[r], scale_log2, log2f(sum) - Tile::kPShift) * 0.69314718055994531f : -INFINITY;
       lse[(p.group_mode ? 0 : b * p.lse_batch_stride) + h * p.lse_head_stride + rows.q_start + i] = natural;
     }
   }
