@@ -213,6 +213,8 @@ typedef struct fmha_kvcache_params {
   uint64_t partial_lse;
   uint64_t partial_o;
   int64_t partial_rows;
+  int32_t pack_gqa;
+  int32_t pad;
 } fmha_kvcache_params;
 
 // The backward kernels' parameters, shared by the three stages. The workspace fields are the layout

@@ -156,7 +156,7 @@ static_assert(offsetof(fmha_bwd_params, scale_log2) == 496, "fmha_bwd_params.sca
 static_assert(offsetof(fmha_bwd_params, dtype) == 500, "fmha_bwd_params.dtype: offset differs from Rust's");
 static_assert(offsetof(fmha_bwd_params, hdim_bucket) == 504, "fmha_bwd_params.hdim_bucket: offset differs from Rust's");
 static_assert(offsetof(fmha_bwd_params, masked) == 508, "fmha_bwd_params.masked: offset differs from Rust's");
-static_assert(sizeof(fmha_kvcache_params) == 464, "fmha_kvcache_params: size differs from Rust's");
+static_assert(sizeof(fmha_kvcache_params) == 472, "fmha_kvcache_params: size differs from Rust's");
 static_assert(offsetof(fmha_kvcache_params, q) == 0, "fmha_kvcache_params.q: offset differs from Rust's");
 static_assert(offsetof(fmha_kvcache_params, k) == 8, "fmha_kvcache_params.k: offset differs from Rust's");
 static_assert(offsetof(fmha_kvcache_params, v) == 16, "fmha_kvcache_params.v: offset differs from Rust's");

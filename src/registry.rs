@@ -38,6 +38,8 @@ pub struct Instance {
     pub hdim_v: i64,
     pub masked: bool,
     pub deterministic: bool,
+    /// The kv-cache's decode tile: its rows are (query row, query head) pairs of one kv head.
+    pub packed_gqa: bool,
     /// Forward: q rows per tile and k rows per inner step. Backward: q rows per inner step (kM0) and
     /// k rows per work unit (kN0).
     pub m0: i64,
@@ -152,6 +154,8 @@ pub struct Request {
     pub hdim_v: i64,
     pub masked: bool,
     pub deterministic: bool,
+    /// The kv-cache's decode with GQA packed into the tile (only instances that pack serve it).
+    pub packed_gqa: bool,
 }
 
 /// Backward tiles per head-dim bucket (kM0 × kN0), as CK's fp16/bf16 dq_dk_dv instances.
@@ -162,6 +166,10 @@ const FORWARD_TILES: [(i64, i64, i64); 4] = [(32, 64, 64), (64, 64, 64), (128, 6
 /// Forward tiles of the GPU kernels (`hip/fwd/forward.hip`): head-dim bucket, q rows, k rows.
 /// sm_90a: warpgroups of 64 q rows (one at D = 64, two at D = 128).
 const SM90_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 64, 128), (128, 128, 128)];
+/// sm_90a's decode tiles (packed GQA): one warpgroup of 64 (query row, query head) pairs; 64 keys for
+/// 16-bit types, 128 for fp8.
+const SM90_DECODE_TILES: [(i64, i64, i64); 2] = [(64, 64, 64), (128, 64, 64)];
+const SM90_DECODE_TILES_FP8: [(i64, i64, i64); 1] = [(128, 64, 128)];
 /// gfx942: 4 waves of 32 q rows; k rows such that the double-buffered K and Vᵀ tiles take at most
 /// half of the 64 KiB of LDS (two workgroups per CU).
 const GFX942_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 128, 64), (128, 128, 32)];
@@ -209,6 +217,7 @@ fn gpu_instances(
                         hdim_v: hdim,
                         masked,
                         deterministic,
+                        packed_gqa: false,
                         m0,
                         n0,
                         pipeline,
@@ -251,6 +260,18 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
                 &SM90_FORWARD_TILES[1..],
                 "wgmma_cp_async_paged_vt",
             ));
+            // Decode: one warpgroup whose 64 rows pack the query heads of one kv head.
+            let packed = |dtypes: &[CacheDtype], tiles: &[(i64, i64, i64)], pipeline| {
+                gpu_instances(arch, Operation::KvCache, dtypes, tiles, pipeline)
+                    .into_iter()
+                    .map(|i| Instance { packed_gqa: true, ..i })
+            };
+            list.extend(packed(&HALF_DTYPES, &SM90_DECODE_TILES, "wgmma_cp_async_paged_gqa"));
+            list.extend(packed(
+                &[CacheDtype::Fp8(Fp8Format::E4m3fn)],
+                &SM90_DECODE_TILES_FP8,
+                "wgmma_cp_async_paged_vt_gqa",
+            ));
             list
         }
         Arch::Gfx942 if cfg!(feature = "rocm") => amd_instances(arch, &GFX942_FORWARD_TILES, &GFX942_BACKWARD_TILES),
@@ -284,6 +305,7 @@ fn host_instances() -> Vec<Instance> {
                     hdim_v: hdim,
                     masked,
                     deterministic: false,
+                    packed_gqa: false,
                     m0,
                     n0,
                     pipeline: "host_tile_loop",
@@ -303,6 +325,7 @@ fn host_instances() -> Vec<Instance> {
                         hdim_v: hdim,
                         masked,
                         deterministic,
+                        packed_gqa: false,
                         m0,
                         n0,
                         pipeline: if deterministic { "host_persistent" } else { "host_atomic" },
@@ -339,6 +362,7 @@ fn host_kvcache_instances() -> Vec<Instance> {
                     hdim_v: hdim,
                     masked,
                     deterministic: false,
+                    packed_gqa: false,
                     m0,
                     n0,
                     pipeline: "host_tile_loop",
@@ -361,6 +385,7 @@ pub fn select(arch: Arch, request: &Request) -> Result<Instance> {
             && i.dtype == request.dtype
             && i.masked == request.masked
             && i.deterministic == (request.deterministic && request.operation == Operation::Backward)
+            && i.packed_gqa == request.packed_gqa
             && request.hdim_q <= i.hdim_q
             && request.hdim_v <= i.hdim_v
             && request.hdim_q % i.hdim_multiple == 0
@@ -438,6 +463,7 @@ mod tests {
             hdim_v,
             masked: true,
             deterministic: true,
+            packed_gqa: false,
         }
     }
 

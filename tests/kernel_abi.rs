@@ -256,6 +256,8 @@ fn layouts() -> Vec<Layout> {
                 partial_lse,
                 partial_o,
                 partial_rows,
+                pack_gqa,
+                pad,
             ]
         ),
         layout!(KvCacheFault, "fmha_kv_cache_fault", [magic, field, sequence, value, bound]),

@@ -37,9 +37,14 @@ FMHA_HOST_DEVICE inline Chunks chunks(const fmha_kvcache_params& p, int64_t kv_l
   return Chunks{ceil_div(n, tiles), tiles};
 }
 
-// `problem::split::work_units`: one sequence's query tiles times its key tiles.
+// The query heads one tile row set covers: with packed GQA a tile holds every query head of its kv head.
+FMHA_HOST_DEVICE inline int32_t packed_heads(const fmha_kvcache_params& p) {
+  return p.pack_gqa != 0 ? p.nhead_q / p.nhead_k : 1;
+}
+
+// `problem::split::work_units`: one sequence's query tiles times its key tiles (per tile head).
 FMHA_HOST_DEVICE inline int64_t work_units(const fmha_kvcache_params& p, const Sequence& s) {
-  return ceil_div(s.sq, p.block_m) * ceil_div(s.kv_len, p.block_n);
+  return ceil_div(s.sq * packed_heads(p), p.block_m) * ceil_div(s.kv_len, p.block_n);
 }
 
 // `problem::split::adaptive_tiles`: the call's work over the CUs, with 10 % slack.
@@ -54,7 +59,7 @@ FMHA_HOST_DEVICE inline int32_t adaptive_tiles(int64_t work, int32_t cu_count) {
 FMHA_HOST_DEVICE inline fmha_kv_cache_split_plan plan_of(const fmha_kvcache_params& p, bool faulted, int64_t work) {
   fmha_kv_cache_split_plan plan;
   plan.magic = faulted ? 0u : kPrepared;
-  plan.tiles_per_split = faulted ? 0 : adaptive_tiles(work * p.nhead_q, p.cu_count);
+  plan.tiles_per_split = faulted ? 0 : adaptive_tiles(work * (p.nhead_q / packed_heads(p)), p.cu_count);
   return plan;
 }
 

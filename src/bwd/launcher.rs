@@ -60,6 +60,7 @@ fn select(traits: &BwdTraits, shape: &Shape, arch: Arch) -> Result<Instance> {
             hdim_v: traits.hdim_v,
             masked: shape.masked(),
             deterministic: traits.deterministic,
+            packed_gqa: false,
         },
     )
 }

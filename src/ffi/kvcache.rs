@@ -87,9 +87,10 @@ pub struct fmha_kvcache_traits {
     /// sequence's keys into chunks attended in parallel into partial results in the workspace, then
     /// combines them in chunk order (bitwise reproducible for the same call). `max_splits` (0..=256)
     /// bounds the chunks per sequence: 1 never splits; 0 lets the library choose the bound from the
-    /// traits and the device's CU count (FA3's rule: no split when nhead_q times the query tiles of
-    /// max_seqlen_q fill 80 % of the CUs, or when max_seqlen_k spans at most 4 key tiles; otherwise the
-    /// smallest count whose wave efficiency is within 85 % of the best). Within the bound, the prepare
+    /// traits and the device's CU count (FA3's rule, with `batch` for the batch: no split when the
+    /// tiles of batch × heads × max_seqlen_q query rows fill 80 % of the CUs, or when max_seqlen_k spans
+    /// at most 4 key tiles; otherwise the smallest count whose wave efficiency is within 85 % of the
+    /// best). A launcher whose calls have far fewer sequences than `batch` should set max_splits. Within the bound, the prepare
     /// picks the chunk length of each call from its lengths (the call's work over the CUs, plus 10 %).
     /// `kv_split_tokens` > 0 fixes the chunk length instead (rounded up to whole key tiles), so that a
     /// sequence's result depends on its own length only (batch invariance); max_seqlen_k must then fit in

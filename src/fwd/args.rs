@@ -79,6 +79,7 @@ impl FwdArgs {
                 hdim_v: shape.hdim_v,
                 masked: shape.masked(),
                 deterministic: false,
+                packed_gqa: false,
             },
         )?;
         instance.check_grid(shape.nhead_q, shape.batch)?;

@@ -27,25 +27,36 @@ pub struct KvCacheLauncher {
     workspace: KvCacheWorkspace,
 }
 
+/// Query rows of the packed decode tile (`registry`'s sm_90a decode tiles).
+const PACKED_TILE_ROWS: i64 = 64;
+
+/// The instance for `traits`: the decode tile with packed GQA where every sequence's (query row, query
+/// head) pairs of one kv head fit one tile and the build has it (spec/inference.md §3.2), else the
+/// prefill tile.
 fn select(traits: &KvCacheTraits) -> Result<Instance> {
     traits.validate()?;
     let arch = runtime::current()?.arch()?;
-    crate::registry::select(
-        arch,
-        &Request {
-            operation: Operation::KvCache,
-            dtype: traits.dtype,
-            hdim_q: traits.hdim_q,
-            hdim_v: traits.hdim_v,
-            masked: traits.mask_type != MaskType::None,
-            deterministic: false,
-        },
-    )
+    let request = Request {
+        operation: Operation::KvCache,
+        dtype: traits.dtype,
+        hdim_q: traits.hdim_q,
+        hdim_v: traits.hdim_v,
+        masked: traits.mask_type != MaskType::None,
+        deterministic: false,
+        packed_gqa: false,
+    };
+    if traits.max_seqlen_q * (traits.nhead_q / traits.nhead_k) <= PACKED_TILE_ROWS {
+        if let Ok(packed) = crate::registry::select(arch, &Request { packed_gqa: true, ..request }) {
+            return Ok(packed);
+        }
+    }
+    crate::registry::select(arch, &request)
 }
 
 /// How a launcher for `traits` splits the KV on a device of `cu_count` CUs (spec/inference.md §3.3):
 /// `kv_split_tokens > 0` fixes the chunks (rounded up to whole key tiles) and so their count for the
-/// longest sequence; otherwise `max_splits`, or when it is 0 FA3's static rule on the traits' bounds.
+/// longest sequence; otherwise `max_splits`, or when it is 0 FA3's static rule on the traits' bounds
+/// (every CTA of a grid sized for more chunks than a sequence has returns at once, but is launched).
 fn split_policy(traits: &KvCacheTraits, instance: &Instance, cu_count: i64) -> Result<SplitPolicy> {
     let n0 = instance.n0;
     let policy = if traits.kv_split_tokens > 0 {
@@ -66,8 +77,10 @@ fn split_policy(traits: &KvCacheTraits, instance: &Instance, cu_count: i64) -> R
     } else if traits.max_splits > 0 {
         SplitPolicy { max_splits: traits.max_splits, split_tiles: 0 }
     } else {
-        let heads = traits.nhead_q;
-        let bound = heuristic_max_splits(heads, traits.max_seqlen_q, traits.max_seqlen_k, instance.m0, n0, cu_count);
+        // A packed tile serves every query head of its kv head.
+        let pack = if instance.packed_gqa { traits.nhead_q / traits.nhead_k } else { 1 };
+        let (heads, rows) = (traits.nhead_q / pack, traits.max_seqlen_q * pack);
+        let bound = heuristic_max_splits(traits.batch, heads, rows, traits.max_seqlen_k, instance.m0, n0, cu_count);
         SplitPolicy { max_splits: bound, split_tiles: 0 }
     };
     // The AMD kernels have no split path yet: they run unsplit unless the caller asked for splits.

@@ -322,6 +322,10 @@ pub struct KvCacheParams {
     pub partial_lse: u64,
     pub partial_o: u64,
     pub partial_rows: i64,
+    /// 1: the decode tile with packed GQA (each tile row a (query row, query head) pair of one kv head;
+    /// the instance's `block_m` rows count those pairs).
+    pub pack_gqa: i32,
+    pub pad: i32,
 }
 
 /// The chunk length the prepare chose for a call (`problem::split::adaptive_tiles`); read by the

@@ -78,11 +78,15 @@ fn cpu_prepare_finds_the_rust_fault() {
         };
         let starts_q: &[i32] = if group { &a.seqstart_q } else { &[] };
         let resolved = resolve_sequences(&table, starts_q, batch, bounds, check_pages);
-        let (block_m, block_n, cu_count, hq) = (rng.pick(&[1i64, 2, 64]), rng.pick(&[1i64, 4, 128]), rng.range(1, 200), rng.range(1, 9));
+        let (block_m, block_n, cu_count) = (rng.pick(&[1i64, 2, 64]), rng.pick(&[1i64, 4, 128]), rng.range(1, 200));
+        let (hk, heads_per_kv, packed) = (rng.range(1, 3), rng.range(1, 8), rng.range(0, 1) == 1);
+        let pack = if packed { heads_per_kv } else { 1 };
         let plan = match &resolved {
             Ok(sequences) => {
-                let work: i64 = sequences.iter().map(|s| work_units(s.sq, s.pages.kv_len, block_m, block_n)).sum();
-                KvCacheSplitPlan { magic: KVCACHE_PREPARED, tiles_per_split: adaptive_tiles(work * hq, cu_count) as i32 }
+                let work: i64 =
+                    sequences.iter().map(|s| work_units(s.sq * pack, s.pages.kv_len, block_m, block_n)).sum();
+                let tiles = adaptive_tiles(work * hk * heads_per_kv / pack, cu_count) as i32;
+                KvCacheSplitPlan { magic: KVCACHE_PREPARED, tiles_per_split: tiles }
             }
             Err(_) => KvCacheSplitPlan::default(),
         };
@@ -109,7 +113,9 @@ fn cpu_prepare_finds_the_rust_fault() {
             max_pages_per_seq: max_pages_per_seq as i32,
             num_page_indices: a.page_indices.len() as i32,
             check_tables: i32::from(check_pages),
-            nhead_q: hq as i32,
+            nhead_q: (hk * heads_per_kv) as i32,
+            nhead_k: hk as i32,
+            pack_gqa: i32::from(packed),
             block_m: block_m as i32,
             block_n: block_n as i32,
             cu_count: cu_count as i32,
@@ -144,6 +150,10 @@ fn cpu_chunks_are_the_rust_chunks() {
         };
         let planned = if prepared { i64::from(plan.tiles_per_split) } else { 0 };
         let want = chunks(kv_len, n0, policy, planned);
-        assert_eq!(cpu_twin::kvcache_chunks(&params, kv_len), want, "seed {seed} case {case}: {policy:?} {plan:?} n0 {n0} L {kv_len}");
+        assert_eq!(
+            cpu_twin::kvcache_chunks(&params, kv_len),
+            want,
+            "seed {seed} case {case}: {policy:?} {plan:?} n0 {n0} L {kv_len}"
+        );
     }
 }

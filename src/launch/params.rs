@@ -299,6 +299,8 @@ impl KvCacheParams {
             partial_lse: k.splits.partial_lse.addr().0 as u64,
             partial_o: k.splits.partial_o.addr().0 as u64,
             partial_rows: k.splits.rows,
+            pack_gqa: i32::from(k.instance.packed_gqa),
+            pad: 0,
         }
     }
 }

@@ -57,18 +57,27 @@ pub fn adaptive_tiles(work_units: i64, cu_count: i64) -> i64 {
     ceil_div(work_units.min(i64::MAX / 16) * 11, 10 * cu_count.max(1)).max(1)
 }
 
-/// One sequence's share of `adaptive_tiles`' work: its query tiles times its key tiles (per head).
-pub fn work_units(sq: i64, kv_len: i64, m0: i64, n0: i64) -> i64 {
-    ceil_div(sq.max(0), m0) * ceil_div(kv_len.max(0), n0)
+/// One sequence's share of `adaptive_tiles`' work: the tiles of its `rows` tile rows (query rows, or
+/// with packed GQA (query row, query head) pairs) times its key tiles, per tile head.
+pub fn work_units(rows: i64, kv_len: i64, m0: i64, n0: i64) -> i64 {
+    ceil_div(rows.max(0), m0) * ceil_div(kv_len.max(0), n0)
 }
 
-/// Most splits a launcher allows when the caller leaves it to the library (FA3's static rule, with the
-/// batch taken as 1 since lengths are per sequence): none when the heads' query tiles already fill 80 %
-/// of the CUs or a sequence has at most 4 key tiles; otherwise the smallest count whose wave
-/// efficiency is within 85 % of the best count's.
-pub fn heuristic_max_splits(heads: i64, max_seqlen_q: i64, max_seqlen_k: i64, m0: i64, n0: i64, cu_count: i64) -> i64 {
+/// Most splits a launcher allows when the caller leaves it to the library (FA3's static rule, on the
+/// launcher's bounds: its batch bound stands for the batch, as FA3 plans each call with its batch): none
+/// when the tiles of every sequence and head already fill 80 % of the CUs or a sequence has at most 4
+/// key tiles; otherwise the smallest count whose wave efficiency is within 85 % of the best count's.
+pub fn heuristic_max_splits(
+    batch: i64,
+    heads: i64,
+    max_seqlen_q: i64,
+    max_seqlen_k: i64,
+    m0: i64,
+    n0: i64,
+    cu_count: i64,
+) -> i64 {
     let cus = cu_count.max(1);
-    let total = heads * ceil_div(max_seqlen_q.max(1), m0);
+    let total = batch.max(1) * heads * ceil_div(max_seqlen_q.max(1), m0);
     let n_blocks = ceil_div(max_seqlen_k, n0);
     if 5 * total >= 4 * cus || n_blocks <= 4 {
         return 1;
@@ -113,12 +122,15 @@ mod tests {
     #[test]
     fn the_heuristic_splits_long_sparse_calls_only() {
         // Prefill: 32 heads × 32 query tiles fill the GPU.
-        assert_eq!(heuristic_max_splits(32, 4096, 8192, 128, 128, 132), 1);
+        assert_eq!(heuristic_max_splits(1, 32, 4096, 8192, 128, 128, 132), 1);
         // Short keys: at most 4 tiles.
-        assert_eq!(heuristic_max_splits(32, 1, 512, 128, 128, 132), 1);
-        // Decode of one long sequence: 32 heads on 132 SMs want 4 chunks (97 % of a wave).
-        assert_eq!(heuristic_max_splits(32, 1, 32768, 128, 128, 132), 4);
-        assert_eq!(heuristic_max_splits(8, 1, 32768, 128, 128, 132), 15);
+        assert_eq!(heuristic_max_splits(1, 32, 1, 512, 128, 128, 132), 1);
+        // Decode of one long sequence: 32 heads on 132 SMs want 4 chunks (97 % of a wave), 8 packed
+        // kv heads 15.
+        assert_eq!(heuristic_max_splits(1, 32, 1, 32768, 128, 128, 132), 4);
+        assert_eq!(heuristic_max_splits(1, 8, 1, 32768, 64, 64, 132), 15);
+        // A batch of 64 sequences' kv heads fills the GPU unsplit.
+        assert_eq!(heuristic_max_splits(64, 8, 1, 32768, 64, 64, 132), 1);
     }
 
     #[test]

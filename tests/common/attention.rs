@@ -534,6 +534,7 @@ fn supported(case: &Case, operation: fmha::registry::Operation) -> bool {
         hdim_v: case.hdim_v as i64,
         masked: case.mask.kind != fmha::problem::mask::MaskType::None,
         deterministic: case.deterministic,
+        packed_gqa: false,
     };
     let supported = fmha::registry::select(rt.arch().unwrap(), &request).is_ok();
     if !supported {

@@ -8,18 +8,23 @@
 
 namespace fmha {
 
-template <typename T, int kHeadDim, int kWarpgroups, int kBlockN, bool kMasked, bool kPageScales, typename Params>
+template <typename T, int kHeadDim, int kWarpgroups, int kBlockN, bool kMasked, bool kPageScales,
+          bool kPackGqa = false, typename Params>
 int32_t launch_forward(const Params& p, hipStream_t stream) {
-  using Tile = ForwardTile<T, kHeadDim, kWarpgroups, kBlockN, kMasked, kPageScales>;
+  using Tile = ForwardTile<T, kHeadDim, kWarpgroups, kBlockN, kMasked, kPageScales, kPackGqa>;
   auto kernel = forward_kernel<Tile, T, Params>;
   // Over 48 KiB of dynamic shared memory must be opted into, once per kernel.
   static const cudaError_t configured =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes);
   if (configured != cudaSuccess) return static_cast<int32_t>(configured);
-  // x: q tiles (kv cache: times the launcher's splits, kvcache/split.h), y: query heads, z: batches.
+  // x: q tiles (kv cache: times the launcher's splits, kvcache/split.h), y: query heads (packed GQA: kv
+  // heads, each tile row one of their query heads), z: batches.
   int splits = 1;
   if constexpr (std::is_same_v<Params, fmha_kvcache_params>) splits = p.max_splits > 1 ? p.max_splits : 1;
-  const dim3 grid((p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM * splits, p.nhead_q, p.batch);
+  const int group = kPackGqa ? p.nhead_q / p.nhead_k : 1;
+  const int64_t rows = static_cast<int64_t>(p.max_seqlen_q) * group;
+  const dim3 grid(static_cast<uint32_t>((rows + Tile::kBlockM - 1) / Tile::kBlockM * splits),
+                  kPackGqa ? p.nhead_k : p.nhead_q, p.batch);
   kernel<<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(p);
   return static_cast<int32_t>(cudaGetLastError());
 }
@@ -33,8 +38,34 @@ int32_t launch_forward(const Params& p, hipStream_t stream) {
 // routes smaller head dims to it.
 // kPageScales: the kv-cache's fp8 K/V descales per page (its own instances, so that the uniform path
 // carries nothing of them).
+// The kv-cache's decode (fmha_kvcache_params::pack_gqa): one warpgroup of 64 rows of (query row, query
+// head) pairs per kv head (the registry's "_gqa" instances). Decode is bound by the K/V reads: 64-key
+// tiles for 16-bit types (80 KiB at D = 128) let two CTAs share an SM and keep four tiles in flight;
+// 8-bit ones keep the 128 keys the V transpose is written for (88 KiB).
+template <typename T, bool kPageScales, typename Params>
+int32_t dispatch_packed(const Params& p, hipStream_t stream) {
+  constexpr int N = sizeof(T) == 1 ? 128 : 64;
+  switch (p.hdim_bucket) {
+    case 64:
+      if constexpr (sizeof(T) == 1) {
+        return static_cast<int32_t>(cudaErrorInvalidValue);
+      } else {
+        return p.masked ? launch_forward<T, 64, 1, N, true, kPageScales, true>(p, stream)
+                        : launch_forward<T, 64, 1, N, false, kPageScales, true>(p, stream);
+      }
+    case 128:
+      return p.masked ? launch_forward<T, 128, 1, N, true, kPageScales, true>(p, stream)
+                      : launch_forward<T, 128, 1, N, false, kPageScales, true>(p, stream);
+    default:
+      return static_cast<int32_t>(cudaErrorInvalidValue);
+  }
+}
+
 template <typename T, bool kPageScales = false, typename Params>
 int32_t dispatch_forward(const Params& p, hipStream_t stream) {
+  if constexpr (std::is_same_v<Params, fmha_kvcache_params>) {
+    if (p.pack_gqa != 0) return dispatch_packed<T, kPageScales>(p, stream);
+  }
   switch (p.hdim_bucket) {
     case 64:
       if constexpr (sizeof(T) == 1) {

@@ -67,23 +67,31 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
   // launch is made of short tiles.
   const int x_tile = static_cast<int>(arch::block_index_x()) / splits;
   const int tile = Tile::kMasked ? q_tiles - 1 - x_tile : x_tile;
-  const int h = arch::block_index_y(), b = arch::block_index_z();
-  const int hk = h / (p.nhead_q / p.nhead_k);
+  // y: the query head, or with packed GQA the kv head, whose `group` query heads share the tile: its
+  // row r is query row r / group of head hk · group + r % group.
+  const int y = arch::block_index_y(), b = arch::block_index_z();
+  const int group = Tile::kPackGqa ? p.nhead_q / p.nhead_k : 1;
+  const int hk = Tile::kPackGqa ? y : y / (p.nhead_q / p.nhead_k);
   KeyValueTiles<Params, Tile, T> kv(p, b, hk);
   const BatchRows rows = kv.rows;
+  const int64_t tile_rows = static_cast<int64_t>(rows.sq) * group;  // rows of this sequence's tiles
   const int i0 = tile * M;
-  if (i0 >= rows.sq) return;
-  const int i1 = min(i0 + M, rows.sq);
+  if (i0 >= tile_rows) return;
+  const int i1 = static_cast<int>(min(static_cast<int64_t>(i0 + M), tile_rows));
+  const int64_t first_query = i0 / group, last_query = (i1 - 1) / group;
   const int64_t batch = p.group_mode ? 0 : b;
+  // Head `head`'s query row `i` (and output row) is `i · row_stride` from its row 0.
+  const auto head_of = [&](int64_t r) { return Tile::kPackGqa ? hk * group + static_cast<int>(r % group) : y; };
 
-  const T* q = reinterpret_cast<const T*>(p.q) + batch * p.q_batch_stride + h * p.q_head_stride +
-               (rows.q_start + i0) * p.q_row_stride;
+  // Tile row r's query row: q_row(r).
+  const T* q_sequence = reinterpret_cast<const T*>(p.q) + batch * p.q_batch_stride + rows.q_start * p.q_row_stride;
+  const auto q_row = [&](int64_t r) { return q_sequence + head_of(r) * p.q_head_stride + (r / group) * p.q_row_stride; };
 
   // Keys that any row of this tile keeps: [key_lo, key_hi); tiles outside are never visited.
   const ResolvedMask mask = resolve_mask(p.mask_type, p.window_left, p.window_right, rows.sq, rows.sk);
   int64_t key_lo = 0, key_hi = rows.sk;
   if (Tile::kMasked) {
-    const int64_t lo = i0 + mask.off - mask.left, hi = (i1 - 1) + mask.off + mask.right + 1;
+    const int64_t lo = first_query + mask.off - mask.left, hi = last_query + mask.off + mask.right + 1;
     key_lo = lo > 0 ? lo : 0;
     key_hi = hi < rows.sk ? hi : rows.sk;
   }
@@ -112,7 +120,13 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
   const TileCopy<Tile, N, typename Tile::KLayout> k_copy;
   const TileCopy<Tile, N, typename Tile::VLayout> v_copy;
   if (first_tile < end_tile) {
-    q_copy.issue(sQ, q, p.q_row_stride, i1 - i0, p.hdim_q);
+    if constexpr (Tile::kPackGqa) {  // rows of several heads: no common row stride
+      constexpr int kStep = decltype(q_copy)::kRowStep;
+      q_copy.issue_rows(sQ, [&](int it) { return q_row(i0 + q_copy.first_row() + it * kStep); }, q_row(i0), i1 - i0,
+                        p.hdim_q);
+    } else {
+      q_copy.issue(sQ, q_row(i0), p.q_row_stride, i1 - i0, p.hdim_q);
+    }
     kv.issue(k_copy, v_copy, sK, sV, static_cast<int64_t>(first_tile) * N);
   }
   arch::copy_async_commit();
@@ -122,7 +136,8 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
   for (int n = 0; n < kDTiles; ++n) st.o[n][0] = st.o[n][1] = st.o[n][2] = st.o[n][3] = 0.f;
   st.row_max[0] = st.row_max[1] = -INFINITY;
   st.row_sum[0] = st.row_sum[1] = 0.f;
-  const int64_t row_of[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};
+  const int64_t row_of[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};  // tile rows
+  const int64_t query_of[2] = {row_of[0] / group, row_of[1] / group};      // their query rows
   // This warpgroup's 64 Q rows; K and V tiles of stage 0 (a stage is kKVBytes further).
   const uint64_t q_rows = arch::k_major_descriptor(sQ + (warp / 4) * 64 * 128);
   const uint64_t k_tile = arch::k_major_descriptor(sK);
@@ -134,7 +149,7 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
   }
   const float scale_log2 = p.scale_log2 * kv.qk_descale;
   // Tiles whose every element the mask keeps and that end before sk need no per-element checks.
-  const int64_t interior_lo = (i1 - 1) + mask.off - mask.left, interior_hi = i0 + mask.off + mask.right;
+  const int64_t interior_lo = last_query + mask.off - mask.left, interior_hi = first_query + mask.off + mask.right;
 
   float tile_v = 1.f;  // per-page descales: the V descale O is in units of
   for (int jt = first_tile; jt < end_tile; ++jt) {
@@ -170,23 +185,24 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
     };
     if (edge) {
       attend_tile<Tile, T, true>(st, q_rows, arch::descriptor_plus(k_tile, stage), v_step, scale_log2, tile_dk,
-                                 o_rescale, mask, j0, rows.sk, row_of, t, under_s);
+                                 o_rescale, mask, j0, rows.sk, query_of, t, under_s);
     } else {
       attend_tile<Tile, T, false>(st, q_rows, arch::descriptor_plus(k_tile, stage), v_step, scale_log2, tile_dk,
-                                  o_rescale, mask, j0, rows.sk, row_of, t, under_s);
+                                  o_rescale, mask, j0, rows.sk, query_of, t, under_s);
     }
     arch::block_barrier();  // this stage is overwritten by the copy issued next iteration
   }
 
   // Normalise and store O (rows past the batch's length are not written) and the natural-log LSE; a
   // partial state goes to the workspace in fp32.
-  O* out = reinterpret_cast<O*>(p.o) + batch * p.o_batch_stride + h * p.o_head_stride;
+  O* out = reinterpret_cast<O*>(p.o) + batch * p.o_batch_stride;
   float* lse = reinterpret_cast<float*>(p.lse);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float sum = arch::quad_sum(st.row_sum[r]);
-    const int64_t i = row_of[r];
-    if (i >= rows.sq) continue;
+    if (row_of[r] >= tile_rows) continue;
+    const int64_t i = query_of[r];
+    const int h = head_of(row_of[r]);
     const float inverse = sum > 0.f ? kv.v_descale * tile_v / sum : 0.f;
     // LSE = ln(Σ exp(scale · S)) = (scale_log2 · max + log2 Σ) · ln 2, Σ in units of 2^-kPShift
     // (one explicit FMA: the dense and the paged kernels must round it alike)
@@ -207,7 +223,7 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
         continue;
       }
     }
-    O* out_row = out + (rows.q_start + i) * p.o_row_stride;
+    O* out_row = out + h * p.o_head_stride + (rows.q_start + i) * p.o_row_stride;
 #pragma unroll
     for (int n = 0; n < kDTiles; ++n) {
       const int col = n * 8 + 2 * t;

@@ -12,7 +12,10 @@
 namespace fmha {
 
 // kPageScales_: fp8 K/V descales per page (pages of whole tiles), one K and one V descale per tile.
-template <typename T, int kHeadDim, int kWarpgroups_, int kBlockN_, bool kMasked_, bool kPageScales_ = false>
+// kPackGqa_: the kv-cache's decode tile, whose rows are (query row, query head of the CTA's kv head)
+// pairs (spec/inference.md §3.2), so that a K/V tile is read once for all the heads that share it.
+template <typename T, int kHeadDim, int kWarpgroups_, int kBlockN_, bool kMasked_, bool kPageScales_ = false,
+          bool kPackGqa_ = false>
 struct ForwardTile {
   static constexpr int kWarpgroups = kWarpgroups_;
   static constexpr int kWarps = 4 * kWarpgroups;
@@ -20,6 +23,7 @@ struct ForwardTile {
   static constexpr int kBlockN = kBlockN_;
   static constexpr bool kMasked = kMasked_;
   static constexpr bool kPageScales = kPageScales_;
+  static constexpr bool kPackGqa = kPackGqa_;
   static constexpr int kThreads = kWarps * arch::kWarpSize;
   static constexpr int kDim = kHeadDim;
   static constexpr int kElementBytes = static_cast<int>(sizeof(T));

@@ -23,36 +23,39 @@ struct ValueStaging {
 };
 
 // Transposes the staging tile at `staging` (kKeys key rows of 128 dims) into the Swizzle128 Vᵀ tile at
-// `vt` (128 dim rows of kKeys keys). Thread (warp w, lane l) moves keys 16 c .. 16 c + 15, c = l mod 8,
+// `vt` (128 dim rows of kKeys keys). Dim group w (of 8) lane l moves keys 16 c .. 16 c + 15, c = l mod 8,
 // of dims 16 w + 4 (l / 8) .. + 3: 16 four-byte reads, 32 byte permutes, 4 sixteen-byte writes (each
-// 8-lane phase writes 8 distinct chunk columns of one Vᵀ row).
+// 8-lane phase writes 8 distinct chunk columns of one Vᵀ row). Warp i takes dim groups i, i + warps, ...
 template <int kThreads, int kKeys>
 __device__ inline void transpose_values(uint32_t staging, uint32_t vt) {
-  static_assert(kThreads == 256 && kKeys == 128, "the mapping covers 128 keys x 128 dims with 256 threads");
-  const int tid = arch::thread_index(), w = tid / 32, l = tid % 32;
+  static_assert((kThreads == 256 || kThreads == 128) && kKeys == 128, "128 keys x 128 dims, 4 or 8 warps");
+  const int tid = arch::thread_index(), l = tid % 32;
   const int c = l % 8, quad = l / 8;
-  uint32_t in[16];
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const int key = 16 * c + j;
-    in[j] = arch::shared_load_4(staging + key * 128 + ((w ^ c) * 16) + 4 * quad);
-  }
-  uint32_t out[4][4];  // [dim x][word t]: keys 2t, 2t + 1, 8 + 2t, 9 + 2t of dim 16 w + 4 quad + x
+  for (int w = tid / 32; w < 8; w += kThreads / 32) {
+    uint32_t in[16];
 #pragma unroll
-  for (int t = 0; t < 4; ++t) {
-    const uint32_t ab_lo = __byte_perm(in[2 * t], in[2 * t + 1], 0x5140);  // a0 b0 a1 b1
-    const uint32_t ab_hi = __byte_perm(in[2 * t], in[2 * t + 1], 0x7362);  // a2 b2 a3 b3
-    const uint32_t cd_lo = __byte_perm(in[8 + 2 * t], in[9 + 2 * t], 0x5140);
-    const uint32_t cd_hi = __byte_perm(in[8 + 2 * t], in[9 + 2 * t], 0x7362);
-    out[0][t] = __byte_perm(ab_lo, cd_lo, 0x5410);
-    out[1][t] = __byte_perm(ab_lo, cd_lo, 0x7632);
-    out[2][t] = __byte_perm(ab_hi, cd_hi, 0x5410);
-    out[3][t] = __byte_perm(ab_hi, cd_hi, 0x7632);
-  }
+    for (int j = 0; j < 16; ++j) {
+      const int key = 16 * c + j;
+      in[j] = arch::shared_load_4(staging + key * 128 + ((w ^ c) * 16) + 4 * quad);
+    }
+    uint32_t out[4][4];  // [dim x][word t]: keys 2t, 2t + 1, 8 + 2t, 9 + 2t of dim 16 w + 4 quad + x
 #pragma unroll
-  for (int x = 0; x < 4; ++x) {
-    const int row = 16 * w + 4 * quad + x;
-    arch::shared_store_16(vt + row * 128 + ((c ^ (row & 7)) * 16), out[x][0], out[x][1], out[x][2], out[x][3]);
+    for (int t = 0; t < 4; ++t) {
+      const uint32_t ab_lo = __byte_perm(in[2 * t], in[2 * t + 1], 0x5140);  // a0 b0 a1 b1
+      const uint32_t ab_hi = __byte_perm(in[2 * t], in[2 * t + 1], 0x7362);  // a2 b2 a3 b3
+      const uint32_t cd_lo = __byte_perm(in[8 + 2 * t], in[9 + 2 * t], 0x5140);
+      const uint32_t cd_hi = __byte_perm(in[8 + 2 * t], in[9 + 2 * t], 0x7362);
+      out[0][t] = __byte_perm(ab_lo, cd_lo, 0x5410);
+      out[1][t] = __byte_perm(ab_lo, cd_lo, 0x7632);
+      out[2][t] = __byte_perm(ab_hi, cd_hi, 0x5410);
+      out[3][t] = __byte_perm(ab_hi, cd_hi, 0x7632);
+    }
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      const int row = 16 * w + 4 * quad + x;
+      arch::shared_store_16(vt + row * 128 + ((c ^ (row & 7)) * 16), out[x][0], out[x][1], out[x][2], out[x][3]);
+    }
   }
 }
 

@@ -115,8 +115,10 @@ pub fn prepare(k: &KvCacheKargs, record: DeviceSlice<KvCacheFault>) -> Result<()
 /// The adaptive chunk length of the call (`problem::split::adaptive_tiles`), as an i32 plan value.
 fn planned_tiles(k: &KvCacheKargs, sequences: &[Sequence]) -> i32 {
     let (m0, n0) = (k.instance.m0, k.instance.n0);
-    let work: i64 = sequences.iter().map(|s| work_units(s.sq, s.pages.kv_len, m0, n0)).sum();
-    adaptive_tiles(work.saturating_mul(k.nhead_q), k.splits.cu_count).min(i64::from(i32::MAX)) as i32
+    // A packed tile's rows are (query row, query head) pairs of one kv head.
+    let pack = if k.instance.packed_gqa { k.nhead_q / k.nhead_k } else { 1 };
+    let work: i64 = sequences.iter().map(|s| work_units(s.sq * pack, s.pages.kv_len, m0, n0)).sum();
+    adaptive_tiles(work.saturating_mul(k.nhead_q / pack), k.splits.cu_count).min(i64::from(i32::MAX)) as i32
 }
 
 /// The workspace's partial results, as the split forward writes them and the combine reads them.
