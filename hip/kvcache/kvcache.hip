@@ -1,7 +1,7 @@
 // The kv-cache operation's kernels: the prepare (checks a call's lengths and tables and records the
 // first fault, kvcache/page_table.h) and the forward kernel reading its K/V tiles through the page
 // table (Hopper: kvcache/sm90/paged_tiles.h, fp16, bf16 and fp8 e4m3 (OCP); gfx942 / gfx950:
-// kvcache/amd/paged_tiles.h, fp16 and bf16).
+// kvcache/amd/paged_tiles.h, fp16, bf16 and fp8 e4m3 (FNUZ on gfx942, OCP on gfx950)).
 #include "arch/platform.h"
 #include "arch/thread.h"
 #include "kvcache/page_table.h"
@@ -81,6 +81,11 @@ extern "C" int32_t fmha_hip_kvcache_fwd(const fmha_kvcache_params* params, void*
       return fmha::dispatch_forward<fmha::arch::Half>(*params, s);
     case 1:  // bf16
       return fmha::dispatch_forward<fmha::arch::BFloat16>(*params, s);
+    case 3:  // FMHA_DTYPE_FP8_E4M3FN (gfx950)
+    case 4:  // FMHA_DTYPE_FP8_E4M3FNUZ (gfx942)
+      // One instance: each architecture's code object reads its own encoding (arch::Fp8E4m3); the
+      // registry lists the one format each architecture has, and the launcher refuses per-page descales.
+      return fmha::dispatch_forward<fmha::arch::Fp8E4m3>(*params, s);
     default:  // no AMD instance (the registry refuses the call first)
       return 1;  // hipErrorInvalidValue
   }
