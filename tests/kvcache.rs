@@ -1067,7 +1067,7 @@ fn gpu_builds_refuse_what_they_lack() {
     if host_backend() || no_device() {
         return;
     }
-    let gfx942 = fmha::runtime::current().and_then(|r| r.arch()).map_or(false, |a| a == Arch::Gfx942);
+    let gfx942 = fmha::runtime::current().and_then(|r| r.arch()).is_ok_and(|a| a == Arch::Gfx942);
     let (own, other) = if gfx942 {
         (FMHA_DTYPE_FP8_E4M3FNUZ, FMHA_DTYPE_FP8_E4M3FN)
     } else {
