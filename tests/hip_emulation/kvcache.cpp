@@ -351,7 +351,7 @@ int main(int argc, char** argv) {
     add({dtype, 64, 64, 4, 1, true, {30, 0, 66}, {250, 10, 1}, kContiguous, 256, false, 2, -1, 0, true});
     add({dtype, 128, 64, 2, 2, false, {33, 33}, {70, 0}, kContiguous, 100, true, 0, -1, -1, true});
   }
-  // fp8 (the 128 bucket): descales per tensor (1) and per (sequence, kv head) (2), pages of one key,
+  // fp8 (the 128 bucket): descales per tensor (1), per (sequence, kv head) (2) or none, pages of one key,
   // of part of a tile, of whole tiles and of none (64 = the tile), masks, GQA, both table kinds.
   add({2, 128, 128, 4, 2, true, {37, 0, 70}, {150, 90, 0}, kBlockTable, 1, false, 2, -1, 0, true, 2});
   add({2, 128, 96, 2, 1, true, {65, 20}, {200, 31}, kPageCsr, 16, true, 0, -1, -1, true, 1});
@@ -360,6 +360,8 @@ int main(int argc, char** argv) {
   add({2, 128, 128, 2, 1, true, {40, 3}, {190, 97}, kBlockTable, 64, true, 0, -1, -1, true, 1});
   add({2, 128, 128, 2, 2, false, {17, 17}, {300, 5}, kPageCsr, 5, false, 2, -1, 0, true, 0});
   add({2, 128, 64, 4, 1, true, {30, 66}, {250, 1}, kContiguous, 256, false, 2, -1, 0, true, 2});
+  // Head dims below the bucket (multiples of 16 bytes): padding chunks read as zeros.
+  add({2, 48, 32, 4, 2, true, {20, 45}, {77, 130}, kBlockTable, 3, true, 2, -1, 0, true, 1});
   int failed = 0;
   for (size_t n = 0; n < cases.size(); ++n) {
     const Case& c = cases[n];
