@@ -28,7 +28,8 @@
 // fp8 e4m3 inputs, by format (the same byte means different values in the two): OCP E4M3FN (NVIDIA
 // sm_90, AMD gfx950; bias 7, max 448) and E4M3FNUZ (AMD gfx942; bias 8, max 240). Only
 // `fmha_kvcache_traits.dtype` takes them so far; their output is bf16. The host backend computes both;
-// a GPU build without a kernel for the format answers FMHA_ERR_UNSUPPORTED (sm_90a: E4M3FN).
+// a GPU build has kernels for the device's own format (sm_90a and gfx950: E4M3FN; gfx942: E4M3FNUZ)
+// and answers FMHA_ERR_UNSUPPORTED for the other.
 #define FMHA_DTYPE_FP8_E4M3FN 3
 
 #define FMHA_DTYPE_FP8_E4M3FNUZ 4
@@ -89,8 +90,8 @@
 
 // `fmha_kvcache_traits.kv_scale_granularity`: the K/V descales of fp8 caches are one value per tensor
 // or per (sequence, kv head) (`fmha_scale` strides), or one per (physical page, kv head) (CK's KV
-// block scale; needs a paged table kind). GPU kernels take per-page descales for pages of a multiple
-// of their key tile (128 tokens on sm_90a) and answer FMHA_ERR_UNSUPPORTED for smaller pages.
+// block scale; needs a paged table kind). The sm_90a kernels take per-page descales for pages of a
+// multiple of their key tile (128 tokens) and the AMD kernels none: FMHA_ERR_UNSUPPORTED otherwise.
 #define FMHA_KV_SCALE_TENSOR 0
 
 #define FMHA_KV_SCALE_PAGE 1

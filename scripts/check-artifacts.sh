@@ -6,7 +6,8 @@
 #   rocm          a gfxNNN code object for every arch of FMHA_HIP_ARCHS (default gfx942,gfx950) in the
 #                 .hip_fatbin section, and no scratch: every kernel has .private_segment_fixed_size 0
 #                 and no SGPR/VGPR spills (llvm-readelf --notes on each extracted code object); forward
-#                 and dq_dk_dv kernels for every arch, and MFMA instructions in the ISA (llvm-objdump -d)
+#                 and dq_dk_dv kernels for every arch, and MFMA instructions in the ISA (llvm-objdump -d);
+#                 the fp8 kv-cache kernels' v_mfma_*fp8* instructions all inside a loop
 #
 # Usage: scripts/check-artifacts.sh host|cuda|rocm path/to/libfmha.so
 #
@@ -153,6 +154,7 @@ check_hip_code_objects() {
         [[ -e "$co" ]] && check_no_scratch "$co"
     done
     check_mfma "$dir"
+    check_fp8_mfma "$dir"
     rm -rf "$dir"
 }
 
@@ -175,6 +177,63 @@ check_mfma() {
             ok "$arch: $forward forward and $backward dq_dk_dv kernels, $count v_mfma instructions"
         else
             fail "$arch: $forward forward and $backward dq_dk_dv kernels, $count v_mfma instructions (want all > 0)"
+        fi
+    done
+}
+
+# Per kernel of a disassembly (llvm-objdump -d) whose name matches the regex `pattern`: how many of its
+# instructions whose mnemonic matches `insn` lie inside a loop (from the target to the address of a
+# backward branch), and how many there are. Prints "<name> <in_loop> <total>" per kernel (mawk: no
+# strtonum, so hex is parsed by hand).
+instructions_in_loops() {
+    awk -v pattern="$1" -v insn="$2" '
+        function hex(s,   v, i) {
+            v = 0; s = tolower(s)
+            for (i = 1; i <= length(s); i++) v = v * 16 + index("0123456789abcdef", substr(s, i, 1)) - 1
+            return v
+        }
+        function flush(   i, j, inside) {
+            if (!active) return
+            inside = 0
+            for (i = 0; i < n; i++) for (j = 0; j < loops; j++) if (at[i] >= lo[j] && at[i] <= hi[j]) { inside++; break }
+            print name, inside, n
+            active = 0
+        }
+        /^[0-9a-f]+ <[^>]+>:$/ {
+            flush()
+            name = $2; gsub(/[<>:]/, "", name); start = hex($1); n = 0; loops = 0; active = (name ~ pattern)
+            next
+        }
+        active && /\/\/ [0-9A-F]+:/ {
+            match($0, /\/\/ [0-9A-F]+:/); addr = hex(substr($0, RSTART + 3, RLENGTH - 4))
+            if ($1 ~ insn) at[n++] = addr
+            if ($1 ~ /^s_(c)?branch/ && match($0, /\+0x[0-9a-f]+>/)) {
+                target = start + hex(substr($0, RSTART + 3, RLENGTH - 4))
+                if (target < addr) { lo[loops] = target; hi[loops] = addr; loops++ }
+            }
+        }
+        END { flush() }
+    '
+}
+
+# check_fp8_mfma DIR: the fp8 kv-cache kernels (forward_kernel_amd<Fp8E4m3, ...>) of every arch compute
+# on the 8-bit MFMA inside their mainloop: v_mfma_*fp8* instructions, all of them within a loop.
+check_fp8_mfma() {
+    local dir=$1 arch objdump co report kernels bad
+    objdump=$(find_tool llvm-objdump "${ROCM_PATH:+$ROCM_PATH/llvm/bin/llvm-objdump}" llvm-objdump-22 llvm-objdump)
+    for arch in $(echo "${FMHA_HIP_ARCHS:-gfx942,gfx950}" | tr ',' ' '); do
+        report=""
+        for co in "$dir"/*-"$arch".co; do
+            [[ -e "$co" ]] || continue
+            report+=$("$objdump" -d --mcpu="$arch" "$co" | instructions_in_loops 'forward_kernel_amd.*Fp8E4m3' '^v_mfma.*fp8')
+            report+=$'\n'
+        done
+        kernels=$(awk 'NF == 3' <<<"$report" | wc -l)
+        bad=$(awk 'NF == 3 && ($3 == 0 || $2 != $3)' <<<"$report" | wc -l)
+        if [[ $kernels -gt 0 && $bad -eq 0 ]]; then
+            ok "$arch: $kernels fp8 kv-cache kernel(s), every one with its v_mfma fp8 instructions in a loop ($(awk 'NF == 3 { print $3; exit }' <<<"$report") each)"
+        else
+            fail "$arch: fp8 kv-cache kernels without fp8 MFMA in their loops (name in_loop total): $(tr '\n' ' ' <<<"$report")"
         fi
     done
 }

@@ -175,6 +175,8 @@ const SM90_DECODE_TILES_FP8: [(i64, i64, i64); 1] = [(128, 64, 128)];
 const GFX942_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 128, 64), (128, 128, 32)];
 /// gfx950: the same rule with 160 KiB of LDS.
 const GFX950_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 128, 64), (128, 128, 64)];
+/// The AMD kv-cache forward for fp8 (both archs): 128 dims, 128 query rows, 64 keys per step.
+const AMD_FP8_TILES: [(i64, i64, i64); 1] = [(128, 128, 64)];
 
 /// Backward (dq_dk_dv) tiles of the GPU kernels (`hip/bwd/backward.hip`): head-dim bucket, q rows per
 /// step, keys per unit. sm_90a: two warpgroups of 64 keys (8 warps, one per 16 keys).
@@ -282,11 +284,15 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
 
 /// The instances of a rocm build for `arch`: the forward, the backward and the forward kernel with
 /// paged K/V tiles (hip/kvcache/kvcache.hip: fp16/bf16, strided pools; its pools' page strides are
-/// 64-bit, their row strides bounded like every input's).
+/// 64-bit, their row strides bounded like every input's), and that kernel for fp8 e4m3 in the
+/// architecture's own encoding (gfx942 FNUZ, gfx950 OCP: the other format has no instance) at the
+/// 128-dim bucket, whose rows of 128 bytes take 64 keys per step on both (hip/fwd/amd/tile.h).
 fn amd_instances(arch: Arch, forward: &[(i64, i64, i64)], backward: &[(i64, i64, i64)]) -> Vec<Instance> {
     let mut list = gpu_instances(arch, Operation::Forward, &HALF_DTYPES, forward, "mfma_lds");
     list.extend(gpu_instances(arch, Operation::Backward, &HALF_DTYPES, backward, "mfma_lds"));
     list.extend(gpu_instances(arch, Operation::KvCache, &HALF_DTYPES, forward, "mfma_lds_paged"));
+    let format = if arch == Arch::Gfx950 { Fp8Format::E4m3fn } else { Fp8Format::E4m3fnuz };
+    list.extend(gpu_instances(arch, Operation::KvCache, &[CacheDtype::Fp8(format)], &AMD_FP8_TILES, "mfma_lds_paged"));
     list
 }
 
@@ -579,7 +585,10 @@ mod tests {
     fn amd_kvcache_instances_are_the_forward_tiles_for_16_bit_inputs() {
         for (arch, tiles) in [(Arch::Gfx942, &GFX942_FORWARD_TILES), (Arch::Gfx950, &GFX950_FORWARD_TILES)] {
             let list = amd_instances(arch, tiles, &GFX942_BACKWARD_TILES);
-            let paged: Vec<_> = list.iter().filter(|i| i.operation == Operation::KvCache).collect();
+            let paged: Vec<_> = list
+                .iter()
+                .filter(|i| i.operation == Operation::KvCache && matches!(i.dtype, CacheDtype::Half(_)))
+                .collect();
             assert_eq!(paged.len(), 2 * 2 * tiles.len());
             for i in &paged {
                 let forward = list
@@ -592,8 +601,26 @@ mod tests {
                     })
                     .unwrap();
                 assert_eq!((i.m0, i.n0, i.max_input_row_stride), (forward.m0, forward.n0, AMD_MAX_INPUT_ROW_STRIDE));
-                assert!(matches!(i.dtype, CacheDtype::Half(_)) && i.pipeline == "mfma_lds_paged");
+                assert_eq!(i.pipeline, "mfma_lds_paged");
             }
+        }
+    }
+
+    #[test]
+    fn amd_kvcache_fp8_is_the_architectures_own_format_at_128_dims() {
+        for (arch, tiles, own, other) in [
+            (Arch::Gfx942, &GFX942_FORWARD_TILES, Fp8Format::E4m3fnuz, Fp8Format::E4m3fn),
+            (Arch::Gfx950, &GFX950_FORWARD_TILES, Fp8Format::E4m3fn, Fp8Format::E4m3fnuz),
+        ] {
+            let list = amd_instances(arch, tiles, &GFX942_BACKWARD_TILES);
+            let fp8: Vec<_> = list.iter().filter(|i| matches!(i.dtype, CacheDtype::Fp8(_))).collect();
+            assert_eq!(fp8.len(), 2);
+            for i in fp8 {
+                assert_eq!(i.operation, Operation::KvCache);
+                assert_eq!((i.dtype, i.hdim_q, i.hdim_v, i.m0, i.n0), (CacheDtype::Fp8(own), 128, 128, 128, 64));
+                assert_eq!((i.hdim_multiple, i.vector_bytes), (16, 16));
+            }
+            assert!(!list.iter().any(|i| i.dtype == CacheDtype::Fp8(other)));
         }
     }
 

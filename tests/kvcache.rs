@@ -14,7 +14,7 @@ use fmha::ffi::status::*;
 use fmha::problem::fp8::Fp8Format;
 use fmha::problem::mask::{Mask, MaskType};
 use fmha::reference::{Precision, RefProblem};
-use fmha::runtime::{BackendKind, ACTIVE_BACKEND};
+use fmha::runtime::Arch;
 use fmha::test_rng::{starts, Rng};
 use std::ffi::c_void;
 use std::ptr::{null, null_mut};
@@ -551,23 +551,30 @@ fn fmha_fp8(input: Input) -> bool {
 }
 
 /// What this build's kv-cache kernels lack for `case` (the field the refusal names); None where they
-/// run it. The host backend runs everything; the GPU kernels read strided pools, take fp8 only on
-/// NVIDIA, in the OCP format, and per-page descales for pages of whole tiles.
+/// run it. The host backend runs everything; the GPU kernels read strided pools and take fp8 in the
+/// device's own format (sm90 and gfx950: OCP e4m3fn; gfx942: e4m3fnuz); per-page descales sm90 takes
+/// for pages of whole tiles, the AMD kernels not at all.
 fn gpu_lacks(case: &Case) -> Option<&'static str> {
     if host_backend() {
         return None;
     }
+    let arch = fmha::runtime::current().and_then(|r| r.arch()).unwrap_or(Arch::Other);
+    let native = match arch {
+        Arch::Sm90 | Arch::Gfx950 => Some(Fp8Format::E4m3fn),
+        Arch::Gfx942 => Some(Fp8Format::E4m3fnuz),
+        _ => None,
+    };
     // In the launcher's order: the kernel for the dtype, then the layout, then the descales.
     let fp8 = match case.input {
-        Input::Fp8(Fp8Format::E4m3fn) if ACTIVE_BACKEND == BackendKind::Cuda => true,
+        Input::Fp8(format) if Some(format) == native => true,
         Input::Fp8(_) => return Some("kvcache"),
         _ => false,
     };
     if case.pool == Pool::Vectorized {
         return Some("kv_layout");
     }
-    // Per-page descales: pages holding whole 128-key tiles.
-    if fp8 && case.per_page_scales && case.page % 128 != 0 {
+    // Per-page descales: sm90, pages holding whole 128-key tiles.
+    if fp8 && case.per_page_scales && (arch != Arch::Sm90 || case.page % 128 != 0) {
         return Some("kv_scale_granularity");
     }
     // The AMD kernels run unsplit (the heuristic's 0 is allowed); the split tests ask for splits.
@@ -1123,21 +1130,27 @@ fn bad_arguments_are_refused_naming_the_field() {
     }
 }
 
-/// GPU builds have no FNUZ (NVIDIA), small-page per-page-descale or VECTORIZED kv-cache kernels yet:
-/// such a launcher is refused as unsupported, naming what is missing, not run.
+/// GPU builds have kv-cache kernels for one fp8 format per device (sm90, gfx950: OCP; gfx942: FNUZ),
+/// per-page descales for small pages (sm90) or none (AMD), and no VECTORIZED kernels: such a launcher
+/// is refused as unsupported, naming what is missing, not run.
 #[test]
 fn gpu_builds_refuse_what_they_lack() {
     if host_backend() || no_device() {
         return;
     }
+    let gfx942 = fmha::runtime::current().and_then(|r| r.arch()).is_ok_and(|a| a == Arch::Gfx942);
+    let (own, other) = if gfx942 {
+        (FMHA_DTYPE_FP8_E4M3FNUZ, FMHA_DTYPE_FP8_E4M3FN)
+    } else {
+        (FMHA_DTYPE_FP8_E4M3FN, FMHA_DTYPE_FP8_E4M3FNUZ)
+    };
     let mut launcher = null_mut();
     let mut traits = Small::new().traits;
-    traits.dtype = FMHA_DTYPE_FP8_E4M3FNUZ;
+    traits.dtype = other;
     expect_error(fmha_kvcache_launcher_create(&traits, &mut launcher), FMHA_ERR_UNSUPPORTED, &["kvcache"]);
-    traits.dtype = FMHA_DTYPE_FP8_E4M3FN;
+    traits.dtype = own;
     traits.kv_scale_granularity = FMHA_KV_SCALE_PAGE;
-    let needle = if ACTIVE_BACKEND == BackendKind::Cuda { "kv_scale_granularity" } else { "kvcache" };
-    expect_error(fmha_kvcache_launcher_create(&traits, &mut launcher), FMHA_ERR_UNSUPPORTED, &[needle]);
+    expect_error(fmha_kvcache_launcher_create(&traits, &mut launcher), FMHA_ERR_UNSUPPORTED, &["kv_scale_granularity"]);
     let mut traits = Small::new().traits;
     traits.kv_layout = FMHA_KV_LAYOUT_VECTORIZED;
     traits.page_size = 16;

@@ -1,7 +1,8 @@
 // The kv-cache operation's kernels: the prepare (checks a call's lengths and tables and records the
 // first fault, kvcache/page_table.h, and the split plan, kvcache/split.h), the forward kernel reading
-// its K/V tiles through the page table, and the split-KV combine (kvcache/combine.h) (Hopper: kvcache/sm90/paged_tiles.h, fp16, bf16 and fp8 e4m3 (OCP); gfx942 / gfx950:
-// kvcache/amd/paged_tiles.h, fp16 and bf16).
+// its K/V tiles through the page table, and the split-KV combine (kvcache/combine.h). Hopper:
+// kvcache/sm90/paged_tiles.h, fp16, bf16 and fp8 e4m3 (OCP), split and GQA-packed decode; gfx942 /
+// gfx950: kvcache/amd/paged_tiles.h, fp16, bf16 and fp8 e4m3 (FNUZ on gfx942, OCP on gfx950), unsplit.
 #include "arch/platform.h"
 #include "arch/thread.h"
 #include "kvcache/page_table.h"
@@ -99,6 +100,11 @@ extern "C" int32_t fmha_hip_kvcache_fwd(const fmha_kvcache_params* params, void*
       return fmha::dispatch_forward<fmha::arch::Half>(*params, s);
     case 1:  // bf16
       return fmha::dispatch_forward<fmha::arch::BFloat16>(*params, s);
+    case 3:  // FMHA_DTYPE_FP8_E4M3FN (gfx950)
+    case 4:  // FMHA_DTYPE_FP8_E4M3FNUZ (gfx942)
+      // One instance: each architecture's code object reads its own encoding (arch::Fp8E4m3); the
+      // registry lists the one format each architecture has, and the launcher refuses per-page descales.
+      return fmha::dispatch_forward<fmha::arch::Fp8E4m3>(*params, s);
     default:  // no AMD instance (the registry refuses the call first)
       return 1;  // hipErrorInvalidValue
   }

@@ -33,15 +33,20 @@ inline void seed_rng() {
   printf("seed %llu (FMHA_TEST_SEED=%llu replays it)\n", (unsigned long long)seed, (unsigned long long)seed);
 }
 
-// dtype: 0 fp16, 1 bf16.
+// dtype: 0 fp16, 1 bf16, 2 fp8 e4m3 in the emulated architecture's encoding (arch::Fp8E4m3).
 inline uint16_t to_bits(int dtype, float x) {
   using namespace fmha::arch;
+  if (dtype == 2) return fp8_bits(x);
   return static_cast<uint16_t>(dtype == 0 ? Element<Half>::bits(x) : Element<BFloat16>::bits(x));
 }
 inline float from_bits(int dtype, uint16_t b) {
+  if (dtype == 2) return fmha::arch::fp8_to_float(static_cast<uint8_t>(b));
   return dtype == 0 ? fmha::arch::half_to_float(b) : fmha::arch::bf16_to_float(b);
 }
-inline uint16_t nan_bits(int dtype) { return dtype == 0 ? 0x7e00 : 0x7fc0; }
+inline uint16_t nan_bits(int dtype) {
+  if (dtype == 2) return fmha::arch::kFp8Bias == 8 ? 0x80 : 0x7f;
+  return dtype == 0 ? 0x7e00 : 0x7fc0;
+}
 
 // Makes `v` addressable by the emulated global loads and stores (every other address traps).
 template <typename T>

@@ -31,7 +31,7 @@ struct Case {
 
 template <typename T, int D, bool M>
 static void launch(const fmha_fwd_params& p) {
-  using Tile = AmdForwardTile<D>;
+  using Tile = AmdForwardTile<T, D>;
   static_assert(Tile::kThreads == 256, "emulated workgroups have 256 work-items");
   const dim3 grid((p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM, p.nhead_q, p.batch);
   emu::launch(grid, Tile::kLdsBytes, [&] { forward_kernel_amd<T, D, M, fmha_fwd_params>(p); });

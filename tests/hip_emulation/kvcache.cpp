@@ -7,6 +7,12 @@
 // pool). Each workgroup may read only its own sequence's table entries and pages: every other byte
 // of the table and of the pools is unregistered while it runs, so that any read of it traps. Padding
 // columns and unreferenced pages are NaN, outputs poisoned.
+//
+// fp8 e4m3 (the emulated architecture's encoding: FNUZ on gfx942, OCP on gfx950) with descales per
+// tensor or per (sequence, kv head): against float64 on the dequantised inputs, within the rule of
+// tests/kvcache.rs (spec/inference.md §2.5): O within 4× (max) and 3× (mean) the error of a baseline
+// that rounds 2^kPShift · P to the format and O to bf16, plus a floor; the LSE within a bound that
+// includes the matrix cores' accumulation error.
 #include "emu_test.h"
 
 #include <math.h>
@@ -27,7 +33,7 @@ using emu::to_bits;
 enum Kind { kContiguous = 0, kBlockTable = 1, kPageCsr = 2 };
 
 struct Case {
-  int dtype;  // 0 fp16, 1 bf16
+  int dtype;  // 0 fp16, 1 bf16, 2 fp8 (arch::Fp8E4m3)
   int hdim_q, hdim_v;
   int nhead_q, nhead_k;
   bool group;
@@ -38,11 +44,12 @@ struct Case {
   int mask_type;   // 0 none, 2 bottom-right
   int left, right;
   bool write_lse;
+  int scales = 0;  // fp8 descales: 0 none, 1 per tensor (q's absent: 1), 2 per (sequence, kv head)
 };
 
 template <typename T, int D, bool M>
 static void launch(const fmha_kvcache_params& p, const std::function<void(uint32_t, uint32_t, uint32_t)>& before) {
-  using Tile = AmdForwardTile<D>;
+  using Tile = AmdForwardTile<T, D>;
   static_assert(Tile::kThreads == 256, "emulated workgroups have 256 work-items");
   const dim3 grid((p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM, p.nhead_q, p.batch);
   emu::launch(grid, Tile::kLdsBytes, [&] { forward_kernel_amd<T, D, M, fmha_kvcache_params>(p); }, before);
@@ -54,13 +61,20 @@ static void dispatch_masked(const fmha_kvcache_params& p, const std::function<vo
 }
 template <typename T>
 static void dispatch(const fmha_kvcache_params& p, const std::function<void(uint32_t, uint32_t, uint32_t)>& b) {
-  if (p.hdim_bucket == 64) dispatch_masked<T, 64>(p, b); else dispatch_masked<T, 128>(p, b);
+  if constexpr (arch::Element<T>::kBytes == 2) {
+    if (p.hdim_bucket == 64) return dispatch_masked<T, 64>(p, b);
+  }
+  dispatch_masked<T, 128>(p, b);  // fp8: the 128 bucket only
 }
 
+// `Code`: the inputs' element (uint16_t, or uint8_t for fp8); O is 16-bit (bf16 for fp8).
+template <typename Code>
 static bool run_case(const Case& c) {
   const int B = static_cast<int>(c.sq.size()), Hq = c.nhead_q, Hk = c.nhead_k, P = c.page_size;
-  const int bucket = (c.hdim_q > 64 || c.hdim_v > 64) ? 128 : 64;
-  const int dpad = bucket + 8;  // padding columns, poisoned
+  const bool fp8 = c.dtype == 2;
+  const int out_dtype = fp8 ? 1 : c.dtype;
+  const int bucket = (c.hdim_q > 64 || c.hdim_v > 64 || fp8) ? 128 : 64;
+  const int dpad = bucket + 16 / (int)sizeof(Code);  // padding columns (one 16-byte chunk), poisoned
   std::uniform_int_distribution<int> coin(0, 3);
 
   // Pages: sequence b uses n_b = ceil(L_b / P) of them (CONTIGUOUS: one slot each).
@@ -96,10 +110,10 @@ static bool run_case(const Case& c) {
   // Pools: strides of either layout; V's pages are longer than K's in HND cases (other strides).
   const int64_t k_head = c.hnd ? (int64_t)P * dpad : dpad, k_row = c.hnd ? dpad : (int64_t)Hk * dpad;
   const int64_t k_page = (int64_t)P * Hk * dpad;
-  const int64_t v_head = k_head, v_row = k_row, v_page = k_page + (c.hnd ? 8 : 0);
-  std::vector<uint16_t> kpool(num_pages * k_page + 8), vpool(num_pages * v_page + 8);
+  const int64_t v_head = k_head, v_row = k_row, v_page = k_page + (c.hnd ? 16 / (int)sizeof(Code) : 0);
+  std::vector<Code> kpool(num_pages * k_page + 16), vpool(num_pages * v_page + 16);
   std::uniform_real_distribution<float> uni(-1.f, 1.f);
-  auto fill_pool = [&](std::vector<uint16_t>& pool, int64_t page_stride, int64_t head, int64_t row, int hdim) {
+  auto fill_pool = [&](std::vector<Code>& pool, int64_t page_stride, int64_t head, int64_t row, int hdim) {
     for (auto& x : pool) x = nan_bits(c.dtype);
     for (int pg = 0; pg < num_pages; ++pg) {
       if (!referenced[pg]) continue;
@@ -154,7 +168,8 @@ static bool run_case(const Case& c) {
     max_sk = std::max(max_sk, c.sk[b]);
   }
   const int total_q = qstart[B], sq0 = c.sq[0];
-  std::vector<uint16_t> q((size_t)total_q * Hq * dpad + 8), o(q.size());
+  std::vector<Code> q((size_t)total_q * Hq * dpad + 16);
+  std::vector<uint16_t> o(q.size());
   for (size_t i = 0; i < q.size(); ++i) q[i] = (i % dpad) < (size_t)c.hdim_q ? to_bits(c.dtype, uni(rng) * 2.f) : nan_bits(c.dtype);
   for (auto& x : o) x = 0x7c01;  // poison (a NaN in both types' views)
   std::vector<float> lse((size_t)Hq * total_q + 1, 12345.f);  // group [Hq][total]; batch [b][Hq][Sq]
@@ -191,26 +206,47 @@ static bool run_case(const Case& c) {
   p.max_pages_per_seq = c.kind == kBlockTable ? max_pages : 0;
   p.num_page_indices = (int32_t)page_indices.size();
 
+  // fp8 descales: [B][Hk] (per sequence and kv head) or one value (per tensor), in [0.25, 2].
+  std::uniform_real_distribution<float> scale_draw(0.25f, 2.f);
+  std::vector<float> descales[3];  // q, k, v
+  fmha_descale_params* fields[3] = {&p.q_descale, &p.k_descale, &p.v_descale};
+  for (int t = 0; t < 3 && c.scales != 0; ++t) {
+    if (c.scales == 1 && t == 0) continue;  // q's absent: 1
+    descales[t].resize(c.scales == 2 ? (size_t)B * Hk : 1);
+    for (auto& x : descales[t]) x = scale_draw(rng);
+    fields[t]->data = (uint64_t)descales[t].data();
+    fields[t]->batch_stride = c.scales == 2 ? Hk : 0;
+    fields[t]->head_stride = c.scales == 2 ? 1 : 0;
+  }
+  auto descale = [&](int t, int b, int g) {
+    return descales[t].empty() ? 1.0 : (double)descales[t][c.scales == 2 ? (size_t)b * Hk + g : 0];
+  };
+
   // Workgroup (x, h, b) may read the call's arrays, q, its table entries and its pages only.
   auto before = [&](uint32_t, uint32_t, uint32_t z) {
     arch::g_buffers.clear();
     emu::expose(q), emu::expose(o), emu::expose(lse), emu::expose(seqstart_q), emu::expose(seqlen_k);
     emu::expose(kv_indptr), emu::expose(last_page_len), emu::expose(cache_batch_idx);
+    for (auto& d : descales) emu::expose(d);
     const int32_t* table = c.kind == kBlockTable ? block_table.data() : page_indices.data();
     if (entries[z].second > 0) arch::g_buffers.push_back({(const uint8_t*)(table + entries[z].first), (size_t)entries[z].second * 4});
     if (c.sk[z] == 0) return;
     for (int id : ids[z]) {
-      arch::g_buffers.push_back({(const uint8_t*)(kpool.data() + id * k_page), (size_t)k_page * 2});
-      arch::g_buffers.push_back({(const uint8_t*)(vpool.data() + id * v_page), (size_t)v_page * 2});
+      arch::g_buffers.push_back({(const uint8_t*)(kpool.data() + id * k_page), (size_t)k_page * sizeof(Code)});
+      arch::g_buffers.push_back({(const uint8_t*)(vpool.data() + id * v_page), (size_t)v_page * sizeof(Code)});
     }
   };
   if (max_sq > 0) {
-    if (c.dtype == 0) dispatch<arch::Half>(p, before); else dispatch<arch::BFloat16>(p, before);
+    if (c.dtype == 0) dispatch<arch::Half>(p, before);
+    else if (c.dtype == 1) dispatch<arch::BFloat16>(p, before);
+    else dispatch<arch::Fp8E4m3>(p, before);
   }
 
   // Reference (spec/inference.md §1.1, §1.6) and checks.
   const double tol = c.dtype == 0 ? 4e-3 : 2.5e-2;
-  double max_err = 0, max_lse_err = 0;
+  const double shift = ldexp(1.0, (int)arch::Element<arch::Fp8E4m3>::kPShift);
+  double max_err = 0, max_lse_err = 0, base_max = 0, err_sum = 0, base_sum = 0;
+  size_t count = 0;
   int bad = 0;
   std::vector<char> written_o(o.size(), 0), written_lse(lse.size(), 0);
   for (int b = 0; b < B; ++b) {
@@ -218,29 +254,46 @@ static bool run_case(const Case& c) {
     const int64_t off = (int64_t)L - sq;
     for (int h = 0; h < Hq; ++h) {
       const int g = h / (Hq / Hk);
+      const double dq = descale(0, b, g), dk = descale(1, b, g), dv = descale(2, b, g);
       for (int i = 0; i < sq; ++i) {
         const size_t qrow = (size_t)qstart[b] + i;  // batch mode: b · Sq + i, the same
         std::vector<double> s(L, -INFINITY);
-        double m = -INFINITY;
+        double m = -INFINITY, abs_dot = 0;
         for (int j = 0; j < L; ++j) {
           const bool kept = c.mask_type == 0 ||
                             ((c.left < 0 || j >= i + off - c.left) && (c.right < 0 || j <= i + off + c.right));
           if (!kept) continue;
-          double dot = 0;
-          for (int e = 0; e < c.hdim_q; ++e) dot += (double)from_bits(c.dtype, q[(qrow * Hq + h) * dpad + e]) * k_at(b, j, g, e);
+          double dot = 0, abs = 0;
+          for (int e = 0; e < c.hdim_q; ++e) {
+            const double x = from_bits(c.dtype, q[(qrow * Hq + h) * dpad + e]) * dq * k_at(b, j, g, e) * dk;
+            dot += x, abs += fabs(x);
+          }
+          abs_dot = std::max(abs_dot, abs);
           s[j] = dot * scale;
           m = std::max(m, s[j]);
         }
         double l = 0;
         for (int j = 0; j < L; ++j) if (s[j] != -INFINITY) l += exp(s[j] - m);
         for (int e = 0; e < c.hdim_v; ++e) {
-          double acc = 0;
-          for (int j = 0; j < L && l > 0; ++j) if (s[j] != -INFINITY) acc += exp(s[j] - m) / l * v_at(b, j, g, e);
+          double acc = 0, low = 0;
+          for (int j = 0; j < L && l > 0; ++j) {
+            if (s[j] == -INFINITY) continue;
+            const double pj = exp(s[j] - m), vj = v_at(b, j, g, e) * dv;
+            acc += pj / l * vj;
+            // The baseline: P rounded to fp8 as 2^kPShift · P (against the final max), O to bf16.
+            if (fp8) low += from_bits(2, to_bits(2, (float)(pj * shift))) / shift / l * vj;
+          }
           const size_t at = (qrow * Hq + h) * dpad + e;
           written_o[at] = 1;
-          const float got = from_bits(c.dtype, o[at]);
+          const float got = from_bits(out_dtype, o[at]);
           const double err = fabs(got - acc);
-          if (!(err <= tol) && bad++ < 5) printf("    O mismatch b%d h%d i%d d%d: got %g want %g\n", b, h, i, e, got, acc);
+          if (fp8) {
+            const double base = fabs(from_bits(1, to_bits(1, (float)low)) - acc);
+            base_max = std::max(base_max, base), base_sum += base, err_sum += err, ++count;
+            if (err != err && bad++ < 5) printf("    O NaN b%d h%d i%d d%d\n", b, h, i, e);
+          } else if (!(err <= tol) && bad++ < 5) {
+            printf("    O mismatch b%d h%d i%d d%d: got %g want %g\n", b, h, i, e, got, acc);
+          }
           if (err > max_err || err != err) max_err = err;
         }
         if (c.write_lse) {
@@ -248,7 +301,11 @@ static bool run_case(const Case& c) {
           written_lse[at] = 1;
           const double want = l > 0 ? m + log(l) : -INFINITY;
           const double got = lse[at];
-          const bool ok = want == -INFINITY ? got == -INFINITY : fabs(got - want) <= 2e-3 + 1e-4 * fabs(want);
+          // fp8: plus the accumulation error of the matrix cores' fp8 dot products (tests/kvcache.rs:
+          // 2^-13 of the sum of the products' magnitudes; none in this emulation, which sums in fp32).
+          const double accumulation = fp8 ? ldexp(scale * abs_dot, -13) : 0.0;
+          const bool ok = want == -INFINITY ? got == -INFINITY
+                                            : fabs(got - want) <= 2e-3 + 1e-4 * fabs(want) + accumulation;
           if (!ok && bad++ < 5) printf("    LSE mismatch b%d h%d i%d: got %g want %g\n", b, h, i, got, want);
           if (want != -INFINITY && fabs(got - want) > max_lse_err) max_lse_err = fabs(got - want);
         }
@@ -259,6 +316,12 @@ static bool run_case(const Case& c) {
   for (size_t i = 0; i < o.size(); ++i) if (!written_o[i] && o[i] != 0x7c01) ++stray;
   for (size_t i = 0; i < lse.size(); ++i) if (!written_lse[i] && lse[i] != 12345.f) ++stray;
   if (stray) printf("    %zu elements written outside the output region\n", stray);
+  if (fp8 && count > 0) {
+    // tests/kvcache.rs: max within 4× the baseline's plus 2^-6, mean within 3× plus 2^-8.
+    const double mean = err_sum / count, base_mean = base_sum / count;
+    printf("    fp8: max |dO| %.2e (baseline %.2e), mean %.2e (baseline %.2e)\n", max_err, base_max, mean, base_mean);
+    if (!(max_err <= 4 * base_max + ldexp(1.0, -6)) || !(mean <= 3 * base_mean + ldexp(1.0, -8))) ++bad;
+  }
   return bad == 0 && stray == 0 && (printf("    max |dO| %.2e, max |dLSE| %.2e\n", max_err, max_lse_err), true);
 }
 
@@ -288,17 +351,30 @@ int main(int argc, char** argv) {
     add({dtype, 64, 64, 4, 1, true, {30, 0, 66}, {250, 10, 1}, kContiguous, 256, false, 2, -1, 0, true});
     add({dtype, 128, 64, 2, 2, false, {33, 33}, {70, 0}, kContiguous, 100, true, 0, -1, -1, true});
   }
+  // fp8 (the 128 bucket): descales per tensor (1), per (sequence, kv head) (2) or none, pages of one key,
+  // of part of a tile, of whole tiles and of none (64 = the tile), masks, GQA, both table kinds.
+  add({2, 128, 128, 4, 2, true, {37, 0, 70}, {150, 90, 0}, kBlockTable, 1, false, 2, -1, 0, true, 2});
+  add({2, 128, 96, 2, 1, true, {65, 20}, {200, 31}, kPageCsr, 16, true, 0, -1, -1, true, 1});
+  add({2, 112, 128, 2, 2, true, {9, 130}, {101, 130}, kBlockTable, 16, false, 2, 20, 3, true, 2});
+  add({2, 128, 128, 3, 1, true, {70, 1, 0}, {260, 129, 60}, kPageCsr, 128, false, 2, -1, 0, true, 2});
+  add({2, 128, 128, 2, 1, true, {40, 3}, {190, 97}, kBlockTable, 64, true, 0, -1, -1, true, 1});
+  add({2, 128, 128, 2, 2, false, {17, 17}, {300, 5}, kPageCsr, 5, false, 2, -1, 0, true, 0});
+  add({2, 128, 64, 4, 1, true, {30, 66}, {250, 1}, kContiguous, 256, false, 2, -1, 0, true, 2});
+  // Head dims below the bucket (multiples of 16 bytes): padding chunks read as zeros.
+  add({2, 48, 32, 4, 2, true, {20, 45}, {77, 130}, kBlockTable, 3, true, 2, -1, 0, true, 1});
   int failed = 0;
   for (size_t n = 0; n < cases.size(); ++n) {
     const Case& c = cases[n];
     std::string lens;
     for (size_t b = 0; b < c.sq.size(); ++b) lens += std::to_string(c.sq[b]) + "x" + std::to_string(c.sk[b]) + " ";
     const char* kinds[] = {"contiguous", "block_table", "page_csr"};
-    printf("case %zu: %s hq%d hv%d h%d/%d %s %s page %d %s mask %d (%d,%d) lens %s\n", n, c.dtype ? "bf16" : "fp16",
+    const char* dtype_names[] = {"fp16", "bf16", "fp8"};
+    printf("case %zu: %s hq%d hv%d h%d/%d %s %s page %d %s mask %d (%d,%d) lens %s\n", n, dtype_names[c.dtype],
            c.hdim_q, c.hdim_v, c.nhead_q, c.nhead_k, c.group ? "group" : "batch", kinds[c.kind], c.page_size,
            c.hnd ? "HND" : "NHD", c.mask_type, c.left, c.right, lens.c_str());
+    if (c.scales != 0) printf("  descales %s\n", c.scales == 1 ? "per tensor" : "per (sequence, kv head)");
     fflush(stdout);
-    if (!run_case(c)) {
+    if (!(c.dtype == 2 ? run_case<uint8_t>(c) : run_case<uint16_t>(c))) {
       printf("  FAILED\n");
       ++failed;
     }

@@ -21,6 +21,11 @@
 // computes exactly their two 32x32x8 MFMAs (lane half h supplies k = 8s + 4h + e as its k = 8h + e,
 // and k = 8(s+1) + 4h + e as 8h + 4 + e, in A and B alike). The mainloops are written in 32x32x8
 // fragments; `mma2` is one instruction on gfx950 and two on gfx942.
+//
+// v_mfma_f32_32x32x16_fp8_fp8 (fp8 e4m3 A and B; gfx942 reads the FNUZ encoding, gfx950 the OCP one) has
+// the same C and 8 one-byte elements per lane in A and B: A[l % 32][8h + e], e = 0..7. Its A and B
+// fragments are 8 bytes, like a 32x32x8 16-bit one, so the mainloops, written in 8-byte fragments of
+// rows of bytes, are the same for both widths: a 16-bit fragment is 4 elements of k, an 8-bit one 8.
 #pragma once
 
 #include "arch/platform.h"
@@ -171,15 +176,23 @@ __device__ inline float exact_exp2(float x) { return __builtin_exp2f(x); }
 
 __device__ inline float exact_log2(float x) { return __builtin_log2f(x); }
 
-// The 16-bit input types (tags; tensors are arrays of uint16_t): conversion from fp32 and the MFMA.
+// The input types (tags; tensors are arrays of uint16_t or uint8_t): conversion from fp32 and the MFMA.
+// `Output`: the type of O; `kPShift`: P is rounded to the input type as 2^kPShift · P (fp8: P in [0, 1]
+// would waste the format's upper binades and lose its small values to underflow).
 struct Half {};
 struct BFloat16 {};
+// fp8 e4m3 in the architecture's encoding: FNUZ on gfx942 (bias 8, largest 240), OCP e4m3fn on gfx950
+// (bias 7, largest 448).
+struct Fp8E4m3 {};
 
 template <typename T>
 struct Element;
 
 template <>
 struct Element<Half> {
+  static constexpr int kBytes = 2;
+  static constexpr float kPShift = 0.f;
+  typedef Half Output;
   typedef _Float16 h4 __attribute__((ext_vector_type(4)));
   typedef _Float16 h8 __attribute__((ext_vector_type(8)));
 
@@ -202,6 +215,9 @@ struct Element<Half> {
 
 template <>
 struct Element<BFloat16> {
+  static constexpr int kBytes = 2;
+  static constexpr float kPShift = 0.f;
+  typedef BFloat16 Output;
   typedef short s4 __attribute__((ext_vector_type(4)));
   typedef __bf16 b8 __attribute__((ext_vector_type(8)));
 
@@ -223,11 +239,55 @@ struct Element<BFloat16> {
   }
 };
 
-// Four fp32 values rounded to T: one A/B fragment (element e in bits 16e..16e+15).
+template <>
+struct Element<Fp8E4m3> {
+  static constexpr int kBytes = 1;
+  // 2^8 · P <= 256 < 448 (OCP); FNUZ's largest value is 240, so 2^7 there (CK's block scale does the same).
+#if defined(__gfx950__)
+  static constexpr float kPShift = 8.f;
+#else
+  static constexpr float kPShift = 7.f;
+#endif
+  typedef BFloat16 Output;
+
+  // Eight fp32 values rounded to nearest even (v_cvt_pk_fp8_f32; |x| <= 2^kPShift, so never out of
+  // range): one A/B fragment, element e in bits 8e..8e+7.
+  __device__ static u32x2 pack8(const float* x) {
+    u32x2 f;
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+      int word = __builtin_amdgcn_cvt_pk_fp8_f32(x[4 * w], x[4 * w + 1], 0, false);
+      word = __builtin_amdgcn_cvt_pk_fp8_f32(x[4 * w + 2], x[4 * w + 3], word, true);
+      f[w] = static_cast<uint32_t>(word);
+    }
+    return f;
+  }
+  __device__ static void mma(f32x16& c, u32x2 a, u32x2 b) {
+    c = __builtin_amdgcn_mfma_f32_32x32x16_fp8_fp8(__builtin_bit_cast(long, a), __builtin_bit_cast(long, b), c, 0, 0,
+                                                    0);
+  }
+  __device__ static void mma2(f32x16& c, u32x2 a0, u32x2 a1, u32x2 b0, u32x2 b1) {
+    mma(c, a0, b0);
+    mma(c, a1, b1);
+  }
+};
+
+// Four fp32 values rounded to a 16-bit T: one A/B fragment (element e in bits 16e..16e+15).
 template <typename T>
 __device__ inline u32x2 pack4(float x0, float x1, float x2, float x3) {
   using E = Element<T>;
   return u32x2{E::bits(x0) | (E::bits(x1) << 16), E::bits(x2) | (E::bits(x3) << 16)};
+}
+
+// Registers r0 .. r0 + 8 / kBytes - 1 of an accumulator rounded to T: one 8-byte A/B fragment.
+template <typename T>
+__device__ inline u32x2 fragment(const f32x16& x, int r0) {
+  if constexpr (Element<T>::kBytes == 1) {
+    const float y[8] = {x[r0], x[r0 + 1], x[r0 + 2], x[r0 + 3], x[r0 + 4], x[r0 + 5], x[r0 + 6], x[r0 + 7]};
+    return Element<T>::pack8(y);
+  } else {
+    return pack4<T>(x[r0], x[r0 + 1], x[r0 + 2], x[r0 + 3]);
+  }
 }
 
 }  // namespace arch

@@ -12,6 +12,8 @@ namespace fmha {
 
 template <typename Tile>
 struct AmdKeyValueTiles<fmha_fwd_params, Tile> {
+  // The dense forward's inputs are 16-bit: no descales.
+  static constexpr float qk_descale = 1.f, v_descale = 1.f;
   BatchRows rows;
   const uint16_t* k;  // row 0 of the sequence at this kv head
   const uint16_t* v;

@@ -13,7 +13,7 @@ namespace fmha {
 // host needs only the workgroup shape.
 template <typename T, int kHeadDim, bool kMasked, typename Params>
 int32_t launch_forward(const Params& p, hipStream_t stream) {
-  using Tile = AmdForwardTile<kHeadDim>;
+  using Tile = AmdForwardTile<T, kHeadDim>;
   const dim3 grid((p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM, p.nhead_q, p.batch);
   forward_kernel_amd<T, kHeadDim, kMasked, Params><<<grid, Tile::kThreads, 0, stream>>>(p);
   return static_cast<int32_t>(hipGetLastError());
@@ -30,7 +30,12 @@ int32_t dispatch_forward(const Params& p, hipStream_t stream) {
   }
   switch (p.hdim_bucket) {
     case 64:
-      return p.masked ? launch_forward<T, 64, true>(p, stream) : launch_forward<T, 64, false>(p, stream);
+      // fp8 has the 128-dim shape only (rows of 128 bytes; fwd/amd/tile.h); the registry lists no other.
+      if constexpr (arch::Element<T>::kBytes == 2) {
+        return p.masked ? launch_forward<T, 64, true>(p, stream) : launch_forward<T, 64, false>(p, stream);
+      } else {
+        return 1;  // hipErrorInvalidValue
+      }
     case 128:
       return p.masked ? launch_forward<T, 128, true>(p, stream) : launch_forward<T, 128, false>(p, stream);
     default:

@@ -14,6 +14,10 @@
 // domain, O += P·V. Fully masked tiles are never visited; rows with no kept key get O = 0 and
 // LSE = -inf.
 //
+// fp8 e4m3 inputs (the kv-cache's; the architecture's encoding, arch::Fp8E4m3) take the same path in
+// rows of bytes (fwd/amd/tile.h): 8-bit MFMAs, Pᵀ rounded to fp8 as 2^kPShift · P, the descales of q
+// and k folded into the softmax scale and v's into the normalisation, O in bf16.
+//
 // The kernel is its tile (fwd/amd/tile.h: the workgroup's shape and LDS layout), its K/V copy
 // (fwd/amd/copy.h: global → registers → LDS), its mainloop (fwd/amd/mainloop.h: one K/V tile for one
 // wave) and, at the end of forward_kernel_amd below, the epilogue (normalise O, store O and the LSE).
@@ -34,7 +38,7 @@ namespace fmha {
 
 // Where a call's K and V tiles come from, per parameter block: `rows` (the sequence's query rows and
 // KV length, from the constructor), `at_head(p, hk)` (the kv head, once the workgroup has rows to
-// compute), `start(j0)` before the first tile and `load(copy, j0, valid_rows)`, which loads the tiles
+// compute; after it, `qk_descale` and `v_descale` are the fp8 descales, 1 for other inputs), `start(j0)` before the first tile and `load(copy, j0, valid_rows)`, which loads the tiles
 // of keys j0.. into the copy's registers (called by every thread with j0 = first, first + N, ..., in
 // uniform control flow).
 // fwd/amd/dense_tiles.h: dense tensors (fmha_fwd_params); kvcache/amd/paged_tiles.h: a paged pool
@@ -43,9 +47,10 @@ template <typename Params, typename Tile>
 struct AmdKeyValueTiles;
 
 template <typename T, int kHeadDim, bool kMasked, typename Params>
-__global__ void __launch_bounds__(AmdForwardTile<kHeadDim>::kThreads) FMHA_AMD_MIN_WAVES_PER_SIMD(2)
+__global__ void __launch_bounds__((AmdForwardTile<T, kHeadDim>::kThreads)) FMHA_AMD_MIN_WAVES_PER_SIMD(2)
     forward_kernel_amd(Params p) {
-  using Tile = AmdForwardTile<kHeadDim>;
+  using Tile = AmdForwardTile<T, kHeadDim>;
+  using E = arch::Element<T>;
   constexpr int M = Tile::kBlockM, N = Tile::kBlockN, kDimBlocks = Tile::kDim / 32;
   constexpr uint32_t kKV = Tile::kKVBytes, kVTiles = 2 * kKV;  // Vᵀ stages follow the two K stages
   __shared__ __attribute__((aligned(16))) uint8_t lds_bytes[Tile::kLdsBytes];
@@ -64,8 +69,8 @@ __global__ void __launch_bounds__(AmdForwardTile<kHeadDim>::kThreads) FMHA_AMD_M
   kv.at_head(p, h / (p.nhead_q / p.nhead_k));
   const int64_t batch = p.group_mode ? 0 : b;
 
-  const uint16_t* q = arch::global_pointer<const uint16_t>(p.q) + batch * p.q_batch_stride + h * p.q_head_stride +
-                      (rows.q_start + i0) * p.q_row_stride;
+  const uint8_t* q = arch::global_pointer<const uint8_t>(p.q) +
+                     (batch * p.q_batch_stride + h * p.q_head_stride + (rows.q_start + i0) * p.q_row_stride) * E::kBytes;
 
   // Keys that any row of this tile keeps: [key_lo, key_hi); tiles outside are never visited.
   const ResolvedMask mask = resolve_mask(p.mask_type, p.window_left, p.window_right, rows.sq, rows.sk);
@@ -88,11 +93,14 @@ __global__ void __launch_bounds__(AmdForwardTile<kHeadDim>::kThreads) FMHA_AMD_M
   LaneState<Tile> st;
   {
     const bool valid = row < rows.sq;
-    const uint32_t offset = static_cast<uint32_t>(((wave * 32 + lane32) * p.q_row_stride + 4 * half) * 2);
+    // Fragment k8: bytes 16 k8 + 8 half .. + 7 of the row, elements kElements k8 + kElements / 2 half ...
+    constexpr int kElements = 16 / E::kBytes;
+    const uint32_t offset =
+        static_cast<uint32_t>(((wave * 32 + lane32) * p.q_row_stride + kElements / 2 * half) * E::kBytes);
 #pragma unroll
-    for (int k8 = 0; k8 < Tile::kDim / 8; ++k8) {
-      const bool load = valid && 8 * k8 + 4 * half < p.hdim_q;
-      const arch::u32x2 x = arch::global_load_8(reinterpret_cast<const uint8_t*>(q) + (load ? offset + 16 * k8 : 0u));
+    for (int k8 = 0; k8 < Tile::kRowBytes / 16; ++k8) {
+      const bool load = valid && kElements * k8 + kElements / 2 * half < p.hdim_q;
+      const arch::u32x2 x = arch::global_load_8(q + (load ? offset + 16 * k8 : 0u));
       st.q[k8] = load ? x : arch::u32x2(0u);
     }
   }
@@ -125,6 +133,7 @@ __global__ void __launch_bounds__(AmdForwardTile<kHeadDim>::kThreads) FMHA_AMD_M
   interior_hi = interior_hi < -1 ? -1 : interior_hi;
   const int interior_first = static_cast<int>(interior_lo), interior_last = static_cast<int>(interior_hi);
   const IndexRange keys = keys_of_row<kMasked>(mask, row, rows.sk);
+  const float scale_log2 = p.scale_log2 * kv.qk_descale;
 
   for (int jt = first_tile; jt < end_tile; ++jt) {
     const uint32_t stage = static_cast<uint32_t>((jt - first_tile) & 1) * kKV;
@@ -137,7 +146,7 @@ __global__ void __launch_bounds__(AmdForwardTile<kHeadDim>::kThreads) FMHA_AMD_M
     const int j0 = jt * N;
     const bool edge = j0 < interior_first || j0 + N - 1 > interior_last;
     const uint32_t k_base = stage + k_lane, v_base = kVTiles + stage + v_lane;
-    attend_tile<Tile, T>(st, lds, k_base, v_base, p.scale_log2, edge, kept_range<N>(keys, j0 + 4 * half));
+    attend_tile<Tile, T>(st, lds, k_base, v_base, scale_log2, edge, kept_range<N>(keys, j0 + 4 * half));
 
     // The other stage was last read before the previous barrier; the barrier below publishes it.
     if (more) copy.store(lds, kKV - stage, kVTiles + kKV - stage, next_valid, p.hdim_q, p.hdim_v);
@@ -150,7 +159,7 @@ __global__ void __launch_bounds__(AmdForwardTile<kHeadDim>::kThreads) FMHA_AMD_M
   const float sum = arch::halves_sum(st.row_sum);
   if (row >= rows.sq) return;
   const Params& out = arch::reloaded(p);
-  const float inverse = sum > 0.f ? 1.f / sum : 0.f;
+  const float inverse = sum > 0.f ? kv.v_descale / sum : 0.f;
   uint16_t* out_row = arch::global_pointer<uint16_t>(out.o) + batch * out.o_batch_stride + h * out.o_head_stride +
                       (rows.q_start + row) * out.o_row_stride;
 #pragma unroll
@@ -160,16 +169,18 @@ __global__ void __launch_bounds__(AmdForwardTile<kHeadDim>::kThreads) FMHA_AMD_M
       const int col = db * 32 + 8 * g + 4 * half;  // 4 consecutive dims: registers 4g .. 4g + 3
       if (col < out.hdim_v) {
         const arch::f32x16& o = st.o[db];
-        arch::global_store_8(out_row + col, arch::pack4<T>(o[4 * g] * inverse, o[4 * g + 1] * inverse,
+        arch::global_store_8(out_row + col, arch::pack4<typename E::Output>(o[4 * g] * inverse, o[4 * g + 1] * inverse,
                                                            o[4 * g + 2] * inverse, o[4 * g + 3] * inverse));
       }
     }
   }
   float* lse = arch::global_pointer<float>(out.lse);
   if (lse != nullptr && half == 0) {
-    // LSE = ln(Σ exp(scale · S)) = (scale_log2 · max + log2 Σ) · ln 2
+    // LSE = ln(Σ exp(scale · S)) = (scale_log2 · max + log2 Σ) · ln 2, Σ in units of 2^-kPShift
     const float natural =
-        sum > 0.f ? (st.row_max * out.scale_log2 + arch::exact_log2(sum)) * 0.69314718055994531f : -__builtin_inff();
+        sum > 0.f ? (st.row_max * (out.scale_log2 * kv.qk_descale) + (arch::exact_log2(sum) - E::kPShift)) *
+                        0.69314718055994531f
+                  : -__builtin_inff();
     lse[(out.group_mode ? 0 : b * out.lse_batch_stride) + h * out.lse_head_stride + rows.q_start + row] = natural;
   }
 }

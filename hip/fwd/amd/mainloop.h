@@ -12,7 +12,7 @@ namespace fmha {
 // 32-dim block) and the online softmax statistics (exp2 domain of unscaled scores: max is of raw S).
 template <typename Tile>
 struct LaneState {
-  arch::u32x2 q[Tile::kDim / 8];      // B fragment of the 8-dim step k8: dims 8 k8 + 4 half + 0..3
+  arch::u32x2 q[Tile::kRowBytes / 16];  // B fragment of the 16-byte step k8: bytes 16 k8 + 8 half + 0..7
   arch::f32x16 o[Tile::kDim / 32];    // Oᵀ block db: dims 32 db + 8 (r / 4) + 4 half + r % 4
   float row_max, row_sum;             // row_sum: this half's keys only, until the end
 };
@@ -20,21 +20,24 @@ struct LaneState {
 // One K/V tile for one wave: Sᵀ = K·Qᵀ, mask (edge tiles only), online softmax, Oᵀ += Vᵀ·Pᵀ.
 // `k_base` / `v_base`: LDS offsets of the tile plus this lane's swizzled(lane % 32, half) base;
 // `edge`: the tile needs per-element checks, against `kept` (a uniform branch around the checks only,
-// so that both kinds of tile share one body and one register assignment).
+// so that both kinds of tile share one body and one register assignment). P enters Oᵀ += Vᵀ·Pᵀ and the
+// row sum as 2^kPShift · P (arch::Element); the epilogue removes the factor from the LSE.
 template <typename Tile, typename T>
 __device__ inline void attend_tile(LaneState<Tile>& st, const arch::lds_byte* lds, uint32_t k_base, uint32_t v_base,
                                    float scale_log2, bool edge, KeptRange kept) {
   using E = arch::Element<T>;
   constexpr int N = Tile::kBlockN, D = Tile::kDim, kKeyBlocks = N / 32, kDimBlocks = D / 32;
+  // Accumulator registers (keys of Sᵀ) per 8-byte fragment of Pᵀ: 4 (16-bit) or 8 (8-bit).
+  constexpr int kFragmentKeys = 8 / E::kBytes;
   constexpr uint32_t kKBlockBytes = 32 * Tile::kKUnits * 8, kVBlockBytes = 32 * Tile::kVUnits * 8;
 
-  // Sᵀ block kb: keys 32 kb + 8 (r / 4) + 4 half + r % 4 of this lane's row. Two 8-dim steps per mma2:
-  // units 4 ks + half and 4 ks + 2 + half of key row 32 kb + lane % 32.
+  // Sᵀ block kb: keys 32 kb + 8 (r / 4) + 4 half + r % 4 of this lane's row. 32 bytes of the rows per
+  // mma2: units 4 ks + half and 4 ks + 2 + half of key row 32 kb + lane % 32.
   arch::f32x16 s[kKeyBlocks];
 #pragma unroll
   for (int kb = 0; kb < kKeyBlocks; ++kb) s[kb] = arch::zero_accumulator();
 #pragma unroll
-  for (int ks = 0; ks < D / 16; ++ks) {
+  for (int ks = 0; ks < Tile::kRowBytes / 32; ++ks) {
 #pragma unroll
     for (int kb = 0; kb < kKeyBlocks; ++kb) {
       const arch::u32x2 a0 = arch::lds_load_8(lds, (k_base ^ (ks * 32)) + kb * kKBlockBytes);
@@ -69,26 +72,28 @@ __device__ inline void attend_tile(LaneState<Tile>& st, const arch::lds_byte* ld
 #pragma unroll
   for (int db = 0; db < kDimBlocks; ++db) st.o[db] *= correction;
   // The tile's sum first, then one add into the running sum.
+  const float p_base = base - E::kPShift;
   float tile_sum = 0.f;
 #pragma unroll
   for (int kb = 0; kb < kKeyBlocks; ++kb) {
 #pragma unroll
     for (int r = 0; r < 16; ++r) {
-      s[kb][r] = arch::fast_exp2(__builtin_fmaf(s[kb][r], scale_log2, -base));
+      s[kb][r] = arch::fast_exp2(__builtin_fmaf(s[kb][r], scale_log2, -p_base));
       tile_sum += s[kb][r];
     }
   }
   st.row_sum += tile_sum;
 
-  // Oᵀ += Vᵀ·Pᵀ over 16 keys per mma2: the 8-key steps 2 kp and 2 kp + 1 are registers 8 (kp % 2) ..
-  // 8 (kp % 2) + 7 of Sᵀ block kp / 2 (B fragments), and units 4 kp + half and 4 kp + 2 + half of Vᵀ
-  // row 32 db + lane % 32 (A fragments).
+  // Oᵀ += Vᵀ·Pᵀ over 32 bytes of the Vᵀ rows per mma2 (16 keys of 16 bits, 32 of 8): the B fragments
+  // are registers r0 .. r0 + 2 kFragmentKeys - 1 of the Sᵀ blocks (counted across them), the A
+  // fragments units 4 kp + half and 4 kp + 2 + half of Vᵀ row 32 db + lane % 32, which hold the same
+  // keys in the same order (Tile::v_group_byte).
 #pragma unroll
-  for (int kp = 0; kp < N / 16; ++kp) {
-    const arch::f32x16& p = s[kp / 2];
-    const int r0 = 8 * (kp % 2);
-    const arch::u32x2 b0 = arch::pack4<T>(p[r0], p[r0 + 1], p[r0 + 2], p[r0 + 3]);
-    const arch::u32x2 b1 = arch::pack4<T>(p[r0 + 4], p[r0 + 5], p[r0 + 6], p[r0 + 7]);
+  for (int kp = 0; kp < N * E::kBytes / 32; ++kp) {
+    const arch::f32x16& p = s[kp * 2 * kFragmentKeys / 16];
+    const int r0 = kp * 2 * kFragmentKeys % 16;
+    const arch::u32x2 b0 = arch::fragment<T>(p, r0);
+    const arch::u32x2 b1 = arch::fragment<T>(p, r0 + kFragmentKeys);
 #pragma unroll
     for (int db = 0; db < kDimBlocks; ++db) {
       const arch::u32x2 a0 = arch::lds_load_8(lds, (v_base ^ (kp * 32)) + db * kVBlockBytes);

@@ -8,6 +8,8 @@
 //   * smaller pages: each copy row takes its row's offsets from the lane that resolved it (ds_bpermute)
 //     and loads from a 64-bit address (KVCopy::load_rows), so pools of any size work.
 // Token -> (logical page, row) is a multiply-shift by a reciprocal computed once (any P >= 1).
+// fp8 descales: per tensor or per (sequence, kv head), read once per workgroup; per-page descales
+// have no AMD instance (the launcher refuses them).
 #pragma once
 
 #include "arch/amd/matrix_core.h"
@@ -22,7 +24,7 @@ namespace fmha {
 
 template <typename Tile>
 struct AmdKeyValueTiles<fmha_kvcache_params, Tile> {
-  static constexpr int N = Tile::kBlockN;
+  static constexpr int N = Tile::kBlockN, kBytes = Tile::kBytes;
   static_assert(N <= arch::kWaveSize, "one lane per tile row");
 
   // Table entries through global loads (the CPU emulation checks them like every other access).
@@ -37,13 +39,15 @@ struct AmdKeyValueTiles<fmha_kvcache_params, Tile> {
   // The kernel's parameters: read where used (arch::reloaded), not held in scalar registers across
   // the mainloop, which with the pools' strides and pointers would outgrow them.
   const fmha_kvcache_params& params;
-  int hk = 0;
+  int sequence, hk = 0;  // b, and the kv head
+  // fp8 descales of this sequence and kv head: q's times k's, and v's (1 for 16-bit inputs).
+  float qk_descale = 1.f, v_descale = 1.f;
   // floor(t / P) = (t · reciprocal) >> shift(P) for 0 <= t < 2^31: reciprocal = ceil(2^shift / P) with
   // shift = 31 + ceil(log2 P) (Granlund and Montgomery, Theorem 4.2, N = 31); it fits in 32 bits.
   uint32_t reciprocal;
   int32_t ahead = 0;  // the page of this lane's row of the next tile, loaded one tile ahead
 
-  __device__ AmdKeyValueTiles(const fmha_kvcache_params& p, int b) : params(p) {
+  __device__ AmdKeyValueTiles(const fmha_kvcache_params& p, int b) : params(p), sequence(b) {
     kvcache::Fault ignored = {kvcache::kNoFault, 0, 0};  // the prepare reports faults; kernels clamp
     // Read through generic pointers, hence per-lane to the compiler: the same in every lane.
     const kvcache::Sequence seq = arch::wave_uniform(kvcache::resolve(p, b, ignored));
@@ -56,7 +60,20 @@ struct AmdKeyValueTiles<fmha_kvcache_params, Tile> {
     reciprocal = static_cast<uint32_t>(((uint64_t(1) << shift(page_size)) + page_size - 1) / page_size);
   }
 
-  __device__ void at_head(const fmha_kvcache_params&, int kv_head) { hk = kv_head; }
+  __device__ void at_head(const fmha_kvcache_params& p, int kv_head) {
+    hk = kv_head;
+    if constexpr (kBytes == 1) {
+      qk_descale = descale(p.q_descale) * descale(p.k_descale);
+      v_descale = descale(p.v_descale);
+    }
+  }
+
+  // A uniform descale (per tensor or per (sequence, kv head)); no array means 1.
+  __device__ float descale(const fmha_descale_params& d) const {
+    const float* data = arch::global_pointer<const float>(d.data);
+    return data != nullptr ? __builtin_bit_cast(float, arch::global_load_4(data + sequence * d.batch_stride + hk * d.head_stride))
+                           : 1.f;
+  }
 
   __device__ static uint32_t shift(uint32_t page_size) {
     return 31 + (page_size > 1 ? 32 - __builtin_clz(page_size - 1) : 0);
@@ -90,13 +107,12 @@ struct AmdKeyValueTiles<fmha_kvcache_params, Tile> {
     const fmha_kvcache_params& p = arch::reloaded(params);
     const uint32_t page_size = static_cast<uint32_t>(p.page_size);
     const uint32_t t = token(page_size, j0), u = t - page_of(page_size, t) * page_size;
-    const int64_t k_offset = 2 * (ahead * p.k_batch_stride + u * p.k_row_stride);
-    const int64_t v_offset = 2 * (ahead * p.v_batch_stride + u * p.v_row_stride);
-    const uint8_t* k = arch::global_pointer<const uint8_t>(p.k) + 2 * hk * p.k_head_stride;
-    const uint8_t* v = arch::global_pointer<const uint8_t>(p.v) + 2 * hk * p.v_head_stride;
+    const int64_t k_offset = kBytes * (ahead * p.k_batch_stride + u * p.k_row_stride);
+    const int64_t v_offset = kBytes * (ahead * p.v_batch_stride + u * p.v_row_stride);
+    const uint8_t* k = arch::global_pointer<const uint8_t>(p.k) + kBytes * hk * p.k_head_stride;
+    const uint8_t* v = arch::global_pointer<const uint8_t>(p.v) + kBytes * hk * p.v_head_stride;
     if (whole_tiles(page_size)) {
-      copy.load(reinterpret_cast<const uint16_t*>(k + arch::wave_uniform(k_offset)),
-                reinterpret_cast<const uint16_t*>(v + arch::wave_uniform(v_offset)), valid_rows, p.hdim_q, p.hdim_v);
+      copy.load(k + arch::wave_uniform(k_offset), v + arch::wave_uniform(v_offset), valid_rows, p.hdim_q, p.hdim_v);
     } else {
       auto row_of = [](const uint8_t* pool, int64_t offset, int r) {
         const uint64_t x = static_cast<uint64_t>(offset);

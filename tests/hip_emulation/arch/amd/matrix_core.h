@@ -1,7 +1,7 @@
 // CPU emulation of hip/arch/amd/matrix_core.h: the same interface; MFMA and the lane exchange follow
 // the documented register layouts (l = lane, h = l / 32):
 //   32x32x8 : A[i][k] = lane i + 32 (k / 4), element k % 4; B[k][j] = lane j + 32 (k / 4), element k % 4
-//   32x32x16: A[i][k] = lane i + 32 (k / 8), element k % 8; B likewise (EMU_GFX950)
+//   32x32x16: A[i][k] = lane i + 32 (k / 8), element k % 8; B likewise (16-bit: EMU_GFX950; fp8: both)
 //   C[i][j]  = lane j + 32 ((i / 4) % 2), register 4 (i / 8) + i % 4
 #pragma once
 #include <math.h>
@@ -175,13 +175,13 @@ struct BFloat16 {};
 inline float half_to_float(uint16_t b) { _Float16 h; memcpy(&h, &b, 2); return (float)h; }
 inline float bf16_to_float(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
 
-// One MFMA over the wave: each lane's K elements of A and B (16-bit), k-per-lane kK (4 or 8).
-template <int kK>
-inline void emulate_mfma(f32x16& c, const uint16_t* a, const uint16_t* b, float (*to_float)(uint16_t)) {
+// One MFMA over the wave: each lane's kK elements (codes of `Code`: 16 or 8 bits) of A and B.
+template <int kK, typename Code>
+inline void emulate_mfma(f32x16& c, const Code* a, const Code* b, float (*to_float)(Code)) {
   emu::Wave& w = wave();
   const int l = lane();
-  memcpy(&w.slot[l][0], a, 2 * kK);
-  memcpy(&w.slot[l][8], b, 2 * kK);
+  memcpy(&w.slot[l][0], a, sizeof(Code) * kK);
+  memcpy(&w.slot[l][8], b, sizeof(Code) * kK);
   w.bar.wait();
   f32x16 d = c;
   const int j = l % 32;
@@ -189,9 +189,9 @@ inline void emulate_mfma(f32x16& c, const uint16_t* a, const uint16_t* b, float 
     const int i = 8 * (r / 4) + 4 * (l / 32) + r % 4;
     float acc = 0.f;
     for (int k = 0; k < 2 * kK; ++k) {
-      uint16_t ai, bj;
-      memcpy(&ai, (const uint8_t*)&w.slot[i + 32 * (k / kK)][0] + 2 * (k % kK), 2);
-      memcpy(&bj, (const uint8_t*)&w.slot[j + 32 * (k / kK)][8] + 2 * (k % kK), 2);
+      Code ai, bj;
+      memcpy(&ai, (const uint8_t*)&w.slot[i + 32 * (k / kK)][0] + sizeof(Code) * (k % kK), sizeof(Code));
+      memcpy(&bj, (const uint8_t*)&w.slot[j + 32 * (k / kK)][8] + sizeof(Code) * (k % kK), sizeof(Code));
       acc += to_float(ai) * to_float(bj);
     }
     d[r] += acc;
@@ -202,6 +202,8 @@ inline void emulate_mfma(f32x16& c, const uint16_t* a, const uint16_t* b, float 
 
 template <typename Derived>
 struct MmaOps {
+  static constexpr int kBytes = 2;
+  static constexpr float kPShift = 0.f;
   static void mma(f32x16& c, u32x2 a, u32x2 b) {
     emulate_mfma<4>(c, (const uint16_t*)&a, (const uint16_t*)&b, &Derived::to_float);
   }
@@ -218,10 +220,12 @@ struct MmaOps {
 
 template <typename T> struct Element;
 template <> struct Element<Half> : MmaOps<Element<Half>> {
+  typedef Half Output;
   static uint32_t bits(float x) { _Float16 h = (_Float16)x; uint16_t b; memcpy(&b, &h, 2); return b; }
   static float to_float(uint16_t b) { return half_to_float(b); }
 };
 template <> struct Element<BFloat16> : MmaOps<Element<BFloat16>> {
+  typedef BFloat16 Output;
   static uint32_t bits(float x) {
     uint32_t u; memcpy(&u, &x, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
@@ -230,10 +234,78 @@ template <> struct Element<BFloat16> : MmaOps<Element<BFloat16>> {
   static float to_float(uint16_t b) { return bf16_to_float(b); }
 };
 
+// fp8 e4m3 in the emulated architecture's encoding: gfx942 FNUZ (bias 8, 0x80 the only NaN, no
+// infinity, no -0, largest 240), gfx950 OCP e4m3fn (bias 7, 0x7f / 0xff NaN, no infinity, largest 448).
+struct Fp8E4m3 {};
+#if defined(EMU_GFX950)
+constexpr int kFp8Bias = 7;
+constexpr float kFp8Max = 448.f;
+#else
+constexpr int kFp8Bias = 8;
+constexpr float kFp8Max = 240.f;
+#endif
+
+inline float fp8_to_float(uint8_t b) {
+  const bool fnuz = kFp8Bias == 8;
+  if (fnuz ? b == 0x80 : (b & 0x7f) == 0x7f) return NAN;
+  const int e = (b >> 3) & 15, m = b & 7;
+  const float magnitude = e == 0 ? ldexpf((float)m, 1 - kFp8Bias - 3) : ldexpf(8.f + m, e - kFp8Bias - 3);
+  return (b & 0x80) ? -magnitude : magnitude;
+}
+
+// v_cvt_pk_fp8_f32 without clamp: round to nearest even, subnormals kept. The kernels convert only
+// 2^kPShift · P, within range and not NaN: anything else traps here.
+inline uint8_t fp8_bits(float x) {
+  if (!(fabsf(x) <= kFp8Max)) __builtin_trap();
+  const double a = fabs((double)x);
+  uint32_t code;
+  if (a < ldexp(1.0, 1 - kFp8Bias)) {
+    code = (uint32_t)nearbyint(ldexp(a, kFp8Bias + 2));  // subnormal steps of 2^(-bias-2); 8 = the least normal
+  } else {
+    int e;
+    frexp(a, &e);  // a = f · 2^e, f in [0.5, 1)
+    const uint32_t steps = (uint32_t)nearbyint(ldexp(a, 4 - e));  // 8..16: 1.mmm in eighths
+    code = (uint32_t)(e - 1 + kFp8Bias) * 8 + (steps - 8);  // steps 16 carries into the exponent
+  }
+  if (code == 0) return 0;  // FNUZ has no -0 (0x80 is its NaN); +0 in either
+  return (uint8_t)(code | (x < 0 ? 0x80u : 0u));
+}
+
+template <> struct Element<Fp8E4m3> {
+  static constexpr int kBytes = 1;
+  static constexpr float kPShift = kFp8Bias == 7 ? 8.f : 7.f;
+  typedef BFloat16 Output;
+  static u32x2 pack8(const float* x) {
+    uint8_t b[8];
+    for (int e = 0; e < 8; ++e) b[e] = fp8_bits(x[e]);
+    u32x2 f;
+    memcpy(&f, b, 8);
+    return f;
+  }
+  static float to_float(uint8_t b) { return fp8_to_float(b); }
+  static void mma(f32x16& c, u32x2 a, u32x2 b) {
+    emulate_mfma<8>(c, (const uint8_t*)&a, (const uint8_t*)&b, &to_float);
+  }
+  static void mma2(f32x16& c, u32x2 a0, u32x2 a1, u32x2 b0, u32x2 b1) {
+    mma(c, a0, b0);
+    mma(c, a1, b1);
+  }
+};
+
 template <typename T>
 inline u32x2 pack4(float x0, float x1, float x2, float x3) {
   using E = Element<T>;
   return u32x2{E::bits(x0) | (E::bits(x1) << 16), E::bits(x2) | (E::bits(x3) << 16)};
+}
+
+template <typename T>
+inline u32x2 fragment(const f32x16& x, int r0) {
+  if constexpr (Element<T>::kBytes == 1) {
+    const float y[8] = {x[r0], x[r0 + 1], x[r0 + 2], x[r0 + 3], x[r0 + 4], x[r0 + 5], x[r0 + 6], x[r0 + 7]};
+    return Element<T>::pack8(y);
+  } else {
+    return pack4<T>(x[r0], x[r0 + 1], x[r0 + 2], x[r0 + 3]);
+  }
 }
 
 }  // namespace arch
