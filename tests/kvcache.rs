@@ -578,7 +578,7 @@ fn gpu_lacks(case: &Case) -> Option<&'static str> {
         return Some("kv_scale_granularity");
     }
     // The AMD kernels run unsplit (the heuristic's 0 is allowed); the split tests ask for splits.
-    (ACTIVE_BACKEND == BackendKind::Rocm && (case.splits.0 > 1 || case.splits.1 > 0)).then_some("max_splits")
+    (matches!(arch, Arch::Gfx942 | Arch::Gfx950) && (case.splits.0 > 1 || case.splits.1 > 0)).then_some("max_splits")
 }
 
 /// GPU builds without a device only check the clean failure elsewhere.
