@@ -334,8 +334,19 @@ typedef struct fmha_kvcache_traits {
   int32_t total_q;
   int32_t max_seqlen_q;
   int32_t max_seqlen_k;
-  // Split-KV decode bounds (0..=256; 0 = heuristic, 1 = never split) and fixed split length (0 =
-  // adaptive). This version runs every sequence unsplit, which both allow.
+  // Split-KV (decode: few query rows against long caches). A splitting launcher cuts each
+  // sequence's keys into chunks attended in parallel into partial results in the workspace, then
+  // combines them in chunk order (bitwise reproducible for the same call). `max_splits` (0..=256)
+  // bounds the chunks per sequence: 1 never splits; 0 lets the library choose the bound from the
+  // traits and the device's CU count (FA3's rule, with `batch` for the batch: no split when the
+  // tiles of batch × heads × max_seqlen_q query rows fill 80 % of the CUs, or when max_seqlen_k spans
+  // at most 4 key tiles; otherwise the smallest count whose wave efficiency is within 85 % of the
+  // best). A launcher whose calls have far fewer sequences than `batch` should set max_splits.
+  // Within the bound, the prepare picks the chunk length of each call from its lengths (the
+  // call's work over the CUs, plus 10 %). `kv_split_tokens` > 0 fixes the chunk length instead
+  // (rounded up to whole key tiles), so that a sequence's result depends on its own length only
+  // (batch invariance); max_seqlen_k must then fit in max_splits (or 256) chunks. AMD builds run
+  // unsplit (they refuse max_splits > 1).
   int32_t max_splits;
   int32_t kv_split_tokens;
   // 0 or 1: the prepare checks every page id the sequences use, not only their lengths.
@@ -416,9 +427,10 @@ typedef struct fmha_kvcache_args {
   struct fmha_scale q_descale;
   struct fmha_scale k_descale;
   struct fmha_scale v_descale;
-  // 16-byte aligned, `fmha_kvcache_launcher_workspace_size` bytes: written by the prepare, read by
-  // `_check`. A prefill run reads nothing from it (NULL allowed there). `workspace_size` 0 skips the
-  // size check.
+  // 16-byte aligned, `fmha_kvcache_launcher_workspace_size` bytes: written by the prepare (fault
+  // record, split plan), read by `_check`. A splitting launcher's run writes partial results into it
+  // and reads the plan (a workspace no prepare wrote runs unsplit); an unsplit run reads nothing from
+  // it (NULL allowed there). `workspace_size` 0 skips the size check.
   void *workspace;
   size_t workspace_size;
 } fmha_kvcache_args;
@@ -542,7 +554,9 @@ fmha_status fmha_kvcache_launcher_check(const struct fmha_kvcache_launcher *laun
                                         fmha_stream_t stream);
 
 // One call for bindings: creates a launcher for `traits`, enqueues `args` on `stream`, destroys it.
-// No prepare (use the launcher to have the tables checked).
+// A launcher that splits the KV (see `max_splits`) first enqueues its prepare on `args.workspace`
+// (`fmha_kvcache_workspace_size_upper_bound` bytes), whose faults nothing reports here; an unsplit one
+// runs without a prepare (use the launcher to have the tables checked).
 fmha_status fmha_kvcache_fwd(const struct fmha_kvcache_traits *traits,
                              const struct fmha_kvcache_args *args,
                              fmha_stream_t stream);

@@ -90,11 +90,12 @@ pub struct fmha_kvcache_traits {
     /// traits and the device's CU count (FA3's rule, with `batch` for the batch: no split when the
     /// tiles of batch × heads × max_seqlen_q query rows fill 80 % of the CUs, or when max_seqlen_k spans
     /// at most 4 key tiles; otherwise the smallest count whose wave efficiency is within 85 % of the
-    /// best). A launcher whose calls have far fewer sequences than `batch` should set max_splits. Within the bound, the prepare
-    /// picks the chunk length of each call from its lengths (the call's work over the CUs, plus 10 %).
-    /// `kv_split_tokens` > 0 fixes the chunk length instead (rounded up to whole key tiles), so that a
-    /// sequence's result depends on its own length only (batch invariance); max_seqlen_k must then fit in
-    /// max_splits (or 256) chunks. AMD builds run unsplit (they refuse max_splits > 1).
+    /// best). A launcher whose calls have far fewer sequences than `batch` should set max_splits.
+    /// Within the bound, the prepare picks the chunk length of each call from its lengths (the
+    /// call's work over the CUs, plus 10 %). `kv_split_tokens` > 0 fixes the chunk length instead
+    /// (rounded up to whole key tiles), so that a sequence's result depends on its own length only
+    /// (batch invariance); max_seqlen_k must then fit in max_splits (or 256) chunks. AMD builds run
+    /// unsplit (they refuse max_splits > 1).
     pub max_splits: i32,
     pub kv_split_tokens: i32,
     /// 0 or 1: the prepare checks every page id the sequences use, not only their lengths.
