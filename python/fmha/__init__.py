@@ -8,6 +8,7 @@ with flash-attn's names and semantics.
     wrapper = fmha.BatchPrefillWithPagedKVCacheWrapper(kv_layout="NHD")   # flashinfer's paged prefill
     wrapper.plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, h, h_k, d, page_size, causal=True)
     out = wrapper.run(q, (k_cache, v_cache))                              # per layer, no host sync
+    decode = fmha.BatchDecodeWithPagedKVCacheWrapper(kv_layout="NHD")     # flashinfer's decode (split-KV)
 
 The library is ``$FMHA_LIBRARY``, else ``libfmha.so.0``/``libfmha.so`` next to this package, else the
 system loader's. On a GPU build the tensors are CUDA tensors and the work runs on PyTorch's current
@@ -66,6 +67,7 @@ from ._lib import (  # noqa: F401
     version_number,
 )
 from .kvcache import (  # noqa: F401
+    BatchDecodeWithPagedKVCacheWrapper,
     BatchPrefillWithPagedKVCacheWrapper,
     flash_attn_with_kvcache,
 )
@@ -82,6 +84,7 @@ from .ops import (  # noqa: F401
 __version__ = "0.2.0"
 
 __all__ = [
+    "BatchDecodeWithPagedKVCacheWrapper",
     "BatchPrefillWithPagedKVCacheWrapper",
     "FmhaError",
     "attention",

@@ -682,6 +682,7 @@ class BatchPrefillWithPagedKVCacheWrapper:
         *,
         num_pages=None,
         check_tables=True,
+        num_splits=0,
     ):
         """Plans the batch (flashinfer's ``plan``, same parameters in the same order).
 
@@ -697,7 +698,8 @@ class BatchPrefillWithPagedKVCacheWrapper:
 
         fmha's additions (keywords): ``num_pages``, the pages of the pools :meth:`run` will get (default
         ``max(paged_kv_indices) + 1``): the prepare checks the page ids against it; ``check_tables``: check
-        every page id, not only the lengths (default True).
+        every page id, not only the lengths (default True); ``num_splits``: split-KV (0 = fmha chooses from
+        the plan's shapes and the device, 1 = never split, ``n`` = at most ``n`` chunks per sequence).
 
         Not supported (``NotImplementedError``): ``custom_mask``/``packed_custom_mask``, ``pos_encoding_mode``
         other than ``"NONE"`` (RoPE, ALiBi), ``logits_soft_cap > 0``. ``use_fp16_qk_reduction`` and
@@ -795,7 +797,7 @@ class BatchPrefillWithPagedKVCacheWrapper:
                 total_q=total_q,
                 max_seqlen_q=max_sq,
                 max_seqlen_k=max_sk,
-                max_splits=0,
+                max_splits=max(0, min(int(num_splits or 0), _MAX_SPLITS)),
                 check_tables=int(bool(check_tables)),
             )
 
@@ -1070,3 +1072,56 @@ class BatchPrefillWithPagedKVCacheWrapper:
 
 
 __all__ = ["BatchPrefillWithPagedKVCacheWrapper", "flash_attn_with_kvcache"]
+
+
+class BatchDecodeWithPagedKVCacheWrapper(BatchPrefillWithPagedKVCacheWrapper):
+    """flashinfer's ``BatchDecodeWithPagedKVCacheWrapper`` on fmha: one query token per sequence against a
+    paged KV cache in flashinfer's CSR format, with split-KV (each sequence's keys cut into chunks attended
+    in parallel and combined in a fixed order) where the batch alone does not fill the GPU, and the query
+    heads of one kv head packed into one tile on Hopper.
+
+    :meth:`plan` once per batch layout (host), :meth:`run` per layer (no host synchronization, CUDA-graph
+    safe), :meth:`check` as the prefill wrapper. ``q`` is ``[batch, num_qo_heads, head_dim]``.
+    ``use_tensor_cores`` and flashinfer's other constructor options are accepted and have no effect.
+    """
+
+    def __init__(self, workspace_buffer=None, kv_layout="NHD", use_tensor_cores=False, **_flashinfer_options):
+        super().__init__(workspace_buffer, kv_layout)
+
+    def plan(
+        self,
+        indptr,
+        indices,
+        last_page_len,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
+        page_size,
+        pos_encoding_mode="NONE",
+        window_left=-1,
+        logits_soft_cap=None,
+        q_data_type=torch.float16,
+        kv_data_type=None,
+        data_type=None,
+        sm_scale=None,
+        rope_scale=None,
+        rope_theta=None,
+        non_blocking=True,
+        *,
+        num_pages=None,
+        check_tables=True,
+        num_splits=0,
+    ):
+        """Plans the batch (flashinfer's decode ``plan``, same parameters in the same order; ``data_type``
+        is flashinfer's older name of ``q_data_type``). The keywords are the prefill wrapper's."""
+        _require_tensor("indptr", indptr)
+        batch = indptr.numel() - 1
+        qo_indptr = torch.arange(max(batch, 0) + 1, dtype=torch.int32)
+        super().plan(
+            qo_indptr, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+            pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale, window_left=window_left,
+            logits_soft_cap=logits_soft_cap, q_data_type=q_data_type if data_type is None else data_type,
+            kv_data_type=kv_data_type, num_pages=num_pages, check_tables=check_tables, num_splits=num_splits,
+        )
+
+    begin_forward = plan

@@ -12,6 +12,7 @@ on the CPU.
 
 import inspect
 import math
+import os
 
 import pytest
 import torch
@@ -422,6 +423,62 @@ def test_wrapper(layout, causal, packed):
         assert torch.equal(wrapper.run(q, kv), out)
 
 
+@pytest.fixture
+def many_cus():
+    """The host backend plans split-KV chunks for an H100-sized GPU (its default, one CU per thread,
+    rarely splits); a GPU plans for its own."""
+    if HOST:
+        fmha.library().fmha_host_set_cu_count(132)
+    yield
+    if HOST:
+        fmha.library().fmha_host_set_cu_count(os.cpu_count() or 1)
+
+
+@pytest.mark.parametrize("num_splits", [0, 1, 3, 16])
+def test_decode_wrapper_splits(num_splits, many_cus):
+    """flashinfer's decode wrapper: one token per sequence against long and short paged caches (one empty),
+    split or not; equal to the reference, and the same bits on a rerun (a fixed combine order)."""
+    dtype, h, h_k, d, page_size = torch.bfloat16, 8, 2, 128, 16
+    lengths_k = [1500, 1, 0, 129, 700]
+    ks = [rand(n, h_k, d, dtype=dtype) for n in lengths_k]
+    vs = [rand(n, h_k, d, dtype=dtype) for n in lengths_k]
+    q = rand(len(lengths_k), h, d, dtype=dtype)
+    cache = PagedCache(ks, vs, page_size)
+    indptr, indices, last = cache.csr(lengths_k)
+    wrapper = fmha.BatchDecodeWithPagedKVCacheWrapper(None, "NHD")
+    kvcache_call(
+        lambda: wrapper.plan(indptr, indices, last, h, h_k, d, page_size, q_data_type=dtype, num_splits=num_splits),
+        dtype, d, False,
+    )
+    assert wrapper.check() is None
+    out, lse2 = wrapper.run(q, (cache.k, cache.v), return_lse=True)
+    ref = reference([q[b : b + 1] for b in range(len(lengths_k))], ks, vs, False, (-1, -1), 1 / math.sqrt(d))
+    compare(f"decode num_splits={num_splits}", out, (lse2 * math.log(2)).t(), ref, group=True)
+    again, lse_again = wrapper.run(q, (cache.k, cache.v), return_lse=True)
+    assert torch.equal(again, out) and torch.equal(lse_again, lse2)
+
+
+@pytest.mark.parametrize("num_splits", [0, 1, 4])
+def test_kvcache_decode_splits(num_splits, many_cus):
+    """flash_attn_with_kvcache with few query rows (speculative decoding: 3) and num_splits, block table."""
+    dtype, h, h_k, d, page_size, sq = torch.float16, 4, 1, 64, 16, 3
+    lengths = [2000, 3, 640]
+    ks = [rand(n, h_k, d, dtype=dtype) for n in lengths]
+    vs = [rand(n, h_k, d, dtype=dtype) for n in lengths]
+    q = rand(len(lengths), sq, h, d, dtype=dtype)
+    cache = PagedCache(ks, vs, page_size)
+    lens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    out, lse = kvcache_call(
+        lambda: fmha.flash_attn_with_kvcache(
+            q, cache.k, cache.v, cache_seqlens=lens, page_table=cache.block_table(), causal=True,
+            num_splits=num_splits, return_softmax_lse=True,
+        ),
+        dtype, d, True,
+    )
+    compare(f"kvcache num_splits={num_splits}", out, lse,
+            reference(list(q), ks, vs, True, (-1, -1), 1 / math.sqrt(d)), group=False)
+
+
 def test_wrapper_window_scales_and_preallocated():
     """window_left, sm_scale and flashinfer's float k_scale/v_scale (folded into the softmax scale and
     multiplied into the output for bf16), into preallocated out/lse."""
@@ -624,7 +681,7 @@ def test_signatures(fn):
 
 
 def test_exports():
-    for name in ("flash_attn_with_kvcache", "BatchPrefillWithPagedKVCacheWrapper"):
+    for name in ("flash_attn_with_kvcache", "BatchPrefillWithPagedKVCacheWrapper", "BatchDecodeWithPagedKVCacheWrapper"):
         assert name in fmha.__all__ and getattr(fmha, name).__doc__
     for method in ("plan", "run", "run_return_lse", "check"):
         assert getattr(fmha.BatchPrefillWithPagedKVCacheWrapper, method).__doc__
