@@ -22,13 +22,14 @@
 
 #define FMHA_DTYPE_BF16 1
 
-// Reserved for fp32 outputs of fp8 inputs (`fmha_kvcache_traits.o_dtype`): answers FMHA_ERR_UNSUPPORTED.
+// Reserved for fp32 outputs of fp8 inputs (`o_dtype` of the forward traits): answers FMHA_ERR_UNSUPPORTED.
 #define FMHA_DTYPE_FP32 2
 
 // fp8 e4m3 inputs, by format (the same byte means different values in the two): OCP E4M3FN (NVIDIA
-// sm_90, AMD gfx950; bias 7, max 448) and E4M3FNUZ (AMD gfx942; bias 8, max 240). Only
-// `fmha_kvcache_traits.dtype` takes them so far; their output is bf16. The host backend computes both;
-// a GPU build without a kernel for the format answers FMHA_ERR_UNSUPPORTED (sm_90a: E4M3FN).
+// sm_90, AMD gfx950; bias 7, max 448) and E4M3FNUZ (AMD gfx942; bias 8, max 240). The forward
+// operations take them (`fmha_fwd_traits.dtype`, `fmha_kvcache_traits.dtype`), the backward answers
+// FMHA_ERR_UNSUPPORTED; their output is bf16. The host backend computes both; a GPU build without a
+// kernel for the format answers FMHA_ERR_UNSUPPORTED naming `dtype` (sm_90a: E4M3FN).
 #define FMHA_DTYPE_FP8_E4M3FN 3
 
 #define FMHA_DTYPE_FP8_E4M3FNUZ 4
