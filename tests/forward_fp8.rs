@@ -198,7 +198,7 @@ fn check(case: &Case, format: Fp8Format, scales: Scales, rng: &mut Rng) {
                 let (got, want) = (lse[b][h * sq + i], exact.lse[h * sq + i]);
                 let lse_err = if got == want { 0.0 } else { (got - want).abs() };
                 let allowed = 1e-4 * (1.0 + want.abs())
-                    + fp8_accumulation(problem.scale * abs_dot_max(&qd, &kd, h, i, (hq, hk, sq, sk, dq)));
+                    + fp8_accumulation(dq, problem.scale * abs_dot_max(&qd, &kd, h, i, (hq, hk, sq, sk, dq)));
                 assert!(lse_err <= allowed, "{ctx}: batch {b} head {h} row {i}: LSE {got} vs {want}");
             }
         }

@@ -496,7 +496,7 @@ fn run_case(case: &Case, rng: &mut Rng, ctx: &str) {
                 let (got, want) = (f64::from(lse_out[lse_at]), exact.lse[h * sq + i]);
                 let lse_err = if got == want { 0.0 } else { (got - want).abs() };
                 let accumulation = if fp8 {
-                    fp8_accumulation(problem.scale * abs_dot_max(&q, &k, h, i, (hq, hk, sq, kv, d)))
+                    fp8_accumulation(d, problem.scale * abs_dot_max(&q, &k, h, i, (hq, hk, sq, kv, d)))
                 } else {
                     0.0
                 };

@@ -107,10 +107,13 @@ pub fn abs_dot_max(
 }
 
 /// What fp8 tensor cores may add to a score's (and so the LSE's) error: Hopper's e4m3 wgmma keeps
-/// about 14 bits of the running sum of a dot product (DeepSeek-V3 §3.3.2), so a score may be off by
-/// 2^-13 of `scaled_abs_dot`, the scaled sum of its products' magnitudes.
-pub fn fp8_accumulation(scaled_abs_dot: f64) -> f64 {
-    2f64.powi(-13) * scaled_abs_dot
+/// about 14 bits of the running sum of a dot product (DeepSeek-V3 §3.3.2) and rounds it at every 32-deep
+/// k step, so a score of head dim `d` may be off by ⌈d / 32⌉ · 2^-12 (two of those units per step) of
+/// `scaled_abs_dot`, the scaled sum of its products' magnitudes. The roundings do not cancel when the
+/// products have one sign: an H200 with inputs in [0, 1) and d = 128 gave LSEs low by about 1.4 · 2^-13
+/// per step (2026-11-24, tests/python/test_forward.py::test_fp8_forward).
+pub fn fp8_accumulation(d: usize, scaled_abs_dot: f64) -> f64 {
+    d.div_ceil(32) as f64 * 2f64.powi(-12) * scaled_abs_dot
 }
 
 /// The fp8 output rule (spec/inference.md §2.5): against the float64 reference on the dequantised

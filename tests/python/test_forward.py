@@ -272,13 +272,25 @@ def _fp8_inputs(fp8, shapes, h, h_k, batch):
     return codes, descales, dequantized
 
 
+def _fp8_accumulation(q, k, scale):
+    """[b, h, sq]: what fp8 tensor cores may add to each row's scores and LSE (tests/common/mod.rs's
+    fp8_accumulation): Hopper's e4m3 wgmma keeps about 14 bits of the running sum and rounds it at every
+    32-deep k step, so ceil(d / 32) * 2^-12 of the scaled sum of the products' magnitudes, at the row's
+    largest. With inputs of one sign the roundings add up (an H200, these inputs: LSEs low by about
+    1.4 * 2^-13 per step)."""
+    d = q.shape[-1]
+    k = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
+    abs_dot = torch.einsum("bqhd,bkhd->bhqk", q.abs(), k.abs()).amax(-1)
+    return -(-d // 32) * 2.0**-12 * scale * abs_dot
+
+
 @pytest.mark.parametrize("fp8", FP8, ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("causal", [False, True], ids=["none", "causal"])
 def test_fp8_forward(fp8, causal):
     """flash_attn_func and flash_attn_varlen_func on fp8 q/k/v with FA3's descales: bf16 out against the
     float64 attention of the dequantized inputs (the bound of test_kvcache.test_fp8_descales: P rounded to
     fp8 and O to bf16 stay well under 0.06, a missing or misapplied descale is ~0.5 off); LSE as tight as
-    fp16/bf16's (fp32 scores of the dequantized values)."""
+    fp16/bf16's plus what fp8 tensor cores' accumulation may add (`_fp8_accumulation`)."""
     h, h_k, d, batch, sq, sk = 4, 2, 128, 2, 70, 131
     rows = torch.arange(batch, device=DEVICE)[:, None].expand(batch, sq)
     keys = torch.arange(batch, device=DEVICE)[:, None].expand(batch, sk)
@@ -294,7 +306,10 @@ def test_fp8_forward(fp8, causal):
     keep = keep_mask(sq, sk, *flash_mask(causal, (-1, -1), sk))
     o_ref, lse_ref = attention_ref(q, k, v, keep, 1 / math.sqrt(d))
     assert max_err(out, o_ref) < 0.06, f"fp8 out: max abs error {max_err(out, o_ref):.4f}"
-    assert max_err(lse, lse_ref) < 1e-4 * (1 + lse_ref.abs().max().item())
+    lse_err = (lse.double() - lse_ref).abs()
+    assert (lse_err <= 1e-4 * (1 + lse_ref.abs()) + _fp8_accumulation(q, k, 1 / math.sqrt(d))).all(), (
+        f"fp8 lse: max abs error {lse_err.max().item():.2e}"
+    )
 
     # The same tokens in varlen layout give the same result (one tile loop, same descales per sequence).
     cu = cu_seqlens([sq] * batch)
