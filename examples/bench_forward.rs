@@ -54,6 +54,7 @@ fn main() {
                     mask_type: if causal { FMHA_MASK_BOTTOM_RIGHT } else { FMHA_MASK_NONE },
                     bias_type: FMHA_BIAS_NONE,
                     has_dropout: 0,
+                    o_dtype: 0,
                 };
                 let args = fmha_fwd_args {
                     struct_size: std::mem::size_of::<fmha_fwd_args>(),
@@ -81,6 +82,9 @@ fn main() {
                     scale: 0.0,
                     window_size_left: -1,
                     window_size_right: if causal { 0 } else { -1 },
+                    q_descale: fmha_scale::default(),
+                    k_descale: fmha_scale::default(),
+                    v_descale: fmha_scale::default(),
                 };
                 let (start, end) = (rt.event_create().unwrap(), rt.event_create().unwrap());
                 for _ in 0..5 {

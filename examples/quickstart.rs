@@ -161,6 +161,7 @@ fn main() {
         mask_type: FMHA_MASK_BOTTOM_RIGHT,
         bias_type: FMHA_BIAS_NONE,
         has_dropout: 0,
+        o_dtype: 0,
     };
     let fwd_args = fmha_fwd_args {
         struct_size: std::mem::size_of::<fmha_fwd_args>(),
@@ -183,6 +184,9 @@ fn main() {
         scale: 0.0,
         window_size_left: -1,
         window_size_right: 0,
+        q_descale: fmha_scale::default(),
+        k_descale: fmha_scale::default(),
+        v_descale: fmha_scale::default(),
     };
     check(fmha_fwd(&fwd_traits, &fwd_args, stream), "fmha_fwd");
 

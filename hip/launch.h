@@ -64,6 +64,15 @@ typedef struct fmha_prepare_args {
   struct fmha_prepare_params params;
 } fmha_prepare_args;
 
+// An fp8 descale array on the device: the value for (sequence b, kv head g, physical page p) is
+// `data[b·batch_stride + g·head_stride + p·page_stride]` (fp32); `data` 0 means 1.
+typedef struct fmha_descale_params {
+  uint64_t data;
+  int64_t batch_stride;
+  int64_t head_stride;
+  int64_t page_stride;
+} fmha_descale_params;
+
 // The forward kernels' parameters.
 typedef struct fmha_fwd_params {
   uint64_t q;
@@ -110,22 +119,18 @@ typedef struct fmha_fwd_params {
   int32_t window_right;
   // Softmax scale times log2(e): the kernels work in the exp2 domain.
   float scale_log2;
-  // Instance selection (what the launch stub dispatches on): 0 fp16, 1 bf16.
+  // Instance selection (what the launch stub dispatches on): `FMHA_DTYPE_*` of q, k and v (0 fp16,
+  // 1 bf16, 3 fp8 e4m3fn, whose o is bf16).
   int32_t dtype;
   // The compiled head dim the tiles are sized for.
   int32_t hdim_bucket;
   // The masked instance (any mask type other than none).
   int32_t masked;
+  // fp8 descales per tensor or per (sequence, kv head) (page strides 0; data 0 = 1).
+  struct fmha_descale_params q_descale;
+  struct fmha_descale_params k_descale;
+  struct fmha_descale_params v_descale;
 } fmha_fwd_params;
-
-// An fp8 descale array on the device: the value for (sequence b, kv head g, physical page p) is
-// `data[b·batch_stride + g·head_stride + p·page_stride]` (fp32); `data` 0 means 1.
-typedef struct fmha_descale_params {
-  uint64_t data;
-  int64_t batch_stride;
-  int64_t head_stride;
-  int64_t page_stride;
-} fmha_descale_params;
 
 // The kv-cache kernels' parameters (the forward and the prepare). The q/o/lse fields are named as
 // the forward's, so the forward kernel serves both (`hip/fwd/sm90/kernel.h`).
@@ -213,6 +218,8 @@ typedef struct fmha_kvcache_params {
   uint64_t partial_lse;
   uint64_t partial_o;
   int64_t partial_rows;
+  // 1: the decode tile with packed GQA (each tile row a (query row, query head) pair of one kv head;
+  // the instance's `block_m` rows count those pairs).
   int32_t pack_gqa;
   int32_t pad;
 } fmha_kvcache_params;

@@ -40,7 +40,7 @@ static_assert(offsetof(fmha_prepare_args, workspace) == 0, "fmha_prepare_args.wo
 static_assert(offsetof(fmha_prepare_args, seqstart_q) == 8, "fmha_prepare_args.seqstart_q: offset differs from Rust's");
 static_assert(offsetof(fmha_prepare_args, seqstart_k) == 16, "fmha_prepare_args.seqstart_k: offset differs from Rust's");
 static_assert(offsetof(fmha_prepare_args, params) == 24, "fmha_prepare_args.params: offset differs from Rust's");
-static_assert(sizeof(fmha_fwd_params) == 248, "fmha_fwd_params: size differs from Rust's");
+static_assert(sizeof(fmha_fwd_params) == 344, "fmha_fwd_params: size differs from Rust's");
 static_assert(offsetof(fmha_fwd_params, q) == 0, "fmha_fwd_params.q: offset differs from Rust's");
 static_assert(offsetof(fmha_fwd_params, k) == 8, "fmha_fwd_params.k: offset differs from Rust's");
 static_assert(offsetof(fmha_fwd_params, v) == 16, "fmha_fwd_params.v: offset differs from Rust's");
@@ -80,6 +80,9 @@ static_assert(offsetof(fmha_fwd_params, scale_log2) == 232, "fmha_fwd_params.sca
 static_assert(offsetof(fmha_fwd_params, dtype) == 236, "fmha_fwd_params.dtype: offset differs from Rust's");
 static_assert(offsetof(fmha_fwd_params, hdim_bucket) == 240, "fmha_fwd_params.hdim_bucket: offset differs from Rust's");
 static_assert(offsetof(fmha_fwd_params, masked) == 244, "fmha_fwd_params.masked: offset differs from Rust's");
+static_assert(offsetof(fmha_fwd_params, q_descale) == 248, "fmha_fwd_params.q_descale: offset differs from Rust's");
+static_assert(offsetof(fmha_fwd_params, k_descale) == 280, "fmha_fwd_params.k_descale: offset differs from Rust's");
+static_assert(offsetof(fmha_fwd_params, v_descale) == 312, "fmha_fwd_params.v_descale: offset differs from Rust's");
 static_assert(sizeof(fmha_bwd_params) == 512, "fmha_bwd_params: size differs from Rust's");
 static_assert(offsetof(fmha_bwd_params, q) == 0, "fmha_bwd_params.q: offset differs from Rust's");
 static_assert(offsetof(fmha_bwd_params, k) == 8, "fmha_bwd_params.k: offset differs from Rust's");
@@ -219,6 +222,8 @@ static_assert(offsetof(fmha_kvcache_params, split_plan) == 432, "fmha_kvcache_pa
 static_assert(offsetof(fmha_kvcache_params, partial_lse) == 440, "fmha_kvcache_params.partial_lse: offset differs from Rust's");
 static_assert(offsetof(fmha_kvcache_params, partial_o) == 448, "fmha_kvcache_params.partial_o: offset differs from Rust's");
 static_assert(offsetof(fmha_kvcache_params, partial_rows) == 456, "fmha_kvcache_params.partial_rows: offset differs from Rust's");
+static_assert(offsetof(fmha_kvcache_params, pack_gqa) == 464, "fmha_kvcache_params.pack_gqa: offset differs from Rust's");
+static_assert(offsetof(fmha_kvcache_params, pad) == 468, "fmha_kvcache_params.pad: offset differs from Rust's");
 static_assert(sizeof(fmha_kv_cache_fault) == 32, "fmha_kv_cache_fault: size differs from Rust's");
 static_assert(offsetof(fmha_kv_cache_fault, magic) == 0, "fmha_kv_cache_fault.magic: offset differs from Rust's");
 static_assert(offsetof(fmha_kv_cache_fault, field) == 4, "fmha_kv_cache_fault.field: offset differs from Rust's");

@@ -22,14 +22,15 @@
 
 #define FMHA_DTYPE_BF16 1
 
-// Reserved for fp32 outputs of fp8 inputs (`fmha_kvcache_traits.o_dtype`): answers FMHA_ERR_UNSUPPORTED.
+// Reserved for fp32 outputs of fp8 inputs (`o_dtype` of the forward traits): answers FMHA_ERR_UNSUPPORTED.
 #define FMHA_DTYPE_FP32 2
 
 // fp8 e4m3 inputs, by format (the same byte means different values in the two): OCP E4M3FN (NVIDIA
-// sm_90, AMD gfx950; bias 7, max 448) and E4M3FNUZ (AMD gfx942; bias 8, max 240). Only
-// `fmha_kvcache_traits.dtype` takes them so far; their output is bf16. The host backend computes both;
-// a GPU build has kernels for the device's own format (sm_90a and gfx950: E4M3FN; gfx942: E4M3FNUZ)
-// and answers FMHA_ERR_UNSUPPORTED for the other.
+// sm_90, AMD gfx950; bias 7, max 448) and E4M3FNUZ (AMD gfx942; bias 8, max 240). The forward
+// operations take them (`fmha_fwd_traits.dtype`, `fmha_kvcache_traits.dtype`), the backward answers
+// FMHA_ERR_UNSUPPORTED; their output is bf16. The host backend computes both; a GPU build without a
+// kernel for the format answers FMHA_ERR_UNSUPPORTED naming `dtype` (kv-cache: sm_90a and gfx950
+// E4M3FN, gfx942 E4M3FNUZ; dense forward: sm_90a E4M3FN only).
 #define FMHA_DTYPE_FP8_E4M3FN 3
 
 #define FMHA_DTYPE_FP8_E4M3FNUZ 4
@@ -136,7 +137,8 @@ typedef int32_t fmha_status;
 // Forward dispatch key. Extensible: set `struct_size = sizeof(fmha_fwd_traits)`.
 typedef struct fmha_fwd_traits {
   size_t struct_size;
-  // `FMHA_DTYPE_*` of q, k, v, o.
+  // `FMHA_DTYPE_*` of q, k and v: fp16, bf16, or an fp8 format (`FMHA_DTYPE_FP8_E4M3FN`,
+  // `FMHA_DTYPE_FP8_E4M3FNUZ`: forward only). o has the input type, or `o_dtype` for fp8.
   int32_t dtype;
   int32_t hdim_q;
   int32_t hdim_v;
@@ -148,6 +150,9 @@ typedef struct fmha_fwd_traits {
   int32_t bias_type;
   // 1 requests dropout (not supported yet: answers FMHA_ERR_UNSUPPORTED); 0 or 1.
   int32_t has_dropout;
+  // The output type, read only for fp8 inputs: `FMHA_DTYPE_BF16` (fp32 is reserved). (Read only
+  // then because the first version's size already covered these bytes as padding.)
+  int32_t o_dtype;
 } fmha_fwd_traits;
 
 // A strided tensor `[batch][head][row][column]` in device memory, columns contiguous, strides in
@@ -163,6 +168,19 @@ typedef struct fmha_tensor {
   int64_t head_stride;
   int64_t row_stride;
 } fmha_tensor;
+
+// fp8 descales (device fp32, positive and finite): the descale of (sequence b, kv head g, physical
+// page p) is `data[b * batch_stride + g * head_stride + p * page_stride]`; `data` NULL means 1.
+// Query heads use their kv head's descale. `page_stride` only with `FMHA_KV_SCALE_PAGE` (a kv
+// cache's K and V), where `batch_stride` must be 0; the dense forward's descales are per tensor
+// (strides 0) or per (sequence, kv head). aiter's packed `[num_pages][h_k][2]` tensor is
+// `k = {base, 0, 2, 2 * h_k}`, `v = {base + 1, 0, 2, 2 * h_k}`. Frozen (embedded in other structs).
+typedef struct fmha_scale {
+  const float *data;
+  int64_t batch_stride;
+  int64_t head_stride;
+  int64_t page_stride;
+} fmha_scale;
 
 // Forward arguments. Extensible: set `struct_size = sizeof(fmha_fwd_args)`.
 //
@@ -194,6 +212,11 @@ typedef struct fmha_fwd_args {
   float scale;
   int32_t window_size_left;
   int32_t window_size_right;
+  // fp8 descales, per tensor (strides 0) or per (sequence, kv head) (`page_stride` must be 0); all
+  // zero (NULL data) for fp16/bf16. O = softmax(scale · dq · dk · q̂ k̂ᵀ) · dv · v̂ on the codes q̂, k̂, v̂.
+  struct fmha_scale q_descale;
+  struct fmha_scale k_descale;
+  struct fmha_scale v_descale;
 } fmha_fwd_args;
 
 // A stream: `cudaStream_t` / `hipStream_t` on GPU builds (so framework streams can be passed in),
@@ -352,18 +375,6 @@ typedef struct fmha_kvcache_traits {
   // 0 or 1: the prepare checks every page id the sequences use, not only their lengths.
   int32_t check_tables;
 } fmha_kvcache_traits;
-
-// fp8 descales (device fp32, positive and finite): the descale of (sequence b, kv head g, physical
-// page p) is `data[b * batch_stride + g * head_stride + p * page_stride]`; `data` NULL means 1.
-// Query heads use their kv head's descale. `page_stride` only with `FMHA_KV_SCALE_PAGE` (K and V),
-// where `batch_stride` must be 0. aiter's packed `[num_pages][h_k][2]` tensor is
-// `k = {base, 0, 2, 2 * h_k}`, `v = {base + 1, 0, 2, 2 * h_k}`. Frozen (embedded in other structs).
-typedef struct fmha_scale {
-  const float *data;
-  int64_t batch_stride;
-  int64_t head_stride;
-  int64_t page_stride;
-} fmha_scale;
 
 // kv-cache arguments. Extensible: set `struct_size = sizeof(fmha_kvcache_args)`.
 //

@@ -6,13 +6,14 @@
 /// `fmha_fwd_traits.dtype` / `fmha_bwd_traits.dtype`.
 pub const FMHA_DTYPE_FP16: i32 = 0;
 pub const FMHA_DTYPE_BF16: i32 = 1;
-/// Reserved for fp32 outputs of fp8 inputs (`fmha_kvcache_traits.o_dtype`): answers FMHA_ERR_UNSUPPORTED.
+/// Reserved for fp32 outputs of fp8 inputs (`o_dtype` of the forward traits): answers FMHA_ERR_UNSUPPORTED.
 pub const FMHA_DTYPE_FP32: i32 = 2;
 /// fp8 e4m3 inputs, by format (the same byte means different values in the two): OCP E4M3FN (NVIDIA
-/// sm_90, AMD gfx950; bias 7, max 448) and E4M3FNUZ (AMD gfx942; bias 8, max 240). Only
-/// `fmha_kvcache_traits.dtype` takes them so far; their output is bf16. The host backend computes both;
-/// a GPU build has kernels for the device's own format (sm_90a and gfx950: E4M3FN; gfx942: E4M3FNUZ)
-/// and answers FMHA_ERR_UNSUPPORTED for the other.
+/// sm_90, AMD gfx950; bias 7, max 448) and E4M3FNUZ (AMD gfx942; bias 8, max 240). The forward
+/// operations take them (`fmha_fwd_traits.dtype`, `fmha_kvcache_traits.dtype`), the backward answers
+/// FMHA_ERR_UNSUPPORTED; their output is bf16. The host backend computes both; a GPU build without a
+/// kernel for the format answers FMHA_ERR_UNSUPPORTED naming `dtype` (kv-cache: sm_90a and gfx950
+/// E4M3FN, gfx942 E4M3FNUZ; dense forward: sm_90a E4M3FN only).
 pub const FMHA_DTYPE_FP8_E4M3FN: i32 = 3;
 pub const FMHA_DTYPE_FP8_E4M3FNUZ: i32 = 4;
 

@@ -245,6 +245,15 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
         }
         Arch::Sm90 if cfg!(feature = "cuda") => {
             let mut list = gpu_instances(arch, Operation::Forward, &HALF_DTYPES, &SM90_FORWARD_TILES, "wgmma_cp_async");
+            // fp8 (OCP, the format Hopper's tensor cores take) with the D = 128 shape only, as the
+            // kv cache's; V transposed in shared memory (hip/fwd/sm90/transpose_v.h).
+            list.extend(gpu_instances(
+                arch,
+                Operation::Forward,
+                &[CacheDtype::Fp8(Fp8Format::E4m3fn)],
+                &SM90_FORWARD_TILES[1..],
+                "wgmma_cp_async_vt",
+            ));
             list.extend(gpu_instances(arch, Operation::Backward, &HALF_DTYPES, &SM90_BACKWARD_TILES, "wgmma_cp_async"));
             // The forward kernel with paged K/V tiles (hip/kvcache/kvcache.hip); fp8 in the OCP format
             // (the one Hopper's tensor cores take) with the D = 128 shape only.
@@ -296,17 +305,26 @@ fn amd_instances(arch: Arch, forward: &[(i64, i64, i64)], backward: &[(i64, i64,
     list
 }
 
+/// Every input type of the host backend's forward kernels (dense and kv-cache); its backward takes
+/// the 16-bit ones.
+const HOST_FORWARD_DTYPES: [CacheDtype; 4] = [
+    CacheDtype::Half(Dtype::F16),
+    CacheDtype::Half(Dtype::Bf16),
+    CacheDtype::Fp8(Fp8Format::E4m3fn),
+    CacheDtype::Fp8(Fp8Format::E4m3fnuz),
+];
+
 /// The host backend's instances: every forward and backward tile.
 fn host_instances() -> Vec<Instance> {
     let arch = Arch::Host;
     let mut list = Vec::new();
-    for dtype in [Dtype::F16, Dtype::Bf16] {
+    for dtype in HOST_FORWARD_DTYPES {
         for masked in [false, true] {
             for &(hdim, m0, n0) in &FORWARD_TILES {
                 list.push(Instance {
                     operation: Operation::Forward,
                     arch,
-                    dtype: dtype.into(),
+                    dtype,
                     hdim_q: hdim,
                     hdim_v: hdim,
                     masked,
@@ -321,12 +339,13 @@ fn host_instances() -> Vec<Instance> {
                     max_grid_heads_and_batch: 0,
                 });
             }
+            let CacheDtype::Half(_) = dtype else { continue };
             for deterministic in [false, true] {
                 for &(hdim, m0, n0) in &BACKWARD_TILES {
                     list.push(Instance {
                         operation: Operation::Backward,
                         arch,
-                        dtype: dtype.into(),
+                        dtype,
                         hdim_q: hdim,
                         hdim_v: hdim,
                         masked,
@@ -350,14 +369,8 @@ fn host_instances() -> Vec<Instance> {
 /// The host backend's kv-cache instances: the forward's tiles (so a paged call and a dense one on
 /// the same tokens compute the same tiles), for every input type.
 fn host_kvcache_instances() -> Vec<Instance> {
-    let dtypes = [
-        CacheDtype::Half(Dtype::F16),
-        CacheDtype::Half(Dtype::Bf16),
-        CacheDtype::Fp8(Fp8Format::E4m3fn),
-        CacheDtype::Fp8(Fp8Format::E4m3fnuz),
-    ];
     let mut list = Vec::new();
-    for dtype in dtypes {
+    for dtype in HOST_FORWARD_DTYPES {
         for masked in [false, true] {
             for &(hdim, m0, n0) in &FORWARD_TILES {
                 list.push(Instance {
@@ -402,6 +415,9 @@ pub fn select(arch: Arch, request: &Request) -> Result<Instance> {
     }
     // Nearest: same operation, ranked by how many key fields differ, then by head-dim distance.
     let mut near: Vec<&Instance> = all.iter().filter(|i| i.operation == request.operation).collect();
+    // No kernel of the operation takes the input type at all (an fp8 format the device has no
+    // kernel for, fp8 on a backward): the traits' dtype is what to change.
+    let field = if near.iter().any(|i| i.dtype == request.dtype) { "" } else { "dtype: " };
     near.sort_by_key(|i| {
         let mismatches = (i.dtype != request.dtype) as i64
             + (i.masked != request.masked) as i64
@@ -410,7 +426,7 @@ pub fn select(arch: Arch, request: &Request) -> Result<Instance> {
     });
     let nearest: Vec<String> = near.iter().take(3).map(|i| i.name()).collect();
     Err(Error::unsupported(format!(
-        "no {} kernel for {} hdim_q={} hdim_v={} {} {} on {}; nearest compiled instances: {}",
+        "{field}no {} kernel for {} hdim_q={} hdim_v={} {} {} on {}; nearest compiled instances: {}",
         request.operation.name(),
         request.dtype.name(),
         request.hdim_q,

@@ -184,9 +184,15 @@ fn backward_launcher_rejects_bad_inputs() {
     expect_error(fmha_bwd_workspace_size_upper_bound(null(), &mut size), FMHA_ERR_NULL_POINTER, &["traits"]);
     expect_error(fmha_bwd_workspace_size_upper_bound(&traits, null_mut()), FMHA_ERR_NULL_POINTER, &["bytes"]);
     expect_error(
-        fmha_bwd_workspace_size_upper_bound(&fmha_bwd_traits { dtype: 4, ..traits }, &mut size),
+        fmha_bwd_workspace_size_upper_bound(&fmha_bwd_traits { dtype: 7, ..traits }, &mut size),
         FMHA_ERR_INVALID_ARGUMENT,
         &["dtype"],
+    );
+    // fp8 is forward only.
+    expect_error(
+        fmha_bwd_workspace_size_upper_bound(&fmha_bwd_traits { dtype: FMHA_DTYPE_FP8_E4M3FNUZ, ..traits }, &mut size),
+        FMHA_ERR_UNSUPPORTED,
+        &["dtype", "fp8"],
     );
     expect_error(fmha_bwd_launcher_workspace_size(null(), &mut size), FMHA_ERR_NULL_POINTER, &["launcher"]);
     ok(fmha_bwd_launcher_destroy(null_mut()));

@@ -284,8 +284,13 @@ fn struct_size_is_read_first_and_nothing_past_it() {
     // Every extensible struct at its exact current size against the guard page.
     let fwd_args = fwd.fwd_args(&case);
     let fwd_traits = Buffers::fwd_traits(&case);
-    let (g1, g2) = (GuardedBytes::new(240), GuardedBytes::new(40));
-    ok(fmha_fwd(g2.place(&fwd_traits, 40), g1.place(&fwd_args, 240), null_mut()));
+    let fwd_size = std::mem::size_of::<fmha_fwd_args>();
+    let (g1, g2) = (GuardedBytes::new(fwd_size), GuardedBytes::new(40));
+    ok(fmha_fwd(g2.place(&fwd_traits, 40), g1.place(&fwd_args, fwd_size), null_mut()));
+    ok(fmha_stream_synchronize(null_mut()));
+    // A caller of the first fmha_fwd_args (240 bytes, before the fp8 descales).
+    let g0 = GuardedBytes::new(240);
+    ok(fmha_fwd(g2.place(&fwd_traits, 40), g0.place(&fmha_fwd_args { struct_size: 240, ..fwd_args }, 240), null_mut()));
     ok(fmha_stream_synchronize(null_mut()));
     let traits = bwd_traits(&case);
     let g3 = GuardedBytes::new(80);
@@ -460,6 +465,9 @@ fn huge_varlen_bounds_do_not_size_the_work() {
         scale: 0.0,
         window_size_left: -1,
         window_size_right: -1,
+        q_descale: fmha_scale::default(),
+        k_descale: fmha_scale::default(),
+        v_descale: fmha_scale::default(),
     };
     let started = Instant::now();
     let status = fmha_fwd(&Buffers::fwd_traits(&empty), &args, null_mut());

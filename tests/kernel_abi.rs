@@ -107,6 +107,9 @@ fn layouts() -> Vec<Layout> {
                 dtype,
                 hdim_bucket,
                 masked,
+                q_descale,
+                k_descale,
+                v_descale,
             ]
         ),
         layout!(

@@ -12,8 +12,16 @@
 extern "C" int32_t fmha_hip_fwd(const fmha_fwd_params* params, void* stream) {
   if (params == nullptr || params->max_seqlen_q <= 0 || params->batch <= 0) return 0;  // nothing to compute
   const hipStream_t s = static_cast<hipStream_t>(stream);
-  return params->dtype == 0 ? fmha::dispatch_forward<__half>(*params, s)
-                            : fmha::dispatch_forward<__nv_bfloat16>(*params, s);
+  switch (params->dtype) {
+    case 0:  // FMHA_DTYPE_FP16
+      return fmha::dispatch_forward<__half>(*params, s);
+    case 1:  // FMHA_DTYPE_BF16
+      return fmha::dispatch_forward<__nv_bfloat16>(*params, s);
+    case 3:  // FMHA_DTYPE_FP8_E4M3FN (o bf16; the D = 128 instance only)
+      return fmha::dispatch_forward<__nv_fp8_e4m3>(*params, s);
+    default:  // no instance (the registry refuses the call first)
+      return static_cast<int32_t>(cudaErrorInvalidValue);
+  }
 }
 
 extern "C" int32_t fmha_hip_load_forward(void) {
@@ -29,8 +37,14 @@ extern "C" int32_t fmha_hip_load_forward(void) {
 extern "C" int32_t fmha_hip_fwd(const fmha_fwd_params* params, void* stream) {
   if (params == nullptr || params->max_seqlen_q <= 0 || params->batch <= 0) return 0;  // nothing to compute
   const hipStream_t s = static_cast<hipStream_t>(stream);
-  return params->dtype == 0 ? fmha::dispatch_forward<fmha::arch::Half>(*params, s)
-                            : fmha::dispatch_forward<fmha::arch::BFloat16>(*params, s);
+  switch (params->dtype) {
+    case 0:  // fp16
+      return fmha::dispatch_forward<fmha::arch::Half>(*params, s);
+    case 1:  // bf16
+      return fmha::dispatch_forward<fmha::arch::BFloat16>(*params, s);
+    default:  // no AMD instance (fp8: the registry refuses the call first)
+      return 1;  // hipErrorInvalidValue
+  }
 }
 
 extern "C" int32_t fmha_hip_load_forward(void) {

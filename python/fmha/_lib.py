@@ -133,6 +133,17 @@ class _Extensible(Structure):
         self.struct_size = ctypes.sizeof(type(self))
 
 
+class fmha_scale(Structure):
+    """fp8 descales: ``data[b * batch_stride + g * head_stride + p * page_stride]`` (device fp32; NULL = 1)."""
+
+    _fields_ = [
+        ("data", c_void_p),
+        ("batch_stride", ctypes.c_int64),
+        ("head_stride", ctypes.c_int64),
+        ("page_stride", ctypes.c_int64),
+    ]
+
+
 class fmha_fwd_traits(_Extensible):
     _fields_ = [
         ("struct_size", c_size_t),
@@ -143,6 +154,7 @@ class fmha_fwd_traits(_Extensible):
         ("mask_type", c_int32),
         ("bias_type", c_int32),
         ("has_dropout", c_int32),
+        ("o_dtype", c_int32),
     ]
 
 
@@ -168,6 +180,9 @@ class fmha_fwd_args(_Extensible):
         ("scale", c_float),
         ("window_size_left", c_int32),
         ("window_size_right", c_int32),
+        ("q_descale", fmha_scale),
+        ("k_descale", fmha_scale),
+        ("v_descale", fmha_scale),
     ]
 
 
@@ -269,17 +284,6 @@ class fmha_kvcache_traits(_Extensible):
     ]
 
 
-class fmha_scale(Structure):
-    """fp8 descales: ``data[b * batch_stride + g * head_stride + p * page_stride]`` (device fp32; NULL = 1)."""
-
-    _fields_ = [
-        ("data", c_void_p),
-        ("batch_stride", ctypes.c_int64),
-        ("head_stride", ctypes.c_int64),
-        ("page_stride", ctypes.c_int64),
-    ]
-
-
 class fmha_kvcache_args(_Extensible):
     """One kv-cache call's pointers, strides and lengths (``fmha.h``)."""
 
@@ -320,7 +324,7 @@ class fmha_kvcache_args(_Extensible):
 _EXPECTED_SIZES = {
     fmha_tensor: 32,
     fmha_fwd_traits: 40,
-    fmha_fwd_args: 240,
+    fmha_fwd_args: 336,
     fmha_bwd_traits: 80,
     fmha_bwd_args: 424,
     fmha_pinned_allocator: 32,

@@ -26,26 +26,22 @@ import torch
 
 from . import _lib as L
 from .ops import (
+    _FP8_DTYPES,
     _check_tensors,
+    _descale,
     _device_guard,
     _finish,
     _flash_mask,
     _on_host_backend,
+    _output_dtype,
     _prepare_input,
     _refuse_unsupported,
+    _require_tensor,
     _scale,
     _stream_handle,
 )
 
 _HALF_DTYPES = {torch.float16: L.DTYPE_FP16, torch.bfloat16: L.DTYPE_BF16}
-_FP8_DTYPES = {
-    dtype: code
-    for dtype, code in (
-        (getattr(torch, "float8_e4m3fn", None), L.DTYPE_FP8_E4M3FN),
-        (getattr(torch, "float8_e4m3fnuz", None), L.DTYPE_FP8_E4M3FNUZ),
-    )
-    if dtype is not None
-}
 _KV_DTYPES = {**_HALF_DTYPES, **_FP8_DTYPES}
 _DTYPE_NAMES = "torch.float16, torch.bfloat16, torch.float8_e4m3fn or torch.float8_e4m3fnuz"
 _LOG2E = 1.0 / math.log(2.0)
@@ -64,11 +60,6 @@ def _dtype_code(dtype, name) -> int:
     if code is None:
         raise TypeError(f"fmha: {name} has dtype {dtype}; fmha's kv cache takes {_DTYPE_NAMES}")
     return code
-
-
-def _output_dtype(dtype):
-    """What fmha writes for inputs of `dtype`: their own type, bf16 for fp8."""
-    return torch.bfloat16 if dtype in _FP8_DTYPES else dtype
 
 
 def _canonical_dtype(dtype, name):
@@ -94,11 +85,6 @@ def _traits(*, dtype, **fields):
         kv_split_tokens=0,
         **fields,
     )
-
-
-def _require_tensor(name, t):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"fmha: {name} must be a torch.Tensor, got {type(t).__name__}")
 
 
 def _int32_vector(name, t, length):
@@ -134,26 +120,6 @@ def _pool_tensor(t, layout):
     if layout == "HND":
         return L.fmha_tensor(_ptr(t), t.stride(0), t.stride(1), t.stride(2))
     return L.fmha_tensor(_ptr(t), t.stride(0), t.stride(2), t.stride(1))
-
-
-def _descale(name, t, batch, nhead_k, device):
-    """FA3's descale tensor, ``(batch, nheads_k)`` float32 (anything that broadcasts to it: stride 0 is
-    passed as is, nothing is copied) → fmha_scale."""
-    if t is None:
-        return L.fmha_scale(None, 0, 0, 0)
-    _require_tensor(name, t)
-    if t.dtype != torch.float32:
-        raise TypeError(f"fmha: {name} must be torch.float32, got {t.dtype}")
-    if t.device != device:
-        raise ValueError(f"fmha: {name} is on {t.device}, the other tensors on {device}")
-    try:
-        e = t.expand(batch, nhead_k)
-    except RuntimeError:
-        raise ValueError(
-            f"fmha: {name} must be (batch, nheads_k) = ({batch}, {nhead_k}) or broadcast to it, got shape "
-            f"{tuple(t.shape)}"
-        ) from None
-    return L.fmha_scale(_ptr(e), e.stride(0), e.stride(1), 0)
 
 
 def _check_pool(name, t, dtype):

@@ -23,6 +23,15 @@ import torch
 from . import _lib as L
 
 _DTYPES = {torch.float16: L.DTYPE_FP16, torch.bfloat16: L.DTYPE_BF16}
+# fp8 e4m3 inputs by format (those this PyTorch has); the forward writes them as bf16.
+_FP8_DTYPES = {
+    dtype: code
+    for dtype, code in (
+        (getattr(torch, "float8_e4m3fn", None), L.DTYPE_FP8_E4M3FN),
+        (getattr(torch, "float8_e4m3fnuz", None), L.DTYPE_FP8_E4M3FNUZ),
+    )
+    if dtype is not None
+}
 _MASKS = {
     "none": L.MASK_NONE,
     "top_left": L.MASK_TOP_LEFT,
@@ -104,6 +113,36 @@ def _vector_bytes() -> int:
     return _vector_bytes_cache
 
 
+def _output_dtype(dtype):
+    """What fmha writes for inputs of `dtype`: their own type, bf16 for fp8."""
+    return torch.bfloat16 if dtype in _FP8_DTYPES else dtype
+
+
+def _require_tensor(name, t):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"fmha: {name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _descale(name, t, batch, nhead_k, device):
+    """FA3's descale tensor, ``(batch, nheads_k)`` float32 (anything that broadcasts to it: stride 0 is
+    passed as is, nothing is copied) → fmha_scale."""
+    if t is None:
+        return L.fmha_scale(None, 0, 0, 0)
+    _require_tensor(name, t)
+    if t.dtype != torch.float32:
+        raise TypeError(f"fmha: {name} must be torch.float32, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"fmha: {name} is on {t.device}, the other tensors on {device}")
+    try:
+        e = t.expand(batch, nhead_k)
+    except RuntimeError:
+        raise ValueError(
+            f"fmha: {name} must be (batch, nheads_k) = ({batch}, {nhead_k}) or broadcast to it, got shape "
+            f"{tuple(t.shape)}"
+        ) from None
+    return L.fmha_scale(_ptr(e), e.stride(0), e.stride(1), 0)
+
+
 def _prepare_input(t):
     """A tensor fmha can read: last dimension contiguous, and -- where the build's kernels need it --
     address and strides aligned to their vector width (copied with ``.contiguous()`` otherwise, as
@@ -167,12 +206,17 @@ class _Problem:
 
     def __init__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
         self.group = cu_seqlens_q is not None or cu_seqlens_k is not None
-        if q.dtype not in _DTYPES:
-            raise TypeError(f"fmha: q has dtype {q.dtype}; fmha supports torch.float16 and torch.bfloat16")
+        codes = {**_DTYPES, **_FP8_DTYPES}
+        if q.dtype not in codes:
+            raise TypeError(
+                f"fmha: q has dtype {q.dtype}; fmha supports torch.float16 and torch.bfloat16 (and for the forward "
+                "torch.float8_e4m3fn / torch.float8_e4m3fnuz)"
+            )
         for name, t in (("k", k), ("v", v)):
             if t.dtype != q.dtype:
                 raise TypeError(f"fmha: {name} has dtype {t.dtype}, q has {q.dtype} (they must agree)")
-        self.dtype = _DTYPES[q.dtype]
+        self.dtype = codes[q.dtype]
+        self.fp8 = q.dtype in _FP8_DTYPES
         want = 3 if self.group else 4
         layout = "[total, heads, head_dim]" if self.group else "[batch, seqlen, heads, head_dim]"
         for name, t in (("q", q), ("k", k), ("v", v)):
@@ -253,22 +297,27 @@ def _fwd(
     max_seqlen_k=None,
     out=None,
     lse=None,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
 ):
     """One ``fmha_fwd`` call with fmha's own mask semantics; returns ``(out, lse)``.
 
     ``out`` / ``lse`` may be given (preallocated, e.g. poisoned by a test); otherwise ``out`` is allocated
-    like q (``torch.empty_like`` when ``hdim_v == hdim_q``) and ``lse`` as fp32 ``[b, h, s]``
-    (``[h, total]`` in varlen mode).
+    like q (bf16 for fp8 inputs) and ``lse`` as fp32 ``[b, h, s]`` (``[h, total]`` in varlen mode).
+    fp8 inputs take FA3's descales, float32 ``(batch, nheads_k)`` or anything that broadcasts to it (None:
+    1); as in FA3 they are ignored for fp16/bf16 inputs.
     """
     device = _check_tensors(
         [("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("out", out)]
     )
     q, k, v = (_prepare_input(t) for t in (q, k, v))
     p = _Problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    out_dtype = _output_dtype(q.dtype)
     if out is None:
-        out = torch.empty_like(q) if p.hdim_v == p.hdim_q else q.new_empty(p.out_shape(q))
+        out = q.new_empty(p.out_shape(q), dtype=out_dtype)
     else:
-        _check_out("out", out, p.out_shape(q), q.dtype, q.device)
+        _check_out("out", out, p.out_shape(q), out_dtype, q.device)
     if lse is None:
         lse = torch.empty(p.lse_shape(), dtype=torch.float32, device=q.device)
     else:
@@ -282,7 +331,12 @@ def _fwd(
         mask_type=_mask_type(mask_type),
         bias_type=L.BIAS_NONE,
         has_dropout=0,
+        o_dtype=L.DTYPE_BF16 if p.fp8 else p.dtype,
     )
+    descales = {
+        name: _descale(name, t, p.batch, p.nhead_k, q.device) if p.fp8 else L.fmha_scale()
+        for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
+    }
     args = L.fmha_fwd_args(
         q=p.tensor(q),
         k=p.tensor(k),
@@ -303,6 +357,7 @@ def _fwd(
         scale=_scale(softmax_scale, p.hdim_q),
         window_size_left=int(left),
         window_size_right=int(right),
+        **descales,
     )
     with _device_guard(device):
         L.call("fmha_fwd", byref(traits), byref(args), _stream_handle(device))
@@ -697,6 +752,14 @@ def _refuse_unsupported(dropout_p, softcap, alibi_slopes):
         raise NotImplementedError("fmha: alibi_slopes are not supported yet")
 
 
+def _fp8_forward(q, k, v, descales, **kwargs):
+    """The fp8 forward (inference: fmha has no fp8 backward, so nothing is recorded for autograd)."""
+    if any(t.requires_grad for t in (q, k, v)):
+        raise NotImplementedError("fmha: fp8 attention is forward only (q, k or v requires grad)")
+    q_descale, k_descale, v_descale = descales
+    return _fwd(q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, **kwargs)
+
+
 def flash_attn_func(
     q,
     k,
@@ -709,9 +772,15 @@ def flash_attn_func(
     alibi_slopes=None,
     deterministic=False,
     return_attn_probs=False,
+    *,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
 ):
     """flash-attn's ``flash_attn_func``, same parameters in the same order: q ``[b, s_q, h, d]``, k/v
-    ``[b, s_k, h_k, d]`` (``h % h_k == 0``).
+    ``[b, s_k, h_k, d]`` (``h % h_k == 0``). fp8 (FA3): q, k, v in ``torch.float8_e4m3fn`` or
+    ``torch.float8_e4m3fnuz`` with the keywords ``q_descale/k_descale/v_descale`` (float32 ``(b, h_k)`` or
+    broadcasting to it; the true value of an element ``x`` is ``x * descale``), output bf16, forward only.
 
     ``causal`` is aligned to the bottom-right corner (flash-attn's convention); ``window_size = (left,
     right)`` with -1 = unbounded, combined with causal as flash-attn does. Returns ``out`` ``[b, s_q, h,
@@ -725,9 +794,15 @@ def flash_attn_func(
         raise ValueError("fmha: flash_attn_func takes q [batch, seqlen_q, heads, head_dim] and k/v [batch, "
                          "seqlen_k, heads_k, head_dim]")
     mask_type, left, right = _flash_mask(causal, window_size, q.shape[1], k.shape[1])
-    out, lse = FmhaAttnFunc.apply(
-        q, k, v, None, None, None, None, softmax_scale, mask_type, left, right, bool(deterministic)
-    )
+    if q.dtype in _FP8_DTYPES:
+        out, lse = _fp8_forward(
+            q, k, v, (q_descale, k_descale, v_descale), softmax_scale=softmax_scale, mask_type=mask_type,
+            window=(left, right)
+        )
+    else:
+        out, lse = FmhaAttnFunc.apply(
+            q, k, v, None, None, None, None, softmax_scale, mask_type, left, right, bool(deterministic)
+        )
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -748,6 +823,10 @@ def flash_attn_varlen_func(
     deterministic=False,
     return_attn_probs=False,
     block_table=None,
+    *,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
 ):
     """flash-attn's ``flash_attn_varlen_func``, same parameters in the same order: q ``[total_q, h, d]``,
     k/v ``[total_k, h_k, d]``, int32 ``cu_seqlens_q/k`` ``[batch + 1]`` on the tensors' device
@@ -755,16 +834,24 @@ def flash_attn_varlen_func(
     per-sequence lengths). Zero-length sequences are allowed. Returns ``out`` ``[total_q, h, d_v]`` or
     ``(out, lse, None)`` with ``lse`` ``[h, total_q]`` fp32. Masks per sequence as :func:`flash_attn_func`.
     The backward prepares its workspace on the current stream from the device cu_seqlens: no host
-    synchronization. ``block_table`` (a paged KV cache) raises ``NotImplementedError``.
+    synchronization. ``block_table`` (a paged KV cache) raises ``NotImplementedError``. fp8 inputs and
+    their descales (``(batch, h_k)``) as :func:`flash_attn_func`.
     """
     _refuse_unsupported(dropout_p, softcap, alibi_slopes)
     if block_table is not None:
         raise NotImplementedError("fmha: block_table (a paged KV cache) is not supported by flash_attn_varlen_func yet")
     mask_type, left, right = _flash_mask(causal, window_size, int(max_seqlen_q), int(max_seqlen_k))
-    out, lse = FmhaAttnFunc.apply(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), softmax_scale, mask_type, left,
-        right, bool(deterministic)
-    )
+    if q.dtype in _FP8_DTYPES:
+        out, lse = _fp8_forward(
+            q, k, v, (q_descale, k_descale, v_descale), softmax_scale=softmax_scale, mask_type=mask_type,
+            window=(left, right), cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k)
+        )
+    else:
+        out, lse = FmhaAttnFunc.apply(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), softmax_scale, mask_type,
+            left, right, bool(deterministic)
+        )
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -777,7 +864,7 @@ def registry_supports(operation, dtype, hdim_q, hdim_v, masked, deterministic=Fa
     multiples of its ``hdim_multiple``).
 
     ``operation``: ``"fwd"``, ``"bwd"`` or ``"kvcache"``; ``dtype``: ``torch.float16``/``torch.bfloat16``
-    (and for ``"kvcache"`` ``torch.float8_e4m3fn``/``torch.float8_e4m3fnuz``) or the registry's names
+    (and for ``"fwd"`` and ``"kvcache"`` ``torch.float8_e4m3fn``/``torch.float8_e4m3fnuz``) or the registry's names
     ``"fp16"``/``"bf16"``/``"fp8_e4m3fn"``/``"fp8_e4m3fnuz"``.
     """
     if isinstance(dtype, torch.dtype):

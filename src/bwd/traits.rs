@@ -47,7 +47,7 @@ impl BwdTraits {
     /// The shape with the window of a particular call.
     pub fn shape(&self, mask: Mask) -> Result<Shape> {
         Shape::new(
-            self.dtype,
+            self.dtype.into(),
             self.mode,
             self.batch,
             (self.nhead_q, self.nhead_k),

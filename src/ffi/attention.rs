@@ -1,18 +1,20 @@
 //! Types shared by the forward and backward C APIs, and the forward entry point.
 
 use super::{boundary, flag, fmha_status, read_extensible, Extensible};
+use crate::abi_values::FMHA_DTYPE_FP32;
 use crate::error::{Error, Result};
 use crate::fwd::{FwdArgs, FwdTraits};
 use crate::problem::mask::MaskType;
-use crate::problem::{BiasType, Dtype, Mode, SequenceArrays, Tensor};
+use crate::problem::scale::Descale;
+use crate::problem::{BiasType, CacheDtype, Mode, SequenceArrays, Tensor};
 use crate::runtime::{DeviceAddr, DevicePtr, Stream};
 use std::ffi::{c_char, c_void};
 
 use super::runtime::fmha_stream_t;
 
 pub use crate::abi_values::{
-    FMHA_BIAS_ALIBI, FMHA_BIAS_ELEMENTWISE, FMHA_BIAS_NONE, FMHA_DTYPE_BF16, FMHA_DTYPE_FP16, FMHA_MASK_BOTTOM_RIGHT,
-    FMHA_MASK_NONE, FMHA_MASK_TOP_LEFT,
+    FMHA_BIAS_ALIBI, FMHA_BIAS_ELEMENTWISE, FMHA_BIAS_NONE, FMHA_DTYPE_BF16, FMHA_DTYPE_FP16, FMHA_DTYPE_FP8_E4M3FN,
+    FMHA_DTYPE_FP8_E4M3FNUZ, FMHA_MASK_BOTTOM_RIGHT, FMHA_MASK_NONE, FMHA_MASK_TOP_LEFT,
 };
 
 /// A strided tensor `[batch][head][row][column]` in device memory, columns contiguous, strides in
@@ -42,12 +44,64 @@ impl fmha_tensor {
     }
 }
 
+/// fp8 descales (device fp32, positive and finite): the descale of (sequence b, kv head g, physical
+/// page p) is `data[b * batch_stride + g * head_stride + p * page_stride]`; `data` NULL means 1.
+/// Query heads use their kv head's descale. `page_stride` only with `FMHA_KV_SCALE_PAGE` (a kv
+/// cache's K and V), where `batch_stride` must be 0; the dense forward's descales are per tensor
+/// (strides 0) or per (sequence, kv head). aiter's packed `[num_pages][h_k][2]` tensor is
+/// `k = {base, 0, 2, 2 * h_k}`, `v = {base + 1, 0, 2, 2 * h_k}`. Frozen (embedded in other structs).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct fmha_scale {
+    pub data: *const f32,
+    pub batch_stride: i64,
+    pub head_stride: i64,
+    pub page_stride: i64,
+}
+
+/// No descales (every value 1): what fp16/bf16 calls pass.
+impl Default for fmha_scale {
+    fn default() -> fmha_scale {
+        fmha_scale { data: std::ptr::null(), batch_stride: 0, head_stride: 0, page_stride: 0 }
+    }
+}
+
+impl fmha_scale {
+    pub(crate) fn to_descale(self) -> Descale {
+        Descale {
+            data: DevicePtr::new(self.data as usize),
+            batch_stride: self.batch_stride,
+            head_stride: self.head_stride,
+            page_stride: self.page_stride,
+        }
+    }
+}
+
+/// The element type of q, k and v (`traits.dtype`), and for fp8 inputs the output type
+/// (`traits.o_dtype`), which must be bf16 (fp32 is reserved). Other inputs write o in their own type.
+pub(crate) fn input_dtype(dtype: i32, o_dtype: i32) -> Result<CacheDtype> {
+    let dtype = CacheDtype::from_i32(dtype, "dtype")?;
+    if matches!(dtype, CacheDtype::Fp8(_)) {
+        match o_dtype {
+            FMHA_DTYPE_BF16 => {}
+            FMHA_DTYPE_FP32 => {
+                return Err(Error::unsupported("o_dtype: fp32 outputs are not supported (pass FMHA_DTYPE_BF16)"))
+            }
+            other => {
+                return Err(Error::invalid("o_dtype", format!("{other}: fp8 inputs write bf16 (FMHA_DTYPE_BF16)")))
+            }
+        }
+    }
+    Ok(dtype)
+}
+
 /// Forward dispatch key. Extensible: set `struct_size = sizeof(fmha_fwd_traits)`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct fmha_fwd_traits {
     pub struct_size: usize,
-    /// `FMHA_DTYPE_*` of q, k, v, o.
+    /// `FMHA_DTYPE_*` of q, k and v: fp16, bf16, or an fp8 format (`FMHA_DTYPE_FP8_E4M3FN`,
+    /// `FMHA_DTYPE_FP8_E4M3FNUZ`: forward only). o has the input type, or `o_dtype` for fp8.
     pub dtype: i32,
     pub hdim_q: i32,
     pub hdim_v: i32,
@@ -59,6 +113,9 @@ pub struct fmha_fwd_traits {
     pub bias_type: i32,
     /// 1 requests dropout (not supported yet: answers FMHA_ERR_UNSUPPORTED); 0 or 1.
     pub has_dropout: i32,
+    /// The output type, read only for fp8 inputs: `FMHA_DTYPE_BF16` (fp32 is reserved). (Read only
+    /// then because the first version's size already covered these bytes as padding.)
+    pub o_dtype: i32,
 }
 
 // SAFETY: repr(C), begins with `struct_size`, every field is an integer.
@@ -98,6 +155,11 @@ pub struct fmha_fwd_args {
     pub scale: f32,
     pub window_size_left: i32,
     pub window_size_right: i32,
+    /// fp8 descales, per tensor (strides 0) or per (sequence, kv head) (`page_stride` must be 0); all
+    /// zero (NULL data) for fp16/bf16. O = softmax(scale · dq · dk · q̂ k̂ᵀ) · dv · v̂ on the codes q̂, k̂, v̂.
+    pub q_descale: fmha_scale,
+    pub k_descale: fmha_scale,
+    pub v_descale: fmha_scale,
 }
 
 // SAFETY: repr(C), begins with `struct_size`, every field is an integer, a float or a raw pointer.
@@ -112,7 +174,7 @@ pub(crate) fn mask_type(value: i32) -> Result<MaskType> {
 impl fmha_fwd_traits {
     pub(crate) fn to_traits(self) -> Result<FwdTraits> {
         Ok(FwdTraits {
-            dtype: Dtype::from_i32(self.dtype, "dtype")?,
+            dtype: input_dtype(self.dtype, self.o_dtype)?,
             hdim_q: i64::from(self.hdim_q),
             hdim_v: i64::from(self.hdim_v),
             mode: Mode::from_flag(self.is_group_mode, "is_group_mode")?,
@@ -147,6 +209,9 @@ impl fmha_fwd_args {
             scale: self.scale,
             window_size_left: self.window_size_left,
             window_size_right: self.window_size_right,
+            q_descale: self.q_descale.to_descale(),
+            k_descale: self.k_descale.to_descale(),
+            v_descale: self.v_descale.to_descale(),
         })
     }
 }

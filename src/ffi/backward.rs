@@ -6,7 +6,7 @@ use super::runtime::fmha_stream_t;
 use super::{boundary, flag, fmha_status, read_extensible, read_slice, write_out, Extensible};
 use crate::bwd::{launcher, BwdArgs, BwdLauncher, BwdTraits};
 use crate::error::{Error, Result};
-use crate::problem::{BiasType, Dtype, Mode, SequenceArrays};
+use crate::problem::{BiasType, CacheDtype, Mode, SequenceArrays};
 use crate::runtime::{DevicePtr, Stream};
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -119,7 +119,12 @@ impl fmha_bwd_traits {
     /// The traits, validated field by field (enum values, flags).
     pub fn to_traits(self) -> Result<BwdTraits> {
         Ok(BwdTraits {
-            dtype: Dtype::from_i32(self.dtype, "dtype")?,
+            dtype: match CacheDtype::from_i32(self.dtype, "dtype")? {
+                CacheDtype::Half(dtype) => dtype,
+                CacheDtype::Fp8(_) => {
+                    return Err(Error::unsupported("dtype: the backward takes fp16 and bf16 (fp8 is forward only)"))
+                }
+            },
             mode: Mode::from_flag(self.is_group_mode, "is_group_mode")?,
             mask_type: mask_type(self.mask_type)?,
             bias_type: BiasType::from_i32(self.bias_type)?,

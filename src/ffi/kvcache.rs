@@ -1,16 +1,15 @@
 //! The kv-cache C API (paged prefill and chunked prefill): traits, arguments, the launcher handle and
 //! its functions, and the one-shot `fmha_kvcache_fwd`.
 
-use super::attention::{fmha_tensor, mask_type};
+use super::attention::{fmha_scale, fmha_tensor, input_dtype, mask_type};
 use super::handle::HandleTable;
 use super::runtime::fmha_stream_t;
 use super::{boundary, flag, fmha_status, read_extensible, write_out, Extensible};
-use crate::abi_values::{FMHA_DTYPE_BF16, FMHA_DTYPE_FP32};
 use crate::error::{Error, Result};
 use crate::kvcache::{launcher, KvCacheArgs, KvCacheLauncher, KvCacheTraits};
 use crate::problem::paged::{PoolLayout, TableKind};
-use crate::problem::scale::{Descale, ScaleGranularity};
-use crate::problem::{CacheDtype, Mode};
+use crate::problem::scale::ScaleGranularity;
+use crate::problem::Mode;
 use crate::runtime::{DevicePtr, Stream};
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -19,31 +18,6 @@ pub use crate::abi_values::{
     FMHA_DTYPE_FP8_E4M3FN, FMHA_DTYPE_FP8_E4M3FNUZ, FMHA_KV_BLOCK_TABLE, FMHA_KV_CONTIGUOUS, FMHA_KV_LAYOUT_STRIDED,
     FMHA_KV_LAYOUT_VECTORIZED, FMHA_KV_PAGE_CSR, FMHA_KV_SCALE_PAGE, FMHA_KV_SCALE_TENSOR,
 };
-
-/// fp8 descales (device fp32, positive and finite): the descale of (sequence b, kv head g, physical
-/// page p) is `data[b * batch_stride + g * head_stride + p * page_stride]`; `data` NULL means 1.
-/// Query heads use their kv head's descale. `page_stride` only with `FMHA_KV_SCALE_PAGE` (K and V),
-/// where `batch_stride` must be 0. aiter's packed `[num_pages][h_k][2]` tensor is
-/// `k = {base, 0, 2, 2 * h_k}`, `v = {base + 1, 0, 2, 2 * h_k}`. Frozen (embedded in other structs).
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct fmha_scale {
-    pub data: *const f32,
-    pub batch_stride: i64,
-    pub head_stride: i64,
-    pub page_stride: i64,
-}
-
-impl fmha_scale {
-    fn to_descale(self) -> Descale {
-        Descale {
-            data: DevicePtr::new(self.data as usize),
-            batch_stride: self.batch_stride,
-            head_stride: self.head_stride,
-            page_stride: self.page_stride,
-        }
-    }
-}
 
 /// kv-cache dispatch key and the bounds every call of a launcher stays within. Extensible: set
 /// `struct_size = sizeof(fmha_kvcache_traits)`.
@@ -186,20 +160,8 @@ unsafe impl Extensible for fmha_kvcache_args {
 
 impl fmha_kvcache_traits {
     pub(crate) fn to_traits(self) -> Result<KvCacheTraits> {
-        let dtype = CacheDtype::from_i32(self.dtype, "dtype")?;
-        if matches!(dtype, CacheDtype::Fp8(_)) {
-            match self.o_dtype {
-                FMHA_DTYPE_BF16 => {}
-                FMHA_DTYPE_FP32 => {
-                    return Err(Error::unsupported("o_dtype: fp32 outputs are not supported (pass FMHA_DTYPE_BF16)"))
-                }
-                other => {
-                    return Err(Error::invalid("o_dtype", format!("{other}: fp8 inputs write bf16 (FMHA_DTYPE_BF16)")))
-                }
-            }
-        }
         Ok(KvCacheTraits {
-            dtype,
+            dtype: input_dtype(self.dtype, self.o_dtype)?,
             hdim_q: i64::from(self.hdim_q),
             hdim_v: i64::from(self.hdim_v),
             nhead_q: i64::from(self.nhead_q),

@@ -4,6 +4,7 @@ use super::traits::FwdTraits;
 use crate::error::Result;
 use crate::launch::{FwdExtents, FwdKargs};
 use crate::problem::mask::Mask;
+use crate::problem::scale::{Descale, Descales};
 use crate::problem::{
     check_lse_layout, check_memory_overlap, require_no_dropout, Operand, SequenceArrays, Shape, Tensor,
 };
@@ -29,6 +30,10 @@ pub struct FwdArgs {
     pub scale: f32,
     pub window_size_left: i32,
     pub window_size_right: i32,
+    /// fp8 descales: per tensor or per (sequence, kv head).
+    pub q_descale: Descale,
+    pub k_descale: Descale,
+    pub v_descale: Descale,
 }
 
 impl FwdArgs {
@@ -51,10 +56,12 @@ impl FwdArgs {
         self.sequences.check(&shape)?;
         let (b, mode) = (shape.batch, shape.mode);
         let (q_rows, k_rows) = (shape.seqlen_q, shape.seqlen_k);
-        let q = Operand::tensor("q", &self.q, mode, (b, shape.nhead_q, q_rows, shape.hdim_q), 2, false)?;
-        let k = Operand::tensor("k", &self.k, mode, (b, shape.nhead_k, k_rows, shape.hdim_q), 2, false)?;
-        let v = Operand::tensor("v", &self.v, mode, (b, shape.nhead_k, k_rows, shape.hdim_v), 2, false)?;
-        let o = Operand::tensor("o", &self.o, mode, (b, shape.nhead_q, q_rows, shape.hdim_v), 2, true)?;
+        // fp8 inputs are bytes and write bf16; fp16/bf16 write their own type.
+        let (in_bytes, out_bytes) = (shape.dtype.bytes(), 2);
+        let q = Operand::tensor("q", &self.q, mode, (b, shape.nhead_q, q_rows, shape.hdim_q), in_bytes, false)?;
+        let k = Operand::tensor("k", &self.k, mode, (b, shape.nhead_k, k_rows, shape.hdim_q), in_bytes, false)?;
+        let v = Operand::tensor("v", &self.v, mode, (b, shape.nhead_k, k_rows, shape.hdim_v), in_bytes, false)?;
+        let o = Operand::tensor("o", &self.o, mode, (b, shape.nhead_q, q_rows, shape.hdim_v), out_bytes, true)?;
         let lse = if self.lse.ptr.is_null() {
             None
         } else {
@@ -70,11 +77,13 @@ impl FwdArgs {
         };
         let operands: Vec<Operand<'_>> = [q, k, v, o].into_iter().chain(lse).collect();
         check_memory_overlap(&operands)?;
+        let descales = Descales { q: self.q_descale, k: self.k_descale, v: self.v_descale };
+        let descale_extents = descales.extents(shape.dtype, b, shape.nhead_k, None)?;
         let instance = crate::registry::select(
             arch,
             &Request {
                 operation: Operation::Forward,
-                dtype: shape.dtype.into(),
+                dtype: shape.dtype,
                 hdim_q: shape.hdim_q,
                 hdim_v: shape.hdim_v,
                 masked: shape.masked(),
@@ -84,10 +93,13 @@ impl FwdArgs {
         )?;
         instance.check_grid(shape.nhead_q, shape.batch)?;
         // (field, tensor, loaded by the kernels' tiles)
-        for (field, tensor, input) in
-            [("q", &self.q, true), ("k", &self.k, true), ("v", &self.v, true), ("o", &self.o, false)]
-        {
-            instance.check_tensor(field, tensor, shape.mode, 2)?;
+        for (field, tensor, bytes, input) in [
+            ("q", &self.q, in_bytes, true),
+            ("k", &self.k, in_bytes, true),
+            ("v", &self.v, in_bytes, true),
+            ("o", &self.o, out_bytes, false),
+        ] {
+            instance.check_tensor(field, tensor, shape.mode, bytes)?;
             if input {
                 instance.check_input_rows(field, tensor)?;
             }
@@ -102,6 +114,8 @@ impl FwdArgs {
             lse: self.lse,
             extents,
             sequences: self.sequences,
+            descales,
+            descale_extents,
         })
     }
 }

@@ -6,7 +6,7 @@ use crate::launch::{FwdExtents, KvCacheKargs, KvSplitArgs, KvTableArgs};
 use crate::problem::mask::Mask;
 use crate::problem::paged::{PoolLayout, SequenceBounds, TableKind};
 use crate::problem::scale::{Descale, Descales, ScaleGranularity};
-use crate::problem::{check_device_array, check_lse_layout, check_memory_overlap, CacheDtype, Mode, Operand, Tensor};
+use crate::problem::{check_device_array, check_lse_layout, check_memory_overlap, Mode, Operand, Tensor};
 use crate::registry::Instance;
 use crate::runtime::DevicePtr;
 
@@ -135,7 +135,8 @@ impl KvCacheArgs {
         check_memory_overlap(&operands)?;
 
         let descales = Descales { q: self.q_descale, k: self.k_descale, v: self.v_descale };
-        let descale_extents = self.descale_extents(t)?;
+        let per_page = t.scale_granularity == ScaleGranularity::Page;
+        let descale_extents = descales.extents(t.dtype, b, t.nhead_k, per_page.then_some(self.num_pages))?;
         Ok(KvCacheKargs {
             dtype: t.dtype,
             mode,
@@ -244,33 +245,5 @@ impl KvCacheArgs {
             }
         }
         Ok(table)
-    }
-
-    /// The descales: fp8 only; K/V per page only with FMHA_KV_SCALE_PAGE (and then shared by the
-    /// sequences: batch_stride 0).
-    fn descale_extents(&self, t: &KvCacheTraits) -> Result<[usize; 3]> {
-        let fp8 = matches!(t.dtype, CacheDtype::Fp8(_));
-        let per_page = t.scale_granularity == ScaleGranularity::Page;
-        let mut extents = [0; 3];
-        for (i, (field, descale)) in
-            [("q_descale", self.q_descale), ("k_descale", self.k_descale), ("v_descale", self.v_descale)]
-                .iter()
-                .enumerate()
-        {
-            if !fp8 {
-                ensure(descale.is_none(), &format!("{field}.data"), || {
-                    format!("must be NULL: descales apply to fp8 inputs, and dtype is {}", t.dtype.name())
-                })?;
-                continue;
-            }
-            let pages = (i > 0 && per_page).then_some(self.num_pages);
-            if pages.is_some() {
-                ensure(descale.batch_stride == 0, &format!("{field}.batch_stride"), || {
-                    "must be 0: per-page descales belong to the physical page, whichever sequence reads it".into()
-                })?;
-            }
-            extents[i] = descale.extent(field, self.batch, t.nhead_k, pages)?;
-        }
-        Ok(extents)
     }
 }

@@ -59,12 +59,17 @@ pub struct FwdParams {
     pub window_right: i32,
     /// Softmax scale times log2(e): the kernels work in the exp2 domain.
     pub scale_log2: f32,
-    /// Instance selection (what the launch stub dispatches on): 0 fp16, 1 bf16.
+    /// Instance selection (what the launch stub dispatches on): `FMHA_DTYPE_*` of q, k and v (0 fp16,
+    /// 1 bf16, 3 fp8 e4m3fn, whose o is bf16).
     pub dtype: i32,
     /// The compiled head dim the tiles are sized for.
     pub hdim_bucket: i32,
     /// The masked instance (any mask type other than none).
     pub masked: i32,
+    /// fp8 descales per tensor or per (sequence, kv head) (page strides 0; data 0 = 1).
+    pub q_descale: DescaleParams,
+    pub k_descale: DescaleParams,
+    pub v_descale: DescaleParams,
 }
 
 /// The backward kernels' parameters, shared by the three stages. The workspace fields are the layout

@@ -25,6 +25,10 @@ pub struct FwdKargs {
     /// Element counts each tensor spans (bounds of the host backend's device views).
     pub extents: FwdExtents,
     pub sequences: SequenceArrays,
+    /// fp8 inputs' descales (per tensor or per (sequence, kv head)) and the elements each array spans
+    /// (q, k, v); none for 16-bit inputs.
+    pub descales: Descales,
+    pub descale_extents: [usize; 3],
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

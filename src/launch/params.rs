@@ -52,9 +52,12 @@ impl FwdParams {
             window_left: s.mask.left,
             window_right: s.mask.right,
             scale_log2: s.scale * std::f32::consts::LOG2_E,
-            dtype: s.dtype as i32,
+            dtype: s.dtype.abi_value(),
             hdim_bucket: k.instance.hdim_q as i32,
             masked: s.masked() as i32,
+            q_descale: DescaleParams::new(&k.descales.q),
+            k_descale: DescaleParams::new(&k.descales.k),
+            v_descale: DescaleParams::new(&k.descales.v),
         }
     }
 }
@@ -126,7 +129,7 @@ impl BwdParams {
             n0: k.instance.n0 as i32,
             scale: s.scale,
             scale_log2: s.scale * std::f32::consts::LOG2_E,
-            dtype: s.dtype as i32,
+            dtype: s.dtype.abi_value(),
             hdim_bucket: k.instance.hdim_q as i32,
             masked: s.masked() as i32,
             ..BwdParams::default()

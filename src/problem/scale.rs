@@ -3,7 +3,7 @@
 
 use crate::abi_values::{abi_enum, FMHA_KV_SCALE_PAGE, FMHA_KV_SCALE_TENSOR};
 use crate::error::{ensure, Error, Result};
-use crate::problem::check_device_array;
+use crate::problem::{check_device_array, CacheDtype};
 use crate::runtime::DevicePtr;
 
 abi_enum! {
@@ -58,7 +58,8 @@ impl Descale {
             Some(pages) => pages,
             None => {
                 ensure(self.page_stride == 0, &format!("{field}.page_stride"), || {
-                    "must be 0: per-page descales are K's and V's, with kv_scale_granularity = FMHA_KV_SCALE_PAGE"
+                    "must be 0: per-page descales are a paged KV cache's K and V descales, with \
+                     kv_scale_granularity = FMHA_KV_SCALE_PAGE"
                         .into()
                 })?;
                 1
@@ -86,4 +87,32 @@ pub struct Descales {
     pub q: Descale,
     pub k: Descale,
     pub v: Descale,
+}
+
+impl Descales {
+    /// Checks a call's descales against its input type and returns the elements each array spans (q,
+    /// k, v): descales belong to fp8 inputs only; they vary over `batch` sequences and `heads` kv heads,
+    /// and K's and V's also over `kv_pages` physical pages when given (per-page descales belong to the
+    /// page, whichever sequence reads it: batch stride 0).
+    pub fn extents(&self, dtype: CacheDtype, batch: i64, heads: i64, kv_pages: Option<i64>) -> Result<[usize; 3]> {
+        let mut extents = [0; 3];
+        for (i, (field, descale)) in
+            [("q_descale", self.q), ("k_descale", self.k), ("v_descale", self.v)].iter().enumerate()
+        {
+            if !matches!(dtype, CacheDtype::Fp8(_)) {
+                ensure(descale.is_none(), &format!("{field}.data"), || {
+                    format!("must be NULL: descales apply to fp8 inputs, and dtype is {}", dtype.name())
+                })?;
+                continue;
+            }
+            let pages = if i > 0 { kv_pages } else { None };
+            if pages.is_some() {
+                ensure(descale.batch_stride == 0, &format!("{field}.batch_stride"), || {
+                    "must be 0: per-page descales belong to the physical page, whichever sequence reads it".into()
+                })?;
+            }
+            extents[i] = descale.extent(field, batch, heads, pages)?;
+        }
+        Ok(extents)
+    }
 }

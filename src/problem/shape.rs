@@ -1,13 +1,14 @@
 //! The validated shape of one attention call, and the sequence arrays it implies.
 
-use super::{check_device_array, Dtype, Mask, MaskType, Mode, MAX_HEAD_DIM};
+use super::{check_device_array, CacheDtype, Mask, MaskType, Mode, MAX_HEAD_DIM};
 use crate::error::{ensure, Result};
 use crate::runtime::DevicePtr;
 
 /// The validated shape of one attention call, shared by forward and backward.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Shape {
-    pub dtype: Dtype,
+    /// q, k and v's element type (the backward's is 16-bit).
+    pub dtype: CacheDtype,
     pub mode: Mode,
     pub batch: i64,
     pub nhead_q: i64,
@@ -28,7 +29,7 @@ impl Shape {
     /// Checks the shape's internal consistency; messages name the C field.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        dtype: Dtype,
+        dtype: CacheDtype,
         mode: Mode,
         batch: i64,
         (nhead_q, nhead_k): (i64, i64),

@@ -106,7 +106,7 @@ impl Case {
             self.scale as f64
         }
     }
-    fn reference(&self) -> RefProblem {
+    pub fn reference(&self) -> RefProblem {
         RefProblem {
             nhead_q: self.nhead_q,
             nhead_k: self.nhead_k,
@@ -146,7 +146,7 @@ pub struct DeviceTensor {
 
 impl DeviceTensor {
     /// Allocates a tensor for `heads` heads of `dim` columns: q-side (`k_side = false`) or k-side rows.
-    fn new(case: &Case, heads: usize, dim: usize, k_side: bool, element_bytes: usize) -> DeviceTensor {
+    pub fn new(case: &Case, heads: usize, dim: usize, k_side: bool, element_bytes: usize) -> DeviceTensor {
         let b = case.seqlens.len();
         let rows = if case.group {
             case.total(k_side)
@@ -171,17 +171,17 @@ impl DeviceTensor {
     }
 
     /// Element index of (b, h, logical row, d) given the batch's physical start row (group mode).
-    fn index(&self, case: &Case, b: usize, h: usize, row: usize, d: usize, k_side: bool) -> usize {
+    pub fn index(&self, case: &Case, b: usize, h: usize, row: usize, d: usize, k_side: bool) -> usize {
         let t = &self.tensor;
         let start = if case.group { case.starts(k_side)[b] as usize } else { 0 };
         let batch = if case.group { 0 } else { b as i64 * t.batch_stride };
         (batch + h as i64 * t.head_stride + (start + row) as i64 * t.row_stride) as usize + d
     }
 
-    fn upload(&self, bytes: &[u8]) {
+    pub fn upload(&self, bytes: &[u8]) {
         ok(fmha_memcpy(self.ptr, bytes.as_ptr() as *const c_void, bytes.len(), FMHA_MEMCPY_HOST_TO_DEVICE));
     }
-    fn download(&self) -> Vec<u8> {
+    pub fn download(&self) -> Vec<u8> {
         let mut bytes = vec![0u8; self.elements * self.element_bytes];
         ok(fmha_memcpy(bytes.as_mut_ptr() as *mut c_void, self.ptr, bytes.len(), FMHA_MEMCPY_DEVICE_TO_HOST));
         bytes
@@ -254,7 +254,7 @@ fn download_16(case: &Case, t: &DeviceTensor, heads: usize, dim: usize, k_side: 
 }
 
 /// `[nhead_q][rows]` fp32 with unit row stride (the LSE and D layout).
-fn lse_tensor(case: &Case) -> (DeviceTensor, usize) {
+pub fn lse_tensor(case: &Case) -> (DeviceTensor, usize) {
     let rows = if case.group { case.total(false) } else { case.seqlens[0].0 };
     let b = if case.group { 1 } else { case.seqlens.len() };
     let elements = b * case.nhead_q * rows;
@@ -265,12 +265,12 @@ fn lse_tensor(case: &Case) -> (DeviceTensor, usize) {
     (DeviceTensor { ptr, elements, element_bytes: 4, tensor }, rows)
 }
 
-fn poison_32(t: &DeviceTensor) {
+pub fn poison_32(t: &DeviceTensor) {
     let bytes: Vec<u8> = (0..t.elements).flat_map(|_| f32::NAN.to_le_bytes()).collect();
     t.upload(&bytes);
 }
 
-fn download_lse(case: &Case, t: &DeviceTensor) -> Dense {
+pub fn download_lse(case: &Case, t: &DeviceTensor) -> Dense {
     let bytes = t.download();
     let values: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
     let starts = case.starts(false);
@@ -419,6 +419,11 @@ impl Buffers {
         upload_16(case, &q, &inputs.q, hq, dq, false, rng);
         upload_16(case, &k, &inputs.k, hk, dq, true, rng);
         upload_16(case, &v, &inputs.v, hk, dv, true, rng);
+        Buffers::with_tensors(case, q, k, v, o)
+    }
+
+    /// The buffers of `case` around filled q, k, v and an output o: the LSE and the sequence arrays.
+    pub fn with_tensors(case: &Case, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor, o: DeviceTensor) -> Buffers {
         let (lse, _) = lse_tensor(case);
         let group = |values: Vec<i32>| DeviceArray::new(if case.group { &values } else { &[] });
         let padded = case.padding.iter().any(|&(a, b)| a > 0 || b > 0);
@@ -455,6 +460,7 @@ impl Buffers {
             mask_type: case.mask.kind as i32,
             bias_type: FMHA_BIAS_NONE,
             has_dropout: 0,
+            o_dtype: 0,
         }
     }
 
@@ -497,6 +503,9 @@ impl Buffers {
             scale: case.scale,
             window_size_left: case.mask.left,
             window_size_right: case.mask.right,
+            q_descale: fmha_scale::default(),
+            k_descale: fmha_scale::default(),
+            v_descale: fmha_scale::default(),
         }
     }
 

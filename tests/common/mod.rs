@@ -89,3 +89,43 @@ pub fn no_device() -> bool {
 
 /// Serialises tests that change the host backend's CU count (a process-wide setting).
 pub static CU_COUNT_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// max over the keys of Σ_e |q_e · k_e| for query row `i` of head `h` (`q`: [hq][sq][d] of one
+/// sequence, `k`: [hk][kv][d]).
+pub fn abs_dot_max(
+    q: &[f64],
+    k: &[f64],
+    h: usize,
+    i: usize,
+    (hq, hk, sq, kv, d): (usize, usize, usize, usize, usize),
+) -> f64 {
+    let qi = &q[(h * sq + i) * d..(h * sq + i + 1) * d];
+    let g = h / (hq / hk);
+    (0..kv)
+        .map(|j| qi.iter().zip(&k[(g * kv + j) * d..(g * kv + j + 1) * d]).map(|(a, b)| (a * b).abs()).sum::<f64>())
+        .fold(0.0, f64::max)
+}
+
+/// What fp8 tensor cores may add to a score's (and so the LSE's) error: Hopper's e4m3 wgmma keeps
+/// about 14 bits of the running sum of a dot product (DeepSeek-V3 §3.3.2) and rounds it at every 32-deep
+/// k step, so a score of head dim `d` may be off by ⌈d / 32⌉ · 2^-12 (two of those units per step) of
+/// `scaled_abs_dot`, the scaled sum of its products' magnitudes. The roundings do not cancel when the
+/// products have one sign: an H200 with inputs in [0, 1) and d = 128 gave LSEs low by about 1.4 · 2^-13
+/// per step (2026-11-24, tests/python/test_forward.py::test_fp8_forward).
+pub fn fp8_accumulation(d: usize, scaled_abs_dot: f64) -> f64 {
+    d.div_ceil(32) as f64 * 2f64.powi(-12) * scaled_abs_dot
+}
+
+/// The fp8 output rule (spec/inference.md §2.5): against the float64 reference on the dequantised
+/// inputs, the max error within 4× and the mean within 3× of the baseline's (the same computation with
+/// P rounded to the format as the kernels round it and O to bf16), plus bf16's output rounding of
+/// values up to 4 as a floor. `max` and `sum` are (kernel, baseline) pairs over `count` elements.
+#[track_caller]
+pub fn fp8_output_rule(ctx: &str, (err_max, base_max): (f64, f64), (err_sum, base_sum): (f64, f64), count: usize) {
+    let floor = 2f64.powi(-8) * 4.0;
+    assert!(err_max <= 4.0 * base_max + floor, "{ctx}: O max error {err_max:e} > 4 × {base_max:e} + {floor:e}");
+    if count > 0 {
+        let (mean, base_mean) = (err_sum / count as f64, base_sum / count as f64);
+        assert!(mean <= 3.0 * base_mean + floor / 4.0, "{ctx}: O mean error {mean:e} vs baseline {base_mean:e}");
+    }
+}

@@ -125,10 +125,13 @@ FLASH_ATTN_SIGNATURES = {
 @pytest.mark.parametrize("name", sorted(FLASH_ATTN_SIGNATURES))
 def test_signatures_match_flash_attn(name):
     """Names, order, defaults and kinds: a caller passing flash-attn's arguments positionally gets the same
-    meaning (a positional softcap must not land on `deterministic`)."""
+    meaning (a positional softcap must not land on `deterministic`); FA3's fp8 descales follow as keywords."""
     params = list(inspect.signature(getattr(fmha, name)).parameters.values())
-    assert [(p.name, p.default) for p in params] == FLASH_ATTN_SIGNATURES[name]
-    assert all(p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
+    positional = [p for p in params if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    keywords = [p for p in params if p.kind == inspect.Parameter.KEYWORD_ONLY]
+    assert [(p.name, p.default) for p in positional] == FLASH_ATTN_SIGNATURES[name]
+    assert [(p.name, p.default) for p in keywords] == [("q_descale", None), ("k_descale", None), ("v_descale", None)]
+    assert len(positional) + len(keywords) == len(params)
 
 
 def test_positional_softcap_is_softcap():

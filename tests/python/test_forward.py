@@ -6,6 +6,8 @@ The host backend runs a small grid on CPU tensors; a GPU build runs the larger o
 FMHA_TEST_QUICK=1 selects the small grid there too).
 """
 
+import math
+
 import pytest
 import torch
 
@@ -13,6 +15,7 @@ import fmha
 from fmha import ops
 
 from attn_ref import (
+    DEVICE,
     DTYPE_IDS,
     DTYPES,
     FLOOR_LSE,
@@ -28,6 +31,7 @@ from attn_ref import (
     default_scale,
     flash_mask,
     keep_mask,
+    max_err,
     poisoned,
     randn,
     ref_dtype_for,
@@ -246,3 +250,88 @@ def test_window_conventions():
     out = fmha.flash_attn_func(q, k, v, causal=True)
     assert torch.all(out[:, :10] == 0) and not torch.all(out[:, 10:] == 0)
 
+
+
+# --- fp8 (FA3's keywords): forward only, bf16 output ---------------------------------------------------
+
+FP8 = [d for d in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e4m3fnuz", None)) if d is not None]
+
+
+def _fp8_inputs(fp8, shapes, h, h_k, batch):
+    """Random true values in [0, 1), their fp8 codes under per-(sequence, kv head) descales for q and k and
+    one broadcast (stride 0) descale for v, and the dequantized float64 values the reference takes."""
+    gen = lambda *s: torch.rand(*s, device=DEVICE, dtype=torch.float64)  # noqa: E731
+    descales = [0.5 + gen(batch, h_k).float(), 0.5 + gen(batch, h_k).float(),
+                torch.tensor(0.75, device=DEVICE).expand(batch, h_k)]
+    codes, dequantized = [], []
+    for (shape, heads, seq_of_row), d in zip(shapes, descales):
+        per_row = d.double()[seq_of_row].repeat_interleave(heads // h_k, dim=-1)[..., None]  # [rows.., heads, 1]
+        x8 = (gen(*shape) / per_row).to(fp8)
+        codes.append(x8)
+        dequantized.append(x8.double() * per_row)
+    return codes, descales, dequantized
+
+
+def _fp8_accumulation(q, k, scale):
+    """[b, h, sq]: what fp8 tensor cores may add to each row's scores and LSE (tests/common/mod.rs's
+    fp8_accumulation): Hopper's e4m3 wgmma keeps about 14 bits of the running sum and rounds it at every
+    32-deep k step, so ceil(d / 32) * 2^-12 of the scaled sum of the products' magnitudes, at the row's
+    largest. With inputs of one sign the roundings add up (an H200, these inputs: LSEs low by about
+    1.4 * 2^-13 per step)."""
+    d = q.shape[-1]
+    k = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
+    abs_dot = torch.einsum("bqhd,bkhd->bhqk", q.abs(), k.abs()).amax(-1)
+    return -(-d // 32) * 2.0**-12 * scale * abs_dot
+
+
+@pytest.mark.parametrize("fp8", FP8, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("causal", [False, True], ids=["none", "causal"])
+def test_fp8_forward(fp8, causal):
+    """flash_attn_func and flash_attn_varlen_func on fp8 q/k/v with FA3's descales: bf16 out against the
+    float64 attention of the dequantized inputs (the bound of test_kvcache.test_fp8_descales: P rounded to
+    fp8 and O to bf16 stay well under 0.06, a missing or misapplied descale is ~0.5 off); LSE as tight as
+    fp16/bf16's plus what fp8 tensor cores' accumulation may add (`_fp8_accumulation`)."""
+    h, h_k, d, batch, sq, sk = 4, 2, 128, 2, 70, 131
+    rows = torch.arange(batch, device=DEVICE)[:, None].expand(batch, sq)
+    keys = torch.arange(batch, device=DEVICE)[:, None].expand(batch, sk)
+    (q8, k8, v8), (q_d, k_d, v_d), (q, k, v) = _fp8_inputs(
+        fp8, [((batch, sq, h, d), h, rows), ((batch, sk, h_k, d), h_k, keys), ((batch, sk, h_k, d), h_k, keys)],
+        h, h_k, batch,
+    )
+    run = lambda: fmha.flash_attn_func(  # noqa: E731
+        q8, k8, v8, causal=causal, return_attn_probs=True, q_descale=q_d, k_descale=k_d, v_descale=v_d
+    )
+    out, lse, _ = call_or_skip(run, op="fwd", dtype=fp8, hdim_q=d, hdim_v=d, masked=causal)
+    assert out.dtype == torch.bfloat16 and out.shape == (batch, sq, h, d)
+    keep = keep_mask(sq, sk, *flash_mask(causal, (-1, -1), sk))
+    o_ref, lse_ref = attention_ref(q, k, v, keep, 1 / math.sqrt(d))
+    assert max_err(out, o_ref) < 0.06, f"fp8 out: max abs error {max_err(out, o_ref):.4f}"
+    lse_err = (lse.double() - lse_ref).abs()
+    assert (lse_err <= 1e-4 * (1 + lse_ref.abs()) + _fp8_accumulation(q, k, 1 / math.sqrt(d))).all(), (
+        f"fp8 lse: max abs error {lse_err.max().item():.2e}"
+    )
+
+    # The same tokens in varlen layout give the same result (one tile loop, same descales per sequence).
+    cu = cu_seqlens([sq] * batch)
+    cu_k = cu_seqlens([sk] * batch)
+    out_v, lse_v, _ = fmha.flash_attn_varlen_func(
+        q8.flatten(0, 1), k8.flatten(0, 1), v8.flatten(0, 1), cu, cu_k, sq, sk, causal=causal,
+        return_attn_probs=True, q_descale=q_d, k_descale=k_d, v_descale=v_d,
+    )
+    assert torch.equal(out_v, out.flatten(0, 1))
+    assert torch.equal(lse_v, lse.permute(1, 0, 2).flatten(1, 2))
+
+
+def test_fp8_forward_refuses_gradients_and_bad_descales():
+    """fp8 is forward only; descales must be float32 (batch, nheads_k) or broadcast to it."""
+    if not FP8:
+        pytest.skip("this PyTorch has no float8 dtypes")
+    fp8 = FP8[0]
+    q = torch.rand(1, 8, 2, 64, device=DEVICE).to(fp8)
+    with pytest.raises(ValueError, match="q_descale"):
+        fmha.flash_attn_func(q, q, q, q_descale=torch.ones(3, 3, device=DEVICE))
+    with pytest.raises(TypeError, match="k_descale"):
+        fmha.flash_attn_func(q, q, q, k_descale=torch.ones(1, 2, device=DEVICE, dtype=torch.float64))
+    leaf = torch.rand(1, 8, 2, 64, device=DEVICE).to(fp8).requires_grad_(True)
+    with pytest.raises(NotImplementedError, match="forward only"):
+        fmha.flash_attn_func(leaf, q, q)

@@ -6,6 +6,7 @@
 // shared memory, from where the 16 threads that copy the row read them.
 #pragma once
 
+#include "common/descale.h"
 #include "common/sequence.h"
 #include "fwd/sm90/kernel.h"
 #include "kvcache/page_table.h"
@@ -70,8 +71,8 @@ struct KeyValueTiles<fmha_kvcache_params, Tile, T> {
     whole_tiles = page_size % N == 0;
     const bool k_paged = Tile::kPageScales && p.k_descale.data != 0 && p.k_descale.page_stride != 0;
     const bool v_paged = Tile::kPageScales && p.v_descale.data != 0 && p.v_descale.page_stride != 0;
-    qk_descale = descale(p.q_descale, b, hk) * (k_paged ? 1.f : descale(p.k_descale, b, hk));
-    v_descale = v_paged ? 1.f : descale(p.v_descale, b, hk);
+    qk_descale = uniform_descale(p.q_descale, b, hk) * (k_paged ? 1.f : uniform_descale(p.k_descale, b, hk));
+    v_descale = v_paged ? 1.f : uniform_descale(p.v_descale, b, hk);
     if (k_paged) {
       k_page_scales = reinterpret_cast<const float*>(p.k_descale.data) + hk * p.k_descale.head_stride;
       k_scale_stride = p.k_descale.page_stride;
@@ -81,12 +82,6 @@ struct KeyValueTiles<fmha_kvcache_params, Tile, T> {
       v_scale_stride = p.v_descale.page_stride;
     }
     same_strides = k_page_stride == v_page_stride && k_row_stride == v_row_stride;
-  }
-
-  // A uniform descale (per tensor or per (sequence, kv head)).
-  __device__ static float descale(const fmha_descale_params& d, int b, int hk) {
-    const float* data = reinterpret_cast<const float*>(d.data);
-    return data != nullptr ? data[b * d.batch_stride + hk * d.head_stride] : 1.f;
   }
 
   // The K and V descales of the tile issued last (the kernel asks before it issues the next).

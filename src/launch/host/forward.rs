@@ -1,23 +1,27 @@
 //! The forward kernel on the host: one block per (q tile, query head, batch), streaming K/V tiles
-//! with an online softmax in f32, writing O in the input type and the natural-log LSE.
+//! with an online softmax in f32, writing O (the input type; bf16 for fp8 inputs) and the natural-log
+//! LSE. fp8 codes are decoded and multiplied by their (sequence, kv head) descales, as the kv-cache's
+//! host kernel does.
 
 use super::attend::{KeyValueRows, QueryIo, QueryTile};
 use super::grid::for_each_block;
 use super::sequence::Sequences;
-use super::tensor_view::TensorView;
+use super::tensor_view::{DescaleView, TensorView};
 use crate::error::Result;
 use crate::launch::FwdKargs;
-use crate::problem::Element;
+use crate::problem::Scalar;
 
-/// Runs the whole forward grid on up to `cu_count` threads.
-pub fn run<E: Element>(k: &FwdKargs, cu_count: i64) -> Result<()> {
+/// Runs the whole forward grid on up to `cu_count` threads: `E` is the element type of q, k and v,
+/// `O` that of o.
+pub fn run<E: Scalar, O: Scalar>(k: &FwdKargs, cu_count: i64) -> Result<()> {
     let s = &k.shape;
     let mode = s.mode;
     let q = TensorView::<E>::new(k.q, k.extents.q, mode, "q")?;
     let kt = TensorView::<E>::new(k.k, k.extents.k, mode, "k")?;
     let v = TensorView::<E>::new(k.v, k.extents.v, mode, "v")?;
-    let o = TensorView::<E>::new(k.o, k.extents.o, mode, "o")?;
+    let o = TensorView::<O>::new(k.o, k.extents.o, mode, "o")?;
     let lse = if k.lse.ptr.is_null() { None } else { Some(TensorView::<f32>::new(k.lse, k.extents.lse, mode, "lse")?) };
+    let [q_descale, k_descale, v_descale] = DescaleView::of_call(&k.descales, k.descale_extents)?;
     let io = QueryIo { q: &q, o: &o, lse: lse.as_ref() };
     let seqs = Sequences::new(s, &k.sequences)?;
     let (m0, n0) = (k.instance.m0, k.instance.n0);
@@ -45,33 +49,41 @@ pub fn run<E: Element>(k: &FwdKargs, cu_count: i64) -> Result<()> {
             keys: 0..i64::MAX,
             round_p: E::round_probability, // P enters P·V in the input type, as on the matrix units
         };
+        let g = h / s.group_size();
         let mut kv = DenseRows {
             k: &kt,
             v: &v,
             batch: b,
-            head: h / s.group_size(),
+            head: g,
             first_row: rows.k_start,
+            k_descale: k_descale.value(b, g, 0),
+            v_descale: v_descale.value(b, g, 0),
             staging: Vec::new(),
         };
-        io.attend_block(b, h, rows.q_start + i0, 1.0, &tile, &mut kv)?;
+        io.attend_block(b, h, rows.q_start + i0, q_descale.value(b, g, 0), &tile, &mut kv)?;
         Ok(())
     })
 }
 
-/// Key and value rows of one (batch, kv head) of dense K and V tensors.
+/// Key and value rows of one (batch, kv head) of dense K and V tensors, in true values (times their
+/// descales: 1 for 16-bit inputs, which leaves them exact).
 struct DenseRows<'a, E> {
     k: &'a TensorView<E>,
     v: &'a TensorView<E>,
     batch: i64,
     head: i64,
     first_row: i64,
+    k_descale: f32,
+    v_descale: f32,
     staging: Vec<E>,
 }
 
-impl<E: Element> KeyValueRows for DenseRows<'_, E> {
+impl<E: Scalar> KeyValueRows for DenseRows<'_, E> {
     fn read(&mut self, j: i64, k: &mut [f32], v: &mut [f32]) -> Result<()> {
         self.k.read_row(self.batch, self.head, self.first_row + j, k, &mut self.staging);
         self.v.read_row(self.batch, self.head, self.first_row + j, v, &mut self.staging);
+        k.iter_mut().for_each(|x| *x *= self.k_descale);
+        v.iter_mut().for_each(|x| *x *= self.v_descale);
         Ok(())
     }
 }

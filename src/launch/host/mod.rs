@@ -13,13 +13,14 @@ pub mod tile_math;
 
 use super::abi::KvCacheFault;
 use super::{BwdKargs, Executor, FwdKargs, KvCacheKargs};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::host_buffer::{try_filled, AlignedBytes};
 use crate::problem::fp8::{E4m3fn, E4m3fnuz};
 use crate::problem::{CacheDtype, Dtype, Element, Fp8Format};
 use crate::runtime::host::{runtime, DeviceSlice};
 use crate::runtime::{DevicePtr, Runtime, Stream};
 use crate::workspace::WorkspaceLayout;
+use half::{bf16, f16};
 
 pub struct HostExecutor;
 
@@ -93,8 +94,10 @@ impl Executor for HostExecutor {
         let cu_count = runtime().cu_count()?;
         let kargs = *kargs;
         runtime().enqueue(stream, move || match kargs.shape.dtype {
-            Dtype::F16 => forward::run::<half::f16>(&kargs, cu_count),
-            Dtype::Bf16 => forward::run::<half::bf16>(&kargs, cu_count),
+            CacheDtype::Half(Dtype::F16) => forward::run::<f16, f16>(&kargs, cu_count),
+            CacheDtype::Half(Dtype::Bf16) => forward::run::<bf16, bf16>(&kargs, cu_count),
+            CacheDtype::Fp8(Fp8Format::E4m3fn) => forward::run::<E4m3fn, bf16>(&kargs, cu_count),
+            CacheDtype::Fp8(Fp8Format::E4m3fnuz) => forward::run::<E4m3fnuz, bf16>(&kargs, cu_count),
         })
     }
 
@@ -110,8 +113,10 @@ impl Executor for HostExecutor {
         let workers = kargs.layout.params.num_cus;
         let kargs = *kargs;
         runtime().enqueue(stream, move || match kargs.shape.dtype {
-            Dtype::F16 => stages::<half::f16>(&kargs, workers),
-            Dtype::Bf16 => stages::<half::bf16>(&kargs, workers),
+            CacheDtype::Half(Dtype::F16) => stages::<f16>(&kargs, workers),
+            CacheDtype::Half(Dtype::Bf16) => stages::<bf16>(&kargs, workers),
+            // The backward's traits take 16-bit types only (fmha_bwd_traits.dtype refuses fp8).
+            CacheDtype::Fp8(_) => Err(Error::unsupported("dtype: the backward takes fp16 and bf16")),
         })
     }
 
@@ -122,7 +127,6 @@ impl Executor for HostExecutor {
     }
 
     fn kvcache_forward(kargs: &KvCacheKargs, stream: Stream) -> Result<()> {
-        use half::{bf16, f16};
         let cu_count = runtime().cu_count()?;
         let kargs = *kargs;
         runtime().enqueue(stream, move || match kargs.dtype {

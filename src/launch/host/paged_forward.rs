@@ -7,7 +7,7 @@
 
 use super::attend::{Attended, KeyValueRows, QueryIo, QueryTile};
 use super::grid::for_each_block;
-use super::tensor_view::TensorView;
+use super::tensor_view::{DescaleView, TensorView};
 use crate::error::{Error, Result};
 use crate::host_buffer::try_filled;
 use crate::launch::abi::{KvCacheFault, KvCacheSplitPlan, KVCACHE_PREPARED};
@@ -15,7 +15,6 @@ use crate::launch::{KvCacheKargs, KvSplitArgs, KvTableArgs};
 use crate::problem::mask::MaskType;
 use crate::problem::merge::merge_row;
 use crate::problem::paged::{resolve_sequences, PageTable, PoolLayout, Sequence, SequencePages, TableFault, TableKind};
-use crate::problem::scale::Descale;
 use crate::problem::split::{adaptive_tiles, chunks, work_units, Chunks};
 use crate::problem::{Mode, Scalar};
 use crate::runtime::host::DeviceSlice;
@@ -151,23 +150,6 @@ impl Partials {
     }
 }
 
-/// A descale array read on the host (1 where none was given).
-struct DescaleView {
-    descale: Descale,
-    data: Option<DeviceSlice<f32>>,
-}
-
-impl DescaleView {
-    fn new(descale: Descale, extent: usize, field: &str) -> Result<DescaleView> {
-        let data = (!descale.is_none()).then(|| DeviceSlice::new(descale.data, extent, field)).transpose()?;
-        Ok(DescaleView { descale, data })
-    }
-
-    fn value(&self, b: i64, g: i64, page: i64) -> f32 {
-        self.data.as_ref().map_or(1.0, |d| d.get(self.descale.offset(b, g, page)))
-    }
-}
-
 /// Runs the call: `E` is the element type of q, k and v, `O` that of o.
 pub fn run<E: Scalar, O: Scalar>(k: &KvCacheKargs, cu_count: i64) -> Result<()> {
     if k.mask.kind == MaskType::TopLeft {
@@ -184,10 +166,7 @@ pub fn run<E: Scalar, O: Scalar>(k: &KvCacheKargs, cu_count: i64) -> Result<()> 
     // The pools are addressed as batch-mode tensors whose batch is the page.
     let k_pool = TensorView::<E>::new(k.k, k.extents.k, Mode::Batch, "k")?;
     let v_pool = TensorView::<E>::new(k.v, k.extents.v, Mode::Batch, "v")?;
-    let [qx, kx, vx] = k.descale_extents;
-    let q_descale = DescaleView::new(k.descales.q, qx, "q_descale")?;
-    let k_descale = DescaleView::new(k.descales.k, kx, "k_descale")?;
-    let v_descale = DescaleView::new(k.descales.v, vx, "v_descale")?;
+    let [q_descale, k_descale, v_descale] = DescaleView::of_call(&k.descales, k.descale_extents)?;
     let io = QueryIo { q: &q, o: &o, lse: lse.as_ref() };
     let m0 = k.instance.m0;
     let q_tiles = sequences.iter().map(|s| (s.sq + m0 - 1) / m0).max().unwrap_or(0) as usize;

@@ -1,0 +1,16 @@
+// fp8 descales uniform over a call's (sequence, kv head): per tensor, or per (sequence, kv head)
+// through the strides (src/problem/scale.rs). Shared by the dense forward's and the kv cache's tiles.
+#pragma once
+
+#include "arch/platform.h"
+#include "launch.h"
+
+namespace fmha {
+
+// The descale of sequence b, kv head hk; 1 where none is given.
+__device__ inline float uniform_descale(const fmha_descale_params& d, int b, int hk) {
+  const float* data = reinterpret_cast<const float*>(d.data);
+  return data != nullptr ? data[b * d.batch_stride + hk * d.head_stride] : 1.f;
+}
+
+}  // namespace fmha
