@@ -115,18 +115,21 @@ def main():
             cell(f"fmha num_splits={splits}", lambda: (lambda: fmha.flash_attn_with_kvcache(
                 q4, pr["kc"], pr["vc"], cache_seqlens=pr["seqlens"], page_table=pr["table"], causal=True,
                 num_splits=splits)))
+
+        def wrapper(module):
+            """flashinfer's decode wrapper API (fmha's or flashinfer's): plan once, time run."""
+            ws = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+            w = module.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+            w.plan(pr["indptr"], pr["indices"], pr["last"], HQ, HKV, D, P, q_data_type=torch.bfloat16,
+                   kv_data_type=torch.bfloat16)
+            return lambda: w.run(pr["q"], (pr["kc"], pr["vc"]))
+
+        cell("fmha decode wrapper", lambda: wrapper(fmha))
         if "fa3" in rivals:
             cell("fa3", lambda: (lambda: rivals["fa3"].flash_attn_with_kvcache(
                 q4, pr["kc"], pr["vc"], cache_seqlens=pr["seqlens"], page_table=pr["table"], causal=True)))
         if "flashinfer" in rivals:
-            def fi():
-                ws = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
-                w = rivals["flashinfer"].BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
-                w.plan(pr["indptr"], pr["indices"], pr["last"], HQ, HKV, D, P, q_data_type=torch.bfloat16,
-                       kv_data_type=torch.bfloat16)
-                return lambda: w.run(pr["q"], (pr["kc"], pr["vc"]))
-
-            cell("flashinfer decode", fi)
+            cell("flashinfer decode", lambda: wrapper(rivals["flashinfer"]))
         del pr
         torch.cuda.empty_cache()
 

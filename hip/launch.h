@@ -222,6 +222,11 @@ typedef struct fmha_kvcache_params {
   // the instance's `block_m` rows count those pairs).
   int32_t pack_gqa;
   int32_t pad;
+  // The workspace's longest-first sequence order (i32 `[batch]`, valid where the plan's `ordered`
+  // equals `batch`) and the classes the prepare sorts it by (u8 `[batch]`); 0 where the workspace
+  // has none.
+  uint64_t sequence_order;
+  uint64_t order_keys;
 } fmha_kvcache_params;
 
 // The backward kernels' parameters, shared by the three stages. The workspace fields are the layout
@@ -394,6 +399,10 @@ typedef struct fmha_kv_cache_fault {
 typedef struct fmha_kv_cache_split_plan {
   uint32_t magic;
   int32_t tiles_per_split;
+  // The batch whose longest-first order the workspace holds (`problem::split::longest_first`), 0
+  // for none: the grid then runs the sequences in their order.
+  int32_t ordered;
+  int32_t pad;
 } fmha_kv_cache_split_plan;
 
 #ifdef __cplusplus

@@ -439,9 +439,10 @@ typedef struct fmha_kvcache_args {
   struct fmha_scale k_descale;
   struct fmha_scale v_descale;
   // 16-byte aligned, `fmha_kvcache_launcher_workspace_size` bytes: written by the prepare (fault
-  // record, split plan), read by `_check`. A splitting launcher's run writes partial results into it
-  // and reads the plan (a workspace no prepare wrote runs unsplit); an unsplit run reads nothing from
-  // it (NULL allowed there). `workspace_size` 0 skips the size check.
+  // record, split plan, the sequences in longest-first order), read by `_check`. A run reads the
+  // plan and the order (GPU grids start the longest sequences first; a workspace no prepare wrote
+  // runs unsplit in sequence order); a splitting launcher's run writes partial results into it. An
+  // unsplit launcher's run takes NULL too. `workspace_size` 0 skips the size check.
   void *workspace;
   size_t workspace_size;
 } fmha_kvcache_args;
@@ -565,9 +566,10 @@ fmha_status fmha_kvcache_launcher_check(const struct fmha_kvcache_launcher *laun
                                         fmha_stream_t stream);
 
 // One call for bindings: creates a launcher for `traits`, enqueues `args` on `stream`, destroys it.
-// A launcher that splits the KV (see `max_splits`) first enqueues its prepare on `args.workspace`
-// (`fmha_kvcache_workspace_size_upper_bound` bytes), whose faults nothing reports here; an unsplit one
-// runs without a prepare (use the launcher to have the tables checked).
+// Given a workspace (`fmha_kvcache_workspace_size_upper_bound` bytes), it first enqueues the prepare
+// on it (the split plan and the longest-first sequence order; the faults it records nothing reports
+// here: use the launcher to have the tables checked); a launcher that splits the KV (see
+// `max_splits`) needs one. Without a workspace the sequences run unsplit in their order.
 fmha_status fmha_kvcache_fwd(const struct fmha_kvcache_traits *traits,
                              const struct fmha_kvcache_args *args,
                              fmha_stream_t stream);

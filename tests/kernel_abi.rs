@@ -261,10 +261,12 @@ fn layouts() -> Vec<Layout> {
                 partial_rows,
                 pack_gqa,
                 pad,
+                sequence_order,
+                order_keys,
             ]
         ),
         layout!(KvCacheFault, "fmha_kv_cache_fault", [magic, field, sequence, value, bound]),
-        layout!(KvCacheSplitPlan, "fmha_kv_cache_split_plan", [magic, tiles_per_split]),
+        layout!(KvCacheSplitPlan, "fmha_kv_cache_split_plan", [magic, tiles_per_split, ordered, pad]),
         layout!(WalkArgs, "fmha_walk_args", [params, worker, masked, pad]),
         layout!(UnitRecord, "fmha_unit_record", [batch, head, k_tile, split, first_in_slot]),
         layout!(CuState, "fmha_cu_state", [w_lo, w_hi, ibatch, isplit, head_start, c_start]),

@@ -909,6 +909,9 @@ struct Small {
     last_page_len: Vec<i32>,
 }
 
+/// The small call's workspace: more than its launcher needs (the calls check the size).
+const SMALL_WORKSPACE: usize = 256;
+
 impl Small {
     fn new() -> Small {
         let mut dev = Device::default();
@@ -918,7 +921,7 @@ impl Small {
         let q = dev.upload(&vec![half::bf16::ONE; 5 * hq * d]);
         let o = dev.upload(&vec![0u16; 5 * hq * d]);
         let lse = dev.upload(&vec![0f32; 5 * hq]);
-        let workspace = dev.upload(&[0u8; 64]);
+        let workspace = dev.upload(&[0u8; SMALL_WORKSPACE]);
         let (seqstart_q, kv_indptr, page_indices, last_page_len) =
             (vec![0, 2, 5], vec![0, 2, 4], vec![3, 1, 0, 5], vec![3, 4]);
         let traits = fmha_kvcache_traits {
@@ -968,7 +971,7 @@ impl Small {
             window_size_left: -1,
             window_size_right: 0,
             workspace,
-            workspace_size: 64,
+            workspace_size: SMALL_WORKSPACE,
             ..blank_args()
         };
         Small { dev, traits, args, seqstart_q, kv_indptr, page_indices, last_page_len }
@@ -994,7 +997,7 @@ impl Small {
         ok(fmha_stream_create(&mut stream));
         ok(fmha_kvcache_launcher_create(&self.traits, &mut launcher));
         ok(fmha_kvcache_launcher_prepare_async(launcher, &self.args, stream));
-        let checked = fmha_kvcache_launcher_check(launcher, self.args.workspace, 64, stream);
+        let checked = fmha_kvcache_launcher_check(launcher, self.args.workspace, SMALL_WORKSPACE, stream);
         let check_message = last_error();
         let ran = match fmha_kvcache_launcher_run(launcher, &self.args, stream) {
             FMHA_OK => fmha_stream_synchronize(stream),
@@ -1066,7 +1069,7 @@ fn prepare_records_the_first_fault_and_check_names_it() {
     let mut launcher = null_mut();
     ok(fmha_kvcache_launcher_create(&small.traits, &mut launcher));
     expect_error(
-        fmha_kvcache_launcher_check(launcher, small.args.workspace, 64, null_mut()),
+        fmha_kvcache_launcher_check(launcher, small.args.workspace, SMALL_WORKSPACE, null_mut()),
         FMHA_ERR_WORKSPACE_NOT_PREPARED,
         &["workspace"],
     );

@@ -14,6 +14,8 @@ __device__ inline uint32_t block_index_y() { return blockIdx.y; }
 __device__ inline uint32_t block_index_z() { return blockIdx.z; }
 __device__ inline uint32_t grid_blocks_x() { return gridDim.x; }
 __device__ inline void block_barrier() { __syncthreads(); }
+// *p += x, atomically for the workgroup (p in shared memory).
+__device__ inline void shared_atomic_add(int32_t* p, int32_t x) { atomicAdd(p, x); }
 // x of lane (this lane XOR mask); every lane of the warp must take part.
 __device__ inline float shuffle_xor(float x, int mask) { return __shfl_xor_sync(0xffffffffu, x, mask); }
 #else
@@ -28,6 +30,10 @@ __device__ inline void block_barrier() {
   __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
   __builtin_amdgcn_s_barrier();
   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+}
+// *p += x, atomically for the workgroup (p in LDS).
+__device__ inline void shared_atomic_add(int32_t* p, int32_t x) {
+  __hip_atomic_fetch_add(p, x, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_WORKGROUP);
 }
 // x of lane (this lane XOR mask); every lane of the wave must take part.
 __device__ inline float shuffle_xor(float x, int mask) {

@@ -15,38 +15,56 @@ constexpr int kPrepareThreads = 256;
 
 // One workgroup: thread t checks sequences t, t + 256, ... and keeps its first fault; the smallest
 // faulty sequence's fault is recorded (the Rust order: the first in sequence order). The work units of
-// every sequence are summed into the split plan (kvcache/split.h).
+// every sequence are summed into the split plan (kvcache/split.h), and where the plan orders the
+// sequences, thread c then places class c's sequences (the order of `problem::split::longest_first`).
 __global__ void __launch_bounds__(kPrepareThreads) kvcache_prepare_kernel(fmha_kvcache_params p) {
+  static_assert(kPrepareThreads == kvcache::kOrderClasses, "one thread per class of the order");
   __shared__ int32_t first[kPrepareThreads];
   __shared__ kvcache::Fault faults[kPrepareThreads];
   __shared__ int64_t work[kPrepareThreads];
+  __shared__ int32_t count[kvcache::kOrderClasses];
+  __shared__ fmha_kv_cache_split_plan plan;
   const int t = static_cast<int>(arch::thread_index());
+  const bool ordering = p.split_plan != 0 && kvcache::orders(p);
+  uint8_t* keys = reinterpret_cast<uint8_t*>(p.order_keys);
   first[t] = p.batch;
+  count[t] = 0;
+  arch::block_barrier();
   int64_t mine = 0;
   for (int32_t b = t; b < p.batch; b += kPrepareThreads) {
     kvcache::Sequence s;
     const kvcache::Fault f = kvcache::sequence_fault(p, b, s);
-    mine += kvcache::work_units(p, s);
+    const int64_t units = kvcache::work_units(p, s);
+    mine += units;
+    if (ordering) {
+      keys[b] = kvcache::order_key(units);
+      arch::shared_atomic_add(&count[keys[b]], 1);
+    }
     if (f.field != kvcache::kNoFault && first[t] == p.batch) {
       first[t] = b;
       faults[t] = f;
     }
   }
   work[t] = mine;
+  arch::block_barrier();  // also makes the keys in global memory visible to the workgroup
+  if (t == 0) {
+    int winner = 0;
+    int64_t total = 0;
+    for (int i = 0; i < kPrepareThreads; ++i) {
+      if (first[i] < first[winner]) winner = i;
+      total += work[i];
+    }
+    const kvcache::Fault none = {kvcache::kNoFault, 0, 0};
+    const bool found = first[winner] < p.batch;
+    *reinterpret_cast<fmha_kv_cache_fault*>(p.workspace) = kvcache::record_of(first[winner], found ? faults[winner] : none);
+    plan = kvcache::plan_of(p, found, total);
+    if (p.split_plan != 0) *reinterpret_cast<fmha_kv_cache_split_plan*>(p.split_plan) = plan;
+  }
   arch::block_barrier();
-  if (t != 0) return;
-  int winner = 0;
-  int64_t total = 0;
-  for (int i = 0; i < kPrepareThreads; ++i) {
-    if (first[i] < first[winner]) winner = i;
-    total += work[i];
-  }
-  const kvcache::Fault none = {kvcache::kNoFault, 0, 0};
-  const bool found = first[winner] < p.batch;
-  *reinterpret_cast<fmha_kv_cache_fault*>(p.workspace) = kvcache::record_of(first[winner], found ? faults[winner] : none);
-  if (p.split_plan != 0) {
-    *reinterpret_cast<fmha_kv_cache_split_plan*>(p.split_plan) = kvcache::plan_of(p, found, total);
-  }
+  if (p.split_plan == 0 || plan.ordered == 0 || count[t] == 0) return;
+  int32_t placed = 0;  // the sequences of the classes above t
+  for (int c = kvcache::kOrderClasses - 1; c > t; --c) placed += count[c];
+  kvcache::place_class(p, t, placed);
 }
 
 }  // namespace fmha

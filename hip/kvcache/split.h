@@ -54,13 +54,54 @@ FMHA_HOST_DEVICE inline int32_t adaptive_tiles(int64_t work, int32_t cu_count) {
   return static_cast<int32_t>(tiles < 1 ? 1 : (tiles > INT32_MAX ? INT32_MAX : tiles));
 }
 
+// Whether the prepare orders this call's sequences longest-first (`KvSplitArgs::order_len` is the
+// launcher's batch bound, capped at `problem::split::MAX_ORDERED_BATCH`: the workspace holds that many).
+constexpr int32_t kMaxOrderedBatch = 8192;
+constexpr int kOrderClasses = 256;
+FMHA_HOST_DEVICE inline bool orders(const fmha_kvcache_params& p) {
+  return p.sequence_order != 0 && p.order_keys != 0 && p.batch <= kMaxOrderedBatch;
+}
+
 // The plan the prepare writes: the adaptive chunk length of a call whose sequences hold `work` units
-// (`problem::split::work_units` summed), or none where it found a fault (the kernels then split nothing).
+// (`problem::split::work_units` summed) and whether it wrote the longest-first order, or none where it
+// found a fault (the kernels then split nothing and run the sequences in their order).
 FMHA_HOST_DEVICE inline fmha_kv_cache_split_plan plan_of(const fmha_kvcache_params& p, bool faulted, int64_t work) {
   fmha_kv_cache_split_plan plan;
   plan.magic = faulted ? 0u : kPrepared;
   plan.tiles_per_split = faulted ? 0 : adaptive_tiles(work * (p.nhead_q / packed_heads(p)), p.cu_count);
+  plan.ordered = !faulted && orders(p) ? p.batch : 0;
+  plan.pad = 0;
   return plan;
+}
+
+// `problem::split::order_key`: 0 for no work, else 1 + 4·floor(log2 work) + the two bits below the
+// leading one.
+FMHA_HOST_DEVICE inline uint8_t order_key(int64_t work) {
+  if (work <= 0) return 0;
+  int e = 0;
+  while (e < 62 && (work >> (e + 1)) != 0) ++e;
+  const int64_t below = e >= 2 ? work >> (e - 2) : work << (2 - e);
+  return static_cast<uint8_t>(1 + 4 * e + (below & 3));
+}
+
+// `problem::split::longest_first`, one class at a time: class `c`'s sequences in sequence order, at
+// `order[first..]`, where `first` counts the sequences of the classes above `c`.
+FMHA_HOST_DEVICE inline void place_class(const fmha_kvcache_params& p, int c, int32_t first) {
+  const uint8_t* keys = reinterpret_cast<const uint8_t*>(p.order_keys);
+  int32_t* order = reinterpret_cast<int32_t*>(p.sequence_order);
+  for (int32_t b = 0; b < p.batch; ++b) {
+    if (keys[b] == c) order[first++] = b;
+  }
+}
+
+// The sequence the grid's z-th sequence slot runs: the prepared longest-first order where the plan
+// holds one for this batch, else z (a stale order from other lengths is still a permutation).
+FMHA_HOST_DEVICE inline int32_t sequence_at(const fmha_kvcache_params& p, int32_t z) {
+  if (p.sequence_order == 0 || p.split_plan == 0) return z;
+  const fmha_kv_cache_split_plan plan = *reinterpret_cast<const fmha_kv_cache_split_plan*>(p.split_plan);
+  if (plan.magic != kPrepared || plan.ordered != p.batch) return z;
+  const int32_t b = reinterpret_cast<const int32_t*>(p.sequence_order)[z];
+  return b >= 0 && b < p.batch ? b : z;
 }
 
 // The partials' row of row i of sequence b (`fmha_kvcache_params::partial_rows`).

@@ -331,6 +331,11 @@ pub struct KvCacheParams {
     /// the instance's `block_m` rows count those pairs).
     pub pack_gqa: i32,
     pub pad: i32,
+    /// The workspace's longest-first sequence order (i32 `[batch]`, valid where the plan's `ordered`
+    /// equals `batch`) and the classes the prepare sorts it by (u8 `[batch]`); 0 where the workspace
+    /// has none.
+    pub sequence_order: u64,
+    pub order_keys: u64,
 }
 
 /// The chunk length the prepare chose for a call (`problem::split::adaptive_tiles`); read by the
@@ -341,6 +346,10 @@ pub struct KvCacheParams {
 pub struct KvCacheSplitPlan {
     pub magic: u32,
     pub tiles_per_split: i32,
+    /// The batch whose longest-first order the workspace holds (`problem::split::longest_first`), 0
+    /// for none: the grid then runs the sequences in their order.
+    pub ordered: i32,
+    pub pad: i32,
 }
 
 /// `KvCacheFault::magic` of a prepared workspace ("KVCP").

@@ -50,20 +50,25 @@ pub fn prepare_workspace(
 /// Runs the C++ kv-cache prepare (`hip/kvcache/page_table.h`, `split.h`: the code of the GPU prepare
 /// kernel) on the host CPU over the host arrays `params` addresses, and returns the fault record and
 /// the split plan it writes.
-pub fn kvcache_prepare(params: &KvCacheParams) -> (KvCacheFault, KvCacheSplitPlan) {
+pub fn kvcache_prepare(params: &KvCacheParams) -> (KvCacheFault, KvCacheSplitPlan, Vec<i32>) {
     let mut record = KvCacheFault::default();
     let mut plan = KvCacheSplitPlan::default();
+    let batch = params.batch.max(0) as usize;
+    let (mut order, mut keys) = (vec![-1i32; batch], vec![0u8; batch]);
     let params = KvCacheParams {
         workspace: &mut record as *mut KvCacheFault as u64,
         split_plan: &mut plan as *mut KvCacheSplitPlan as u64,
+        sequence_order: order.as_mut_ptr() as u64,
+        order_keys: keys.as_mut_ptr() as u64,
         ..*params
     };
     // The routine reads the arrays `params` points at (host memory the caller keeps alive, of the
-    // lengths the table kind implies) and writes one record at `workspace` and one plan at
-    // `split_plan`, which are `record` and `plan`.
+    // lengths the table kind implies) and writes one record at `workspace`, one plan at `split_plan`
+    // and `batch` entries at `sequence_order` and `order_keys`, which are `record`, `plan`, `order`
+    // and `keys`.
     let code = call_stub(abi::fmha_cpu_kvcache_prepare, &params, Stream(0));
     assert_eq!(code, 0, "the record address is not null");
-    (record, plan)
+    (record, plan, order)
 }
 
 /// The C++ chunks (`hip/kvcache/split.h`) of a sequence of `kv_len` keys under `params`' split

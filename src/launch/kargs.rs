@@ -128,6 +128,10 @@ pub struct KvSplitArgs {
     pub partial_lse: DevicePtr<f32>,
     pub partial_o: DevicePtr<f32>,
     pub rows: i64,
+    /// The longest-first sequence order and its classes, `order_len` entries each (null: none).
+    pub order: DevicePtr<i32>,
+    pub order_keys: DevicePtr<u8>,
+    pub order_len: i64,
 }
 
 impl KvSplitArgs {
@@ -138,6 +142,9 @@ impl KvSplitArgs {
         partial_lse: DevicePtr::NULL,
         partial_o: DevicePtr::NULL,
         rows: 0,
+        order: DevicePtr::NULL,
+        order_keys: DevicePtr::NULL,
+        order_len: 0,
     };
 }
 

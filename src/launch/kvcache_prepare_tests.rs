@@ -7,7 +7,7 @@ use super::abi::{KvCacheParams, KvCacheSplitPlan, KVCACHE_PREPARED};
 use super::cpu_twin;
 use super::host::paged_forward::TableArrays;
 use crate::problem::paged::{resolve_sequences, PageTable, SequenceBounds, TableKind};
-use crate::problem::split::{adaptive_tiles, chunks, work_units, SplitPolicy};
+use crate::problem::split::{adaptive_tiles, chunks, longest_first, order_key, work_units, SplitPolicy};
 use crate::test_rng::{starts, Rng};
 
 fn spoil(rng: &mut Rng, values: &mut [i32]) {
@@ -86,10 +86,17 @@ fn cpu_prepare_finds_the_rust_fault() {
                 let work: i64 =
                     sequences.iter().map(|s| work_units(s.sq * pack, s.pages.kv_len, block_m, block_n)).sum();
                 let tiles = adaptive_tiles(work * hk * heads_per_kv / pack, cu_count) as i32;
-                KvCacheSplitPlan { magic: KVCACHE_PREPARED, tiles_per_split: tiles }
+                KvCacheSplitPlan { magic: KVCACHE_PREPARED, tiles_per_split: tiles, ordered: batch as i32, pad: 0 }
             }
             Err(_) => KvCacheSplitPlan::default(),
         };
+        let order = resolved.as_ref().ok().map(|sequences| {
+            let keys: Vec<u8> = sequences
+                .iter()
+                .map(|s| order_key(work_units(s.sq * pack, s.pages.kv_len, block_m, block_n)))
+                .collect();
+            longest_first(&keys)
+        });
         let rust = resolved.err();
 
         let host = |v: &Vec<i32>| v.as_ptr() as u64;
@@ -121,9 +128,12 @@ fn cpu_prepare_finds_the_rust_fault() {
             cu_count: cu_count as i32,
             ..KvCacheParams::default()
         };
-        let (record, cpp_plan) = cpu_twin::kvcache_prepare(&params);
+        let (record, cpp_plan, cpp_order) = cpu_twin::kvcache_prepare(&params);
         assert_eq!(record.outcome().unwrap(), rust, "seed {seed} case {case}: {kind:?} page {page_size}");
         assert_eq!(cpp_plan, plan, "seed {seed} case {case}: the split plan");
+        if let Some(order) = order {
+            assert_eq!(cpp_order, order, "seed {seed} case {case}: the longest-first order");
+        }
     }
 }
 
@@ -137,6 +147,7 @@ fn cpu_chunks_are_the_rust_chunks() {
         let plan = KvCacheSplitPlan {
             magic: if prepared { KVCACHE_PREPARED } else { rng.range(0, 1000) as u32 },
             tiles_per_split: rng.pick(&[-5, 0, 1, 2, 7, 1000]),
+            ..KvCacheSplitPlan::default()
         };
         let n0 = rng.pick(&[1i64, 64, 128]);
         let any = rng.range(0, 100000);

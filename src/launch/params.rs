@@ -304,6 +304,8 @@ impl KvCacheParams {
             partial_rows: k.splits.rows,
             pack_gqa: i32::from(k.instance.packed_gqa),
             pad: 0,
+            sequence_order: k.splits.order.addr().0 as u64,
+            order_keys: k.splits.order_keys.addr().0 as u64,
         }
     }
 }

@@ -63,6 +63,30 @@ pub fn work_units(rows: i64, kv_len: i64, m0: i64, n0: i64) -> i64 {
     ceil_div(rows.max(0), m0) * ceil_div(kv_len.max(0), n0)
 }
 
+/// The most sequences the prepare orders longest-first (its one workgroup scans the keys once per
+/// class); larger calls run in sequence order.
+pub const MAX_ORDERED_BATCH: i64 = 8192;
+
+/// The longest-first order's class of a sequence of `work` units (`work_units`): 0 for none, else
+/// 1 + 4·⌊log2 work⌋ + the two bits below the leading one (quarter octaves, 1..=252).
+pub fn order_key(work: i64) -> u8 {
+    if work <= 0 {
+        return 0;
+    }
+    let e = 63 - work.leading_zeros() as i64;
+    let below = if e >= 2 { work >> (e - 2) } else { work << (2 - e) };
+    (1 + 4 * e + (below & 3)) as u8
+}
+
+/// The sequences in longest-first order: classes descending, sequence order within a class. The grid's
+/// z-th sequence is `order[z]`, so that long sequences start first and short ones fill the tail of the
+/// launch (FA3 sorts its batches too); results do not depend on the order.
+pub fn longest_first(keys: &[u8]) -> Vec<i32> {
+    let mut order: Vec<i32> = (0..keys.len() as i32).collect();
+    order.sort_by_key(|&b| std::cmp::Reverse(keys[b as usize])); // stable
+    order
+}
+
 /// Most splits a launcher allows when the caller leaves it to the library (FA3's static rule, on the
 /// launcher's bounds: its batch bound stands for the batch, as FA3 plans each call with its batch): none
 /// when the tiles of every sequence and head already fill 80 % of the CUs or a sequence has at most 4
@@ -94,6 +118,28 @@ pub fn heuristic_max_splits(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn order_keys_grow_with_work_by_quarter_octaves() {
+        assert_eq!(order_key(0), 0);
+        assert_eq!(order_key(-3), 0);
+        assert_eq!((order_key(1), order_key(2), order_key(3), order_key(4), order_key(5)), (1, 5, 7, 9, 10));
+        assert_eq!(order_key(i64::MAX), 252);
+        let mut last = 0;
+        for w in 1..5000i64 {
+            let k = order_key(w);
+            assert!(k >= last && k <= 252, "{w}: {k} after {last}");
+            assert!(order_key(w * 2) == k + 4 || w * 2 > 5000, "{w}");
+            last = k;
+        }
+    }
+
+    #[test]
+    fn longest_first_is_a_stable_descending_permutation() {
+        let keys = [3u8, 0, 9, 3, 252, 9, 1];
+        assert_eq!(longest_first(&keys), vec![4, 2, 5, 0, 3, 6, 1]);
+        assert!(longest_first(&[]).is_empty());
+    }
 
     #[test]
     fn chunks_cover_every_tile_once_within_the_bound() {

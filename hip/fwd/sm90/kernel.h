@@ -69,7 +69,10 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
   const int tile = Tile::kMasked ? q_tiles - 1 - x_tile : x_tile;
   // y: the query head, or with packed GQA the kv head, whose `group` query heads share the tile: its
   // row r is query row r / group of head hk · group + r % group.
-  const int y = arch::block_index_y(), b = arch::block_index_z();
+  const int y = arch::block_index_y();
+  // z: the sequence, in the prepare's longest-first order where it wrote one (kvcache/split.h).
+  int b = static_cast<int>(arch::block_index_z());
+  if constexpr (kCanSplit) b = kvcache::sequence_at(p, b);
   const int group = Tile::kPackGqa ? p.nhead_q / p.nhead_k : 1;
   const int hk = Tile::kPackGqa ? y : y / (p.nhead_q / p.nhead_k);
   KeyValueTiles<Params, Tile, T> kv(p, b, hk);

@@ -15,7 +15,7 @@ use crate::launch::{KvCacheKargs, KvSplitArgs, KvTableArgs};
 use crate::problem::mask::MaskType;
 use crate::problem::merge::merge_row;
 use crate::problem::paged::{resolve_sequences, PageTable, PoolLayout, Sequence, SequencePages, TableFault, TableKind};
-use crate::problem::split::{adaptive_tiles, chunks, work_units, Chunks};
+use crate::problem::split::{adaptive_tiles, chunks, longest_first, order_key, work_units, Chunks};
 use crate::problem::{Mode, Scalar};
 use crate::runtime::host::DeviceSlice;
 use crate::runtime::DevicePtr;
@@ -102,7 +102,12 @@ pub fn prepare(k: &KvCacheKargs, record: DeviceSlice<KvCacheFault>) -> Result<()
     let sequences = arrays.sequences(k, k.check_tables);
     if !k.splits.plan.is_null() {
         let plan = match &sequences {
-            Ok(sequences) => KvCacheSplitPlan { magic: KVCACHE_PREPARED, tiles_per_split: planned_tiles(k, sequences) },
+            Ok(sequences) => KvCacheSplitPlan {
+                magic: KVCACHE_PREPARED,
+                tiles_per_split: planned_tiles(k, sequences),
+                ordered: write_order(k, sequences)?,
+                pad: 0,
+            },
             Err(_) => KvCacheSplitPlan::default(),
         };
         DeviceSlice::new(k.splits.plan, 1, "workspace")?.set(0, plan);
@@ -111,12 +116,33 @@ pub fn prepare(k: &KvCacheKargs, record: DeviceSlice<KvCacheFault>) -> Result<()
     Ok(())
 }
 
+/// Writes the call's longest-first sequence order (`problem::split::longest_first`) and its classes
+/// into the workspace; returns the batch it covers (0: the call has more sequences than it holds).
+fn write_order(k: &KvCacheKargs, sequences: &[Sequence]) -> Result<i32> {
+    if k.splits.order.is_null() || k.batch > k.splits.order_len {
+        return Ok(0);
+    }
+    let keys: Vec<u8> = sequences.iter().map(|s| order_key(sequence_work(k, s))).collect();
+    let order_keys = DeviceSlice::new(k.splits.order_keys, keys.len(), "workspace")?;
+    let order = DeviceSlice::new(k.splits.order, keys.len(), "workspace")?;
+    for (i, (&key, b)) in keys.iter().zip(longest_first(&keys)).enumerate() {
+        order_keys.set(i, key);
+        order.set(i, b);
+    }
+    Ok(k.batch as i32)
+}
+
+/// A sequence's work units (`problem::split::work_units`, per tile head).
+fn sequence_work(k: &KvCacheKargs, s: &Sequence) -> i64 {
+    let pack = if k.instance.packed_gqa { k.nhead_q / k.nhead_k } else { 1 };
+    work_units(s.sq * pack, s.pages.kv_len, k.instance.m0, k.instance.n0)
+}
+
 /// The adaptive chunk length of the call (`problem::split::adaptive_tiles`), as an i32 plan value.
 fn planned_tiles(k: &KvCacheKargs, sequences: &[Sequence]) -> i32 {
-    let (m0, n0) = (k.instance.m0, k.instance.n0);
     // A packed tile's rows are (query row, query head) pairs of one kv head.
     let pack = if k.instance.packed_gqa { k.nhead_q / k.nhead_k } else { 1 };
-    let work: i64 = sequences.iter().map(|s| work_units(s.sq * pack, s.pages.kv_len, m0, n0)).sum();
+    let work: i64 = sequences.iter().map(|s| sequence_work(k, s)).sum();
     adaptive_tiles(work.saturating_mul(k.nhead_q / pack), k.splits.cu_count).min(i64::from(i32::MAX)) as i32
 }
 
