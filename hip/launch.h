@@ -229,6 +229,37 @@ typedef struct fmha_kvcache_params {
   uint64_t order_keys;
 } fmha_kvcache_params;
 
+// The merge kernel's parameters (`hip/merge/merge.hip`): states `[state][head][row][hdim]` and their
+// LSEs `[state][head][row]` (fp32) by strides, merged into `o_out [head][row][hdim]` and `lse_out
+// [head][row]`. Columns are contiguous; `o_out` may be state 0 itself (same address and strides).
+typedef struct fmha_merge_params {
+  uint64_t o_in;
+  uint64_t lse_in;
+  uint64_t o_out;
+  // 0: the merged LSE is not written.
+  uint64_t lse_out;
+  int64_t o_in_state_stride;
+  int64_t o_in_head_stride;
+  int64_t o_in_row_stride;
+  int64_t lse_in_state_stride;
+  int64_t lse_in_head_stride;
+  int64_t lse_in_row_stride;
+  int64_t o_out_head_stride;
+  int64_t o_out_row_stride;
+  int64_t lse_out_head_stride;
+  int64_t lse_out_row_stride;
+  int32_t num_states;
+  int32_t num_rows;
+  int32_t nhead;
+  int32_t hdim;
+  // `FMHA_DTYPE_*` of the states and of the output: 0 fp16, 1 bf16, 2 fp32.
+  int32_t in_dtype;
+  int32_t out_dtype;
+  // 1: the LSEs read and written are base 2 (flashinfer's); 0: natural log.
+  int32_t lse_base2;
+  int32_t pad;
+} fmha_merge_params;
+
 // The backward kernels' parameters, shared by the three stages. The workspace fields are the layout
 // the host computed (`workspace::WorkspaceLayout`), so the kernels read exactly the bytes the prepare
 // wrote.
@@ -422,6 +453,8 @@ extern int32_t fmha_hip_load_backward(void);
 
 extern int32_t fmha_hip_load_kvcache(void);
 
+extern int32_t fmha_hip_load_merge(void);
+
 // Sets the words `*args` names, on `stream`.
 extern int32_t fmha_hip_fill_u32(const struct fmha_fill_params *args, void *stream);
 
@@ -435,6 +468,9 @@ extern int32_t fmha_hip_fwd(const struct fmha_fwd_params *params, void *stream);
 
 // Runs the kv-cache forward described by `*params` (an instance the registry listed).
 extern int32_t fmha_hip_kvcache_fwd(const struct fmha_kvcache_params *params, void *stream);
+
+// Merges the attention states `*params` describes (one wave per (row, head); no workspace).
+extern int32_t fmha_hip_merge(const struct fmha_merge_params *params, void *stream);
 
 // Checks the lengths and tables `*params` describes and writes the fault record at
 // `params.workspace` (one workgroup; no host synchronization).

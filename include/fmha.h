@@ -22,7 +22,8 @@
 
 #define FMHA_DTYPE_BF16 1
 
-// Reserved for fp32 outputs of fp8 inputs (`o_dtype` of the forward traits): answers FMHA_ERR_UNSUPPORTED.
+// fp32: the states and the output of `fmha_merge_attention_states`; reserved for fp32 outputs of fp8
+// inputs (`o_dtype` of the forward traits), which answer FMHA_ERR_UNSUPPORTED.
 #define FMHA_DTYPE_FP32 2
 
 // fp8 e4m3 inputs, by format (the same byte means different values in the two): OCP E4M3FN (NVIDIA
@@ -96,6 +97,13 @@
 #define FMHA_KV_SCALE_TENSOR 0
 
 #define FMHA_KV_SCALE_PAGE 1
+
+// `fmha_merge_args.lse_base`: the base of the logarithm of the LSEs a merge reads and writes. fmha's
+// operations write natural-log LSEs; flashinfer's are base 2 (`log2 Σ exp2(s)` of scores scaled by
+// log2 e).
+#define FMHA_LSE_NATURAL 0
+
+#define FMHA_LSE_BASE2 1
 
 // `fmha_status` values: `FMHA_OK`, or the error of a failed call.
 #define FMHA_OK 0
@@ -447,6 +455,48 @@ typedef struct fmha_kvcache_args {
   size_t workspace_size;
 } fmha_kvcache_args;
 
+// Merge arguments. Extensible: set `struct_size = sizeof(fmha_merge_args)`.
+//
+// State s of (row r, head h) is `(O, LSE) = (o_in[s][h][r][0..hdim], lse_in[s][h][r])`, O normalised
+// over the state's own keys: `o_in` and `lse_in` are `fmha_tensor`s whose `batch_stride` is the state
+// stride (in elements, like every stride; the LSE's one column is its element). The merged state is
+// written to `o_out[h][r][0..hdim]` and `lse_out[h][r]` (their `batch_stride` is unused). flashinfer's
+// `v [seq][states][heads][d]` is `o_in = {v, heads * d, d, states * heads * d}`.
+//
+// Per (row, head), in fp32 and in state order: `M = max LSE_s`, `w_s = exp(LSE_s - M)`,
+// `O = Σ w_s O_s / Σ w_s`, `LSE = M + log Σ w_s`, rounded once to `out_dtype`. An LSE of -inf or +inf
+// (the field's fill for an empty call) is an empty state of weight 0 whose O is not read; no state left
+// gives O = 0 and LSE = -inf; a NaN LSE makes the row NaN. Deterministic (bitwise reproducible); no
+// workspace.
+//
+// Outputs share no byte with anything else, except that `o_out` may be state 0 of `o_in` exactly
+// (same `data`, `head_stride` and `row_stride`, `out_dtype == in_dtype`) and `lse_out` state 0 of
+// `lse_in` (same `data`, `head_stride` and `row_stride`): the merge is then done in place.
+typedef struct fmha_merge_args {
+  size_t struct_size;
+  // States per (row, head), >= 0.
+  int32_t num_states;
+  // Rows (tokens) and heads, >= 0.
+  int32_t num_rows;
+  int32_t nhead;
+  // Elements of a row of O, >= 1.
+  int32_t hdim;
+  // `FMHA_DTYPE_FP32`, `FMHA_DTYPE_BF16` or `FMHA_DTYPE_FP16`: the type of `o_in` and of `o_out`.
+  int32_t in_dtype;
+  int32_t out_dtype;
+  // `FMHA_LSE_NATURAL` (fmha's operations) or `FMHA_LSE_BASE2` (flashinfer's): the base of both
+  // `lse_in` and `lse_out`.
+  int32_t lse_base;
+  // `[num_states][nhead][num_rows][hdim]` by strides, columns contiguous.
+  struct fmha_tensor o_in;
+  // fp32 `[num_states][nhead][num_rows]` by strides (any row stride).
+  struct fmha_tensor lse_in;
+  // `[nhead][num_rows][hdim]` by head and row strides, columns contiguous.
+  struct fmha_tensor o_out;
+  // fp32 `[nhead][num_rows]` by head and row strides; `data` NULL: not written.
+  struct fmha_tensor lse_out;
+} fmha_merge_args;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -573,6 +623,10 @@ fmha_status fmha_kvcache_launcher_check(const struct fmha_kvcache_launcher *laun
 fmha_status fmha_kvcache_fwd(const struct fmha_kvcache_traits *traits,
                              const struct fmha_kvcache_args *args,
                              fmha_stream_t stream);
+
+// Enqueues the merge of attention states `args` describes on `stream` and returns once it is queued.
+fmha_status fmha_merge_attention_states(const struct fmha_merge_args *args,
+                                        fmha_stream_t stream);
 
 // Creates a releaser into `*releaser`. With `allocator == NULL` it frees with the backend's pinned
 // free (memory from `fmha_host_malloc_pinned`); otherwise with `allocator->free` (`allocate` is not

@@ -7,8 +7,8 @@
 #       --release --features cuda) and the cuda Rust test executables (cargo test --release --features cuda
 #       --no-run), and fills the git-ignored .devbuild/ with what the GPU machine runs:
 #         libfmha.so.0            the cuda cdylib
-#         runtime_api, async_prepare, attention_api, forward, backward, hardening, unittests (the lib's
-#                                 unit tests): Rust test executables, named by test target (the source
+#         runtime_api, async_prepare, attention_api, forward, backward, hardening, kvcache, merge, …,
+#                                 unittests (the lib's unit tests): Rust test executables, named by test target (the source
 #                                 checks header_drift, kernel_abi and layers need the build tree and are
 #                                 left out)
 #         quickstart              the Rust example (varlen causal GQA forward + deterministic backward)

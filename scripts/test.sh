@@ -227,11 +227,11 @@ begin "AMD kernels (CPU emulation)"
 # The AMD forward (hip/fwd/amd/), its kv-cache instance (hip/kvcache/amd/) and the backward's stages
 # (dq_dk_dv in hip/bwd/amd/ with dot_do_o and convert_dq), unmodified, with every work-item a fiber and
 # MFMA / buffer loads / lane exchange emulated from the documented register layouts, against a float64
-# reference (no AMD GPU here).
+# reference (no AMD GPU here); and the merge of attention states (hip/merge/merge.h).
 mkdir -p "$build"
 for mode in gfx942 gfx950; do
     define=$([[ $mode == gfx950 ]] && echo -DEMU_GFX950 || true)
-    for kernel in forward backward kvcache; do
+    for kernel in forward backward kvcache merge; do
         clang++-22 -std=c++20 -O2 -Wno-psabi $define -Itests/hip_emulation -Ihip \
             "tests/hip_emulation/$kernel.cpp" -o "$build/emulate_${kernel}_$mode"
         "$build/emulate_${kernel}_$mode"

@@ -6,7 +6,8 @@
 /// `fmha_fwd_traits.dtype` / `fmha_bwd_traits.dtype`.
 pub const FMHA_DTYPE_FP16: i32 = 0;
 pub const FMHA_DTYPE_BF16: i32 = 1;
-/// Reserved for fp32 outputs of fp8 inputs (`o_dtype` of the forward traits): answers FMHA_ERR_UNSUPPORTED.
+/// fp32: the states and the output of `fmha_merge_attention_states`; reserved for fp32 outputs of fp8
+/// inputs (`o_dtype` of the forward traits), which answer FMHA_ERR_UNSUPPORTED.
 pub const FMHA_DTYPE_FP32: i32 = 2;
 /// fp8 e4m3 inputs, by format (the same byte means different values in the two): OCP E4M3FN (NVIDIA
 /// sm_90, AMD gfx950; bias 7, max 448) and E4M3FNUZ (AMD gfx942; bias 8, max 240). The forward
@@ -64,6 +65,12 @@ pub const FMHA_KV_LAYOUT_VECTORIZED: i32 = 1;
 /// multiple of their key tile (128 tokens) and the AMD kernels none: FMHA_ERR_UNSUPPORTED otherwise.
 pub const FMHA_KV_SCALE_TENSOR: i32 = 0;
 pub const FMHA_KV_SCALE_PAGE: i32 = 1;
+
+/// `fmha_merge_args.lse_base`: the base of the logarithm of the LSEs a merge reads and writes. fmha's
+/// operations write natural-log LSEs; flashinfer's are base 2 (`log2 Σ exp2(s)` of scores scaled by
+/// log2 e).
+pub const FMHA_LSE_NATURAL: i32 = 0;
+pub const FMHA_LSE_BASE2: i32 = 1;
 
 /// `fmha_status` values: `FMHA_OK`, or the error of a failed call.
 pub const FMHA_OK: i32 = 0;

@@ -2,7 +2,7 @@
 //!
 //! Module map, top layer first (docs/architecture.md; `tests/layers.rs` checks the direction):
 //! - [`ffi`]: every exported `extern "C"` function and the handle tables; nothing else.
-//! - [`fwd`], [`bwd`], [`kvcache`]: the operations: traits, arguments, validation, launchers.
+//! - [`fwd`], [`bwd`], [`kvcache`], [`merge`]: the operations: traits, arguments, validation, launchers.
 //!   Independent of each other.
 //! - [`launch`]: the kernels' parameter blocks (the C++ header is generated from them), the launch
 //!   stubs, and the executor of this build (GPU stubs or the host backend's kernels).
@@ -24,6 +24,7 @@ pub mod fwd;
 pub mod host_buffer;
 pub mod kvcache;
 pub mod launch;
+pub mod merge;
 pub mod pinned;
 pub mod problem;
 pub mod reference;

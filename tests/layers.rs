@@ -36,6 +36,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     ("kvcache", &["error", "launch", "problem", "registry", "runtime", "workspace"]),
+    ("merge", &["error", "launch", "problem", "runtime"]),
     ("reference", &["error", "problem"]),
     (
         "ffi",
@@ -46,6 +47,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "fwd",
             "kvcache",
             "launch",
+            "merge",
             "pinned",
             "problem",
             "registry",

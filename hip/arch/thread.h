@@ -16,6 +16,8 @@ __device__ inline uint32_t grid_blocks_x() { return gridDim.x; }
 __device__ inline void block_barrier() { __syncthreads(); }
 // *p += x, atomically for the workgroup (p in shared memory).
 __device__ inline void shared_atomic_add(int32_t* p, int32_t x) { atomicAdd(p, x); }
+// Orders the memory accesses of the lanes of this warp before the ones after it (lanes may diverge).
+__device__ inline void wave_barrier() { __syncwarp(); }
 // x of lane (this lane XOR mask); every lane of the warp must take part.
 __device__ inline float shuffle_xor(float x, int mask) { return __shfl_xor_sync(0xffffffffu, x, mask); }
 #else
@@ -35,6 +37,9 @@ __device__ inline void block_barrier() {
 __device__ inline void shared_atomic_add(int32_t* p, int32_t x) {
   __hip_atomic_fetch_add(p, x, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_WORKGROUP);
 }
+// A wave runs its lanes in lockstep, so its earlier accesses are issued before its later ones; this
+// keeps the compiler from moving them across.
+__device__ inline void wave_barrier() { __builtin_amdgcn_wave_barrier(); }
 // x of lane (this lane XOR mask); every lane of the wave must take part.
 __device__ inline float shuffle_xor(float x, int mask) {
   const uint32_t lane = __builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u));

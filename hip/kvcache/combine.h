@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(kCombineWarps* arch::kWarpSize) kvcache_combin
     float x = 0.f, y = 0.f;
     for (int c = 0; c < count; ++c) {
       const float w = scale.weight(lse_in[c * split_stride]);
-      if (w != 0.f || isnan(w)) {  // an empty chunk's O is not read
+      if (w != 0.f || merge_math::is_nan(w)) {  // an empty chunk's O is not read
         const float2 v = *reinterpret_cast<const float2*>(o_in + c * split_stride * p.hdim_v + col);
         x += w * v.x;
         y += w * v.y;

@@ -9,6 +9,8 @@ with flash-attn's names and semantics.
     wrapper.plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, h, h_k, d, page_size, causal=True)
     out = wrapper.run(q, (k_cache, v_cache))                              # per layer, no host sync
     decode = fmha.BatchDecodeWithPagedKVCacheWrapper(kv_layout="NHD")     # flashinfer's decode (split-KV)
+    v, s = fmha.merge_states(v, s)            # flashinfer's: v [seq, states, h, d], s [seq, states, h] fp32
+    v, s = fmha.merge_state(v_a, s_a, v_b, s_b, lse_base=2)   # two states; flashinfer's LSEs are base 2
 
 The library is ``$FMHA_LIBRARY``, else ``libfmha.so.0``/``libfmha.so`` next to this package, else the
 system loader's. On a GPU build the tensors are CUDA tensors and the work runs on PyTorch's current
@@ -27,6 +29,7 @@ from ._lib import (  # noqa: F401
     BACKEND_ROCM,
     DTYPE_BF16,
     DTYPE_FP16,
+    DTYPE_FP32,
     DTYPE_FP8_E4M3FN,
     DTYPE_FP8_E4M3FNUZ,
     ERR_ASYNC_FAILURE,
@@ -46,6 +49,8 @@ from ._lib import (  # noqa: F401
     KV_PAGE_CSR,
     KV_SCALE_PAGE,
     KV_SCALE_TENSOR,
+    LSE_BASE2,
+    LSE_NATURAL,
     MASK_BOTTOM_RIGHT,
     MASK_NONE,
     MASK_TOP_LEFT,
@@ -71,6 +76,7 @@ from .kvcache import (  # noqa: F401
     BatchPrefillWithPagedKVCacheWrapper,
     flash_attn_with_kvcache,
 )
+from .merge import merge_state, merge_states  # noqa: F401
 from .ops import (  # noqa: F401
     FmhaAttnFunc,
     attention,

@@ -31,7 +31,7 @@ from ctypes import (
 
 DTYPE_FP16 = 0
 DTYPE_BF16 = 1
-DTYPE_FP32 = 2  # reserved: fp32 outputs of fp8 inputs (answers FMHA_ERR_UNSUPPORTED)
+DTYPE_FP32 = 2  # merged states and outputs; reserved for fp32 outputs of fp8 inputs (FMHA_ERR_UNSUPPORTED)
 DTYPE_FP8_E4M3FN = 3  # OCP E4M3FN (NVIDIA sm_90, AMD gfx950): kv-cache inputs, bf16 output
 DTYPE_FP8_E4M3FNUZ = 4  # E4M3FNUZ (AMD gfx942): kv-cache inputs, bf16 output
 
@@ -58,6 +58,9 @@ KV_LAYOUT_VECTORIZED = 1  # CK's / vLLM-ROCm's 16-byte-vector order
 
 KV_SCALE_TENSOR = 0  # fp8 K/V descales per tensor or per (sequence, kv head)
 KV_SCALE_PAGE = 1  # fp8 K/V descales per (physical page, kv head)
+
+LSE_NATURAL = 0  # natural-log LSEs (fmha's operations)
+LSE_BASE2 = 1  # base-2 LSEs (flashinfer's)
 
 BACKEND_HOST = 0
 BACKEND_CUDA = 1
@@ -318,6 +321,23 @@ class fmha_kvcache_args(_Extensible):
     ]
 
 
+class fmha_merge_args(_Extensible):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("num_states", c_int32),
+        ("num_rows", c_int32),
+        ("nhead", c_int32),
+        ("hdim", c_int32),
+        ("in_dtype", c_int32),
+        ("out_dtype", c_int32),
+        ("lse_base", c_int32),
+        ("o_in", fmha_tensor),
+        ("lse_in", fmha_tensor),
+        ("o_out", fmha_tensor),
+        ("lse_out", fmha_tensor),
+    ]
+
+
 # sizeof() of the C structs on LP64 Linux (x86-64, aarch64), as a C compiler reports them for fmha.h;
 # checked at load time so that a drift between this file and the header fails at import instead of
 # passing corrupted arguments.
@@ -331,6 +351,7 @@ _EXPECTED_SIZES = {
     fmha_kvcache_traits: 88,
     fmha_scale: 32,
     fmha_kvcache_args: 384,
+    fmha_merge_args: 168,
 }
 
 # --- prototypes --------------------------------------------------------------------------------------
@@ -359,6 +380,7 @@ _PROTOTYPES = {
     "fmha_kvcache_launcher_run": (c_int32, [_launcher_p, POINTER(fmha_kvcache_args), _stream_t]),
     "fmha_kvcache_launcher_check": (c_int32, [_launcher_p, c_void_p, c_size_t, _stream_t]),
     "fmha_kvcache_fwd": (c_int32, [POINTER(fmha_kvcache_traits), POINTER(fmha_kvcache_args), _stream_t]),
+    "fmha_merge_attention_states": (c_int32, [POINTER(fmha_merge_args), _stream_t]),
     "fmha_device_malloc": (c_int32, [POINTER(c_void_p), c_size_t]),
     "fmha_device_free": (c_int32, [c_void_p]),
     "fmha_memcpy": (c_int32, [c_void_p, c_void_p, c_size_t, c_int32]),

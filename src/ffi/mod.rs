@@ -11,6 +11,7 @@ pub mod attention;
 pub mod backward;
 mod handle;
 pub mod kvcache;
+pub mod merge;
 pub mod pinned;
 pub mod runtime;
 pub mod status;

@@ -355,6 +355,39 @@ pub struct KvCacheSplitPlan {
 /// `KvCacheFault::magic` of a prepared workspace ("KVCP").
 pub const KVCACHE_PREPARED: u32 = 0x4B56_4350;
 
+/// The merge kernel's parameters (`hip/merge/merge.hip`): states `[state][head][row][hdim]` and their
+/// LSEs `[state][head][row]` (fp32) by strides, merged into `o_out [head][row][hdim]` and `lse_out
+/// [head][row]`. Columns are contiguous; `o_out` may be state 0 itself (same address and strides).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MergeParams {
+    pub o_in: u64,
+    pub lse_in: u64,
+    pub o_out: u64,
+    /// 0: the merged LSE is not written.
+    pub lse_out: u64,
+    pub o_in_state_stride: i64,
+    pub o_in_head_stride: i64,
+    pub o_in_row_stride: i64,
+    pub lse_in_state_stride: i64,
+    pub lse_in_head_stride: i64,
+    pub lse_in_row_stride: i64,
+    pub o_out_head_stride: i64,
+    pub o_out_row_stride: i64,
+    pub lse_out_head_stride: i64,
+    pub lse_out_row_stride: i64,
+    pub num_states: i32,
+    pub num_rows: i32,
+    pub nhead: i32,
+    pub hdim: i32,
+    /// `FMHA_DTYPE_*` of the states and of the output: 0 fp16, 1 bf16, 2 fp32.
+    pub in_dtype: i32,
+    pub out_dtype: i32,
+    /// 1: the LSEs read and written are base 2 (flashinfer's); 0: natural log.
+    pub lse_base2: i32,
+    pub pad: i32,
+}
+
 /// The fill kernel's arguments.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -418,6 +451,7 @@ extern "C" {
     pub fn fmha_hip_load_forward() -> i32;
     pub fn fmha_hip_load_backward() -> i32;
     pub fn fmha_hip_load_kvcache() -> i32;
+    pub fn fmha_hip_load_merge() -> i32;
 
     /// Sets the words `*args` names, on `stream`.
     pub fn fmha_hip_fill_u32(args: *const FillParams, stream: *mut c_void) -> i32;
@@ -432,6 +466,9 @@ extern "C" {
 
     /// Runs the kv-cache forward described by `*params` (an instance the registry listed).
     pub fn fmha_hip_kvcache_fwd(params: *const KvCacheParams, stream: *mut c_void) -> i32;
+
+    /// Merges the attention states `*params` describes (one wave per (row, head); no workspace).
+    pub fn fmha_hip_merge(params: *const MergeParams, stream: *mut c_void) -> i32;
 
     /// Checks the lengths and tables `*params` describes and writes the fault record at
     /// `params.workspace` (one workgroup; no host synchronization).

@@ -2,7 +2,7 @@
 //! (compiled from `hip/` by `build.rs`).
 
 use super::abi::{self, FillParams, PrepareArgs, PrepareParams};
-use super::{BwdKargs, Executor, FwdKargs, KvCacheKargs};
+use super::{BwdKargs, Executor, FwdKargs, KvCacheKargs, MergeKargs};
 use crate::error::{Error, Result};
 use crate::runtime::foreign::{call_loader, call_stub};
 use crate::runtime::{self, DevicePtr, Stream};
@@ -30,12 +30,13 @@ impl Executor for GpuExecutor {
         if bit != 0 && LOADED.load(Ordering::Acquire) & bit != 0 {
             return Ok(());
         }
-        let loads: [(&str, runtime::foreign::Loader); 5] = [
+        let loads: [(&str, runtime::foreign::Loader); 6] = [
             ("fill", abi::fmha_hip_load_fill),
             ("prepare", abi::fmha_hip_load_prepare),
             ("forward", abi::fmha_hip_load_forward),
             ("backward", abi::fmha_hip_load_backward),
             ("kvcache", abi::fmha_hip_load_kvcache),
+            ("merge", abi::fmha_hip_load_merge),
         ];
         for (module, load) in loads {
             launch_result(&format!("module load {module}"), call_loader(load))?;
@@ -101,5 +102,13 @@ impl Executor for GpuExecutor {
         // KvCacheLauncher::run) for an instance this build compiled; device values are clamped.
         let params = abi::KvCacheParams::new(kargs, DevicePtr::NULL);
         launch_result("kvcache_fwd", call_stub(abi::fmha_hip_kvcache_fwd, &params, stream))
+    }
+
+    fn merge(kargs: &MergeKargs, stream: Stream) -> Result<()> {
+        Self::load_kernels()?;
+        // The block describes states and outputs validated against their shapes and strides
+        // (MergeArgs::validate): every element the kernel reads or writes lies in them.
+        let params = abi::MergeParams::new(kargs);
+        launch_result("merge", call_stub(abi::fmha_hip_merge, &params, stream))
     }
 }

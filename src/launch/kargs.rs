@@ -3,6 +3,7 @@
 //! the kernels' parameter blocks (`abi.rs`, built in `params.rs`).
 
 use super::abi::KvCacheSplitPlan;
+use crate::problem::merge::{LseBase, StateDtype};
 use crate::problem::paged::{PoolLayout, SequenceBounds, TableKind};
 use crate::problem::scale::Descales;
 use crate::problem::split::SplitPolicy;
@@ -178,4 +179,34 @@ impl KvTableArgs {
             .and_then(|x| x.checked_add(self.max_pages_per_seq))
             .and_then(|e| usize::try_from(e).ok())
     }
+}
+
+/// A merge of attention states (spec/inference.md §3.5): for each (row, head), the `num_states`
+/// states `(o_in[s][head][row], lse_in[s][head][row])` merged in state order into `o_out[head][row]`
+/// and `lse_out[head][row]`. `o_in`/`lse_in` use the batch stride as the state stride; `o_out`/`lse_out`
+/// have none (their batch stride is unused); the LSEs are one fp32 column.
+#[derive(Debug, Clone, Copy)]
+pub struct MergeKargs {
+    pub num_states: i64,
+    pub num_rows: i64,
+    pub nhead: i64,
+    pub hdim: i64,
+    pub in_dtype: StateDtype,
+    pub out_dtype: StateDtype,
+    pub lse_base: LseBase,
+    pub o_in: Tensor,
+    pub lse_in: Tensor,
+    pub o_out: Tensor,
+    /// Null: the merged LSE is not written.
+    pub lse_out: Tensor,
+    pub extents: MergeExtents,
+}
+
+/// Elements each tensor of a merge spans from its base (bounds of the host backend's views).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MergeExtents {
+    pub o_in: usize,
+    pub lse_in: usize,
+    pub o_out: usize,
+    pub lse_out: usize,
 }

@@ -12,7 +12,9 @@ pub mod host;
 mod kargs;
 mod params;
 
-pub use kargs::{BwdExtents, BwdKargs, FwdExtents, FwdKargs, KvCacheKargs, KvSplitArgs, KvTableArgs};
+pub use kargs::{
+    BwdExtents, BwdKargs, FwdExtents, FwdKargs, KvCacheKargs, KvSplitArgs, KvTableArgs, MergeExtents, MergeKargs,
+};
 
 use crate::error::{Error, Result};
 use crate::runtime::{DevicePtr, Stream};
@@ -34,6 +36,7 @@ trait Executor {
     fn backward(kargs: &BwdKargs, stream: Stream) -> Result<()>;
     fn kvcache_prepare(kargs: &KvCacheKargs, record: DevicePtr<abi::KvCacheFault>, stream: Stream) -> Result<()>;
     fn kvcache_forward(kargs: &KvCacheKargs, stream: Stream) -> Result<()>;
+    fn merge(kargs: &MergeKargs, stream: Stream) -> Result<()>;
 }
 
 #[cfg(any(feature = "cuda", feature = "rocm"))]
@@ -99,6 +102,11 @@ pub fn kvcache_prepare(kargs: &KvCacheKargs, record: DevicePtr<abi::KvCacheFault
 /// Enqueues a kv-cache forward on `stream`.
 pub fn kvcache_forward(kargs: &KvCacheKargs, stream: Stream) -> Result<()> {
     Active::kvcache_forward(kargs, stream)
+}
+
+/// Enqueues a merge of attention states on `stream`.
+pub fn merge(kargs: &MergeKargs, stream: Stream) -> Result<()> {
+    Active::merge(kargs, stream)
 }
 
 #[cfg(test)]

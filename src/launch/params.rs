@@ -1,9 +1,12 @@
 //! The kernels' parameter blocks (`abi.rs`) built from validated kernel arguments.
 
-use super::abi::{BwdParams, DescaleParams, FwdParams, KvCacheFault, KvCacheParams, PrepareParams, KVCACHE_PREPARED};
-use super::kargs::{BwdKargs, FwdKargs, KvCacheKargs};
+use super::abi::{
+    BwdParams, DescaleParams, FwdParams, KvCacheFault, KvCacheParams, MergeParams, PrepareParams, KVCACHE_PREPARED,
+};
+use super::kargs::{BwdKargs, FwdKargs, KvCacheKargs, MergeKargs};
 use crate::error::{Error, Result, Status};
 use crate::problem::mask::MaskType;
+use crate::problem::merge::LseBase;
 use crate::problem::paged::{KvField, TableFault};
 use crate::problem::scale::Descale;
 use crate::problem::Mode;
@@ -306,6 +309,37 @@ impl KvCacheParams {
             pad: 0,
             sequence_order: k.splits.order.addr().0 as u64,
             order_keys: k.splits.order_keys.addr().0 as u64,
+        }
+    }
+}
+
+impl MergeParams {
+    /// The parameter block of validated kernel arguments. Counts fit in i32: the ABI passes them so.
+    pub fn new(k: &MergeKargs) -> MergeParams {
+        let addr = |x: DeviceAddr| x.0 as u64;
+        MergeParams {
+            o_in: addr(k.o_in.ptr),
+            lse_in: addr(k.lse_in.ptr),
+            o_out: addr(k.o_out.ptr),
+            lse_out: addr(k.lse_out.ptr),
+            o_in_state_stride: k.o_in.batch_stride,
+            o_in_head_stride: k.o_in.head_stride,
+            o_in_row_stride: k.o_in.row_stride,
+            lse_in_state_stride: k.lse_in.batch_stride,
+            lse_in_head_stride: k.lse_in.head_stride,
+            lse_in_row_stride: k.lse_in.row_stride,
+            o_out_head_stride: k.o_out.head_stride,
+            o_out_row_stride: k.o_out.row_stride,
+            lse_out_head_stride: k.lse_out.head_stride,
+            lse_out_row_stride: k.lse_out.row_stride,
+            num_states: k.num_states as i32,
+            num_rows: k.num_rows as i32,
+            nhead: k.nhead as i32,
+            hdim: k.hdim as i32,
+            in_dtype: k.in_dtype as i32,
+            out_dtype: k.out_dtype as i32,
+            lse_base2: i32::from(k.lse_base == LseBase::Base2),
+            pad: 0,
         }
     }
 }

@@ -3,6 +3,69 @@
 //! `M = max LSE_c`, `w_c = exp(LSE_c − M)`, `O = Σ (w_c / W)·O_c`, `LSE = M + ln W`. An LSE of −inf or
 //! +inf (the field's fill for an empty call) is an empty state of weight 0; no state left gives O = 0,
 //! LSE = −inf; a NaN LSE makes the row NaN. The C++ twin is `hip/common/merge_states.h`.
+//!
+//! The standalone merge (`fmha_merge_attention_states`) also reads and writes base-2 LSEs
+//! (flashinfer's): [`LseBase`] converts them to and from the natural log at load and store, so the rule
+//! itself stays one.
+
+use crate::abi_values::{
+    abi_enum, FMHA_DTYPE_BF16, FMHA_DTYPE_FP16, FMHA_DTYPE_FP32, FMHA_LSE_BASE2, FMHA_LSE_NATURAL,
+};
+use crate::error::{Error, Result};
+
+abi_enum! {
+    /// The element type of merged states and of the merged output (`FMHA_DTYPE_*`).
+    pub enum StateDtype {
+        F16 = FMHA_DTYPE_FP16 => "fp16",
+        Bf16 = FMHA_DTYPE_BF16 => "bf16",
+        F32 = FMHA_DTYPE_FP32 => "fp32",
+    }
+}
+
+impl StateDtype {
+    pub fn from_i32(value: i32, field: &str) -> Result<StateDtype> {
+        StateDtype::parse(value)
+            .ok_or_else(|| Error::invalid(field, format!("{value} is not a dtype ({})", StateDtype::choices())))
+    }
+
+    pub fn bytes(self) -> usize {
+        match self {
+            StateDtype::F16 | StateDtype::Bf16 => 2,
+            StateDtype::F32 => 4,
+        }
+    }
+}
+
+abi_enum! {
+    /// The base of the logarithm in an LSE (`FMHA_LSE_*`).
+    pub enum LseBase {
+        Natural = FMHA_LSE_NATURAL => "natural",
+        Base2 = FMHA_LSE_BASE2 => "base2",
+    }
+}
+
+impl LseBase {
+    pub fn from_i32(value: i32, field: &str) -> Result<LseBase> {
+        LseBase::parse(value)
+            .ok_or_else(|| Error::invalid(field, format!("{value} is not an LSE base ({})", LseBase::choices())))
+    }
+
+    /// A stored LSE in the natural log (±inf and NaN stay what they are).
+    pub fn to_natural(self, lse: f32) -> f32 {
+        match self {
+            LseBase::Natural => lse,
+            LseBase::Base2 => lse * std::f32::consts::LN_2,
+        }
+    }
+
+    /// A natural-log LSE as stored in this base.
+    pub fn from_natural(self, lse: f32) -> f32 {
+        match self {
+            LseBase::Natural => lse,
+            LseBase::Base2 => lse * std::f32::consts::LOG2_E,
+        }
+    }
+}
 
 /// The weights of one row's states: `weight(lse_c)` multiplies `O_c`.
 #[derive(Debug, Clone, Copy, PartialEq)]

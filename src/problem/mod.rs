@@ -117,6 +117,16 @@ pub trait Scalar: Copy + Send + Sync + 'static {
     }
 }
 
+/// fp32 states and outputs of the merge: exact both ways.
+impl Scalar for f32 {
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+}
+
 /// A 16-bit input element of the dense operations.
 pub trait Element: Scalar {
     const DTYPE: Dtype;

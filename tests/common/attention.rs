@@ -253,6 +253,11 @@ fn download_16(case: &Case, t: &DeviceTensor, heads: usize, dim: usize, k_side: 
         .collect()
 }
 
+/// The q-side rows of a 16-bit tensor (O) as per-batch dense `[head][row][dim]` values.
+pub fn download_dense(case: &Case, t: &DeviceTensor, heads: usize, dim: usize) -> Dense {
+    download_16(case, t, heads, dim, false)
+}
+
 /// `[nhead_q][rows]` fp32 with unit row stride (the LSE and D layout).
 pub fn lse_tensor(case: &Case) -> (DeviceTensor, usize) {
     let rows = if case.group { case.total(false) } else { case.seqlens[0].0 };

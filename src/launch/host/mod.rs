@@ -6,13 +6,14 @@ pub mod backward;
 pub mod fill;
 pub mod forward;
 pub mod grid;
+pub mod merge;
 pub mod paged_forward;
 pub mod sequence;
 pub mod tensor_view;
 pub mod tile_math;
 
 use super::abi::KvCacheFault;
-use super::{BwdKargs, Executor, FwdKargs, KvCacheKargs};
+use super::{BwdKargs, Executor, FwdKargs, KvCacheKargs, MergeKargs};
 use crate::error::{Error, Result};
 use crate::host_buffer::{try_filled, AlignedBytes};
 use crate::problem::fp8::{E4m3fn, E4m3fnuz};
@@ -135,5 +136,11 @@ impl Executor for HostExecutor {
             CacheDtype::Fp8(Fp8Format::E4m3fn) => paged_forward::run::<E4m3fn, bf16>(&kargs, cu_count),
             CacheDtype::Fp8(Fp8Format::E4m3fnuz) => paged_forward::run::<E4m3fnuz, bf16>(&kargs, cu_count),
         })
+    }
+
+    fn merge(kargs: &MergeKargs, stream: Stream) -> Result<()> {
+        let cu_count = runtime().cu_count()?;
+        let kargs = *kargs;
+        runtime().enqueue(stream, move || merge::run(&kargs, cu_count))
     }
 }
