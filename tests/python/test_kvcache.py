@@ -479,6 +479,81 @@ def test_kvcache_decode_splits(num_splits, many_cus):
             reference(list(q), ks, vs, True, (-1, -1), 1 / math.sqrt(d)), group=False)
 
 
+@pytest.mark.skipif(HOST, reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("num_splits", [0, 1, 3])
+def test_decode_cuda_graph_replays_with_new_lengths(num_splits):
+    """flash_attn_with_kvcache captured once in a CUDA graph (prepare, forward and combine), replayed after
+    the device-resident cache_seqlens changed: each replay equals an eager call on the new lengths bit for
+    bit (the prepare re-plans on the device) and the reference; no host synchronization inside."""
+    dtype, h, h_k, d, page_size, capacity = torch.bfloat16, 8, 2, 128, 16, 1500
+    batch = 6
+    ks = [rand(capacity, h_k, d, dtype=dtype) for _ in range(batch)]
+    vs = [rand(capacity, h_k, d, dtype=dtype) for _ in range(batch)]
+    cache = PagedCache(ks, vs, page_size)
+    table = cache.block_table()
+    q = rand(batch, 1, h, d, dtype=dtype)
+    lens = torch.full((batch,), capacity, dtype=torch.int32, device=DEVICE)
+
+    def call():
+        return fmha.flash_attn_with_kvcache(
+            q, cache.k, cache.v, cache_seqlens=lens, page_table=table, causal=True, num_splits=num_splits,
+            return_softmax_lse=True,
+        )
+
+    kvcache_call(call, dtype, d, False)  # skips when the build has no kernel
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = call()
+    for trial in range(4):
+        new = [0, 1, capacity] + [int(x) for x in torch.randint(1, capacity + 1, (batch - 3,))]
+        new = [new[i] for i in torch.randperm(batch).tolist()] if trial else new
+        lens.copy_(torch.tensor(new, dtype=torch.int32))
+        graph.replay()
+        eager_out, eager_lse = call()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse), f"replay {trial}: lengths {new}"
+        ref = reference(list(q), [k[:n] for k, n in zip(ks, new)], [v[:n] for v, n in zip(vs, new)], True,
+                        (-1, -1), 1 / math.sqrt(d))
+        compare(f"graph replay {trial} num_splits={num_splits}", out, lse, ref, group=False)
+
+
+@pytest.mark.skipif(HOST, reason="CUDA graphs need a GPU")
+def test_decode_wrapper_run_in_a_cuda_graph():
+    """The decode wrapper's run captured in a CUDA graph after plan (flashinfer's pattern): replays give
+    the eager run's bits, also after the K/V pages changed in place."""
+    dtype, h, h_k, d, page_size = torch.bfloat16, 8, 2, 128, 16
+    lengths = [900, 17, 0, 2048]
+    ks = [rand(n, h_k, d, dtype=dtype) for n in lengths]
+    vs = [rand(n, h_k, d, dtype=dtype) for n in lengths]
+    cache = PagedCache(ks, vs, page_size)
+    indptr, indices, last = cache.csr(lengths)
+    q = rand(len(lengths), h, d, dtype=dtype)
+    wrapper = fmha.BatchDecodeWithPagedKVCacheWrapper(None, "NHD")
+    kvcache_call(lambda: wrapper.plan(indptr, indices, last, h, h_k, d, page_size, q_data_type=dtype), dtype, d,
+                 False)
+    eager = wrapper.run(q, (cache.k, cache.v))
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        wrapper.run(q, (cache.k, cache.v))
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        out = wrapper.run(q, (cache.k, cache.v))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+    cache.k.mul_(-1)
+    graph.replay()
+    assert torch.equal(out, wrapper.run(q, (cache.k, cache.v)))
+    assert not torch.equal(out, eager)
+
+
 def test_wrapper_window_scales_and_preallocated():
     """window_left, sm_scale and flashinfer's float k_scale/v_scale (folded into the softmax scale and
     multiplied into the output for bf16), into preallocated out/lse."""
