@@ -5,7 +5,6 @@ use super::abi::{
 };
 use super::kargs::{BwdKargs, FwdKargs, KvCacheKargs, MergeKargs};
 use crate::error::{Error, Result, Status};
-use crate::problem::mask::MaskType;
 use crate::problem::merge::LseBase;
 use crate::problem::paged::{KvField, TableFault};
 use crate::problem::scale::Descale;
@@ -289,7 +288,8 @@ impl KvCacheParams {
             scale_log2: k.scale * std::f32::consts::LOG2_E,
             dtype: k.dtype.abi_value(),
             hdim_bucket: k.instance.hdim_q as i32,
-            masked: i32::from(k.mask.kind != MaskType::None),
+            // Decode's causal mask keeps every key: the unmasked tiles skip its per-element checks.
+            masked: i32::from(!k.mask.keeps_every_key(k.bounds.max_seqlen_q)),
             table_kind: t.kind as i32,
             page_size: t.page_size as i32,
             num_pages: t.num_pages as i32,

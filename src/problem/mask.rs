@@ -51,6 +51,17 @@ impl Mask {
     /// No masking.
     pub const NONE: Mask = Mask { kind: MaskType::None, left: -1, right: -1 };
 
+    /// Whether the mask keeps every key of every row when no sequence has more than `max_seqlen_q`
+    /// query rows: none, or a bottom-right mask with no left bound and right ≥ 0 over one row (decode's
+    /// causal: the row is the last position, every key is at or before it).
+    pub fn keeps_every_key(&self, max_seqlen_q: i64) -> bool {
+        match self.kind {
+            MaskType::None => true,
+            MaskType::BottomRight => self.left < 0 && self.right >= 0 && max_seqlen_q <= 1,
+            MaskType::TopLeft => false,
+        }
+    }
+
     /// Causal attention anchored at `kind`'s corner (`left = -1, right = 0`).
     pub fn causal(kind: MaskType) -> Mask {
         Mask { kind, left: -1, right: 0 }
@@ -228,6 +239,17 @@ pub fn parse(s: &str) -> Result<Mask> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_row_bottom_right_causal_keeps_every_key() {
+        let causal = Mask::causal(MaskType::BottomRight);
+        assert!(causal.keeps_every_key(1) && causal.keeps_every_key(0));
+        assert!(!causal.keeps_every_key(2));
+        assert!(!Mask { left: 0, ..causal }.keeps_every_key(1));
+        assert!(Mask { right: 5, ..causal }.keeps_every_key(1));
+        assert!(!Mask::causal(MaskType::TopLeft).keeps_every_key(1));
+        assert!(Mask::NONE.keeps_every_key(100));
+    }
     use crate::error::Status;
 
     use crate::test_rng::Rng;
