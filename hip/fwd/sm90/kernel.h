@@ -141,7 +141,6 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
   st.row_sum[0] = st.row_sum[1] = 0.f;
   const int64_t row_of[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};  // tile rows
   const int64_t query_of[2] = {row_of[0] / group, row_of[1] / group};      // their query rows
-  const bool live = row_of[0] - g < i1;  // the warp holds a row of the sequence (attend_tile)
   // This warpgroup's 64 Q rows; K and V tiles of stage 0 (a stage is kKVBytes further).
   const uint64_t q_rows = arch::k_major_descriptor(sQ + (warp / 4) * 64 * 128);
   const uint64_t k_tile = arch::k_major_descriptor(sK);
@@ -189,10 +188,10 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
     };
     if (edge) {
       attend_tile<Tile, T, true>(st, q_rows, arch::descriptor_plus(k_tile, stage), v_step, scale_log2, tile_dk,
-                                 o_rescale, mask, j0, rows.sk, query_of, t, live, under_s);
+                                 o_rescale, mask, j0, rows.sk, query_of, t, under_s);
     } else {
       attend_tile<Tile, T, false>(st, q_rows, arch::descriptor_plus(k_tile, stage), v_step, scale_log2, tile_dk,
-                                  o_rescale, mask, j0, rows.sk, query_of, t, live, under_s);
+                                  o_rescale, mask, j0, rows.sk, query_of, t, under_s);
     }
     arch::block_barrier();  // this stage is overwritten by the copy issued next iteration
   }

@@ -24,14 +24,11 @@ struct RowState {
 // and of this stage's K and V (8-bit inputs: Vᵀ) tiles; `under_s()` runs while S is computed (8-bit
 // inputs: the CTA's transpose of V into the Vᵀ tile, with the barrier that publishes it). Per-page
 // descales (Tile::kPageScales): `tile_dk`, this tile's K descale, and `o_rescale`, the previous tile's
-// V descale over this one's (O is kept in units of the current tile's V descale). `live`: whether any
-// of the warp's 16 rows is a row of the sequence (warp-uniform); a warp of padding rows only (decode
-// tiles hold a few (query row, head) pairs) takes part in the warpgroup's wgmma with P = 0 and skips
-// the softmax, which is most of a decode tile's instructions.
+// V descale over this one's (O is kept in units of the current tile's V descale).
 template <typename Tile, typename T, bool kEdge, typename UnderS>
 __device__ inline void attend_tile(RowState<Tile>& st, uint64_t q, uint64_t k, uint64_t v, float scale_log2,
-                                   float tile_dk, float o_rescale, const ResolvedMask& mask, int64_t j0, int64_t sk,
-                                   const int64_t (&row_of)[2], int t, bool live, const UnderS& under_s) {
+                                   float tile_dk, float o_rescale, const ResolvedMask& mask, int64_t j0, int64_t sk, const int64_t (&row_of)[2], int t,
+                                   const UnderS& under_s) {
   constexpr int N = Tile::kBlockN, D = Tile::kDim, kNTiles = N / 8, kDTiles = D / 8;
 
   float s[kNTiles][4];
@@ -41,65 +38,60 @@ __device__ inline void attend_tile(RowState<Tile>& st, uint64_t q, uint64_t k, u
   under_s();
   arch::warpgroup_wait<0>();
   arch::hold_registers(s);
+  if (kEdge) {
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t i = row_of[e / 2], j = j0 + n * 8 + 2 * t + (e & 1);
+        const bool keep = Tile::kMasked ? mask.kept(i, j, sk) : j < sk;
+        if (!keep) s[n][e] = -INFINITY;
+      }
+    }
+  }
+
+  // Online softmax on raw scores: P = 2^(scale_log2 · (S - max)), one FFMA and one EX2 per element.
+  const float coefficient = Tile::kPageScales ? scale_log2 * tile_dk : scale_log2;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) tile_max = fmaxf(tile_max, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+    tile_max = arch::quad_max(tile_max);
+    if constexpr (Tile::kPageScales) tile_max *= tile_dk;  // dk > 0: the max of S · dk
+    const float new_max = fmaxf(st.row_max[r], tile_max);
+    // A row with every key so far masked keeps max = -inf; 0 keeps the exponent away from NaN.
+    const float base = new_max == -INFINITY ? 0.f : new_max * scale_log2;
+    // Exact exp2 here: the running sum is rescaled by this factor on every tile whose max grows, and
+    // the approximate one's ~2^-22 error compounds over the tiles into the LSE (O cancels it).
+    const float correction = exp2f(st.row_max[r] * scale_log2 - base);
+    const float p_base = base - Tile::kPShift;  // P in units of 2^-kPShift
+    st.row_max[r] = new_max;
+    st.row_sum[r] *= correction;
+    const float o_correction = Tile::kPageScales ? correction * o_rescale : correction;
+#pragma unroll
+    for (int n = 0; n < kDTiles; ++n) {
+      st.o[n][2 * r] *= o_correction;
+      st.o[n][2 * r + 1] *= o_correction;
+    }
+    // The tile's sum first, then one add into the running sum: thousands of keys would otherwise
+    // accumulate one rounding each.
+    float tile_sum = 0.f;
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+      s[n][2 * r] = arch::fast_exp2(fmaf(s[n][2 * r], coefficient, -p_base));
+      s[n][2 * r + 1] = arch::fast_exp2(fmaf(s[n][2 * r + 1], coefficient, -p_base));
+      tile_sum += s[n][2 * r] + s[n][2 * r + 1];
+    }
+    st.row_sum[r] += tile_sum;
+  }
+
+  // O += P·V: P's accumulator layout is (up to a permutation of the keys, for 8-bit types) the
+  // A-fragment layout of a wgmma step.
   constexpr int kSteps = N * Tile::kElementBytes / arch::kStepBytes;
   uint32_t p[kSteps][4];
-  if (!live) {
 #pragma unroll
-    for (int kk = 0; kk < kSteps; ++kk) p[kk][0] = p[kk][1] = p[kk][2] = p[kk][3] = 0u;
-  } else {
-    if (kEdge) {
-#pragma unroll
-      for (int n = 0; n < kNTiles; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int64_t i = row_of[e / 2], j = j0 + n * 8 + 2 * t + (e & 1);
-          const bool keep = Tile::kMasked ? mask.kept(i, j, sk) : j < sk;
-          if (!keep) s[n][e] = -INFINITY;
-        }
-      }
-    }
-
-    // Online softmax on raw scores: P = 2^(scale_log2 · (S - max)), one FFMA and one EX2 per element.
-    const float coefficient = Tile::kPageScales ? scale_log2 * tile_dk : scale_log2;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float tile_max = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < kNTiles; ++n) tile_max = fmaxf(tile_max, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-      tile_max = arch::quad_max(tile_max);
-      if constexpr (Tile::kPageScales) tile_max *= tile_dk;  // dk > 0: the max of S · dk
-      const float new_max = fmaxf(st.row_max[r], tile_max);
-      // A row with every key so far masked keeps max = -inf; 0 keeps the exponent away from NaN.
-      const float base = new_max == -INFINITY ? 0.f : new_max * scale_log2;
-      // Exact exp2 here: the running sum is rescaled by this factor on every tile whose max grows, and
-      // the approximate one's ~2^-22 error compounds over the tiles into the LSE (O cancels it).
-      const float correction = exp2f(st.row_max[r] * scale_log2 - base);
-      const float p_base = base - Tile::kPShift;  // P in units of 2^-kPShift
-      st.row_max[r] = new_max;
-      st.row_sum[r] *= correction;
-      const float o_correction = Tile::kPageScales ? correction * o_rescale : correction;
-#pragma unroll
-      for (int n = 0; n < kDTiles; ++n) {
-        st.o[n][2 * r] *= o_correction;
-        st.o[n][2 * r + 1] *= o_correction;
-      }
-      // The tile's sum first, then one add into the running sum: thousands of keys would otherwise
-      // accumulate one rounding each.
-      float tile_sum = 0.f;
-#pragma unroll
-      for (int n = 0; n < kNTiles; ++n) {
-        s[n][2 * r] = arch::fast_exp2(fmaf(s[n][2 * r], coefficient, -p_base));
-        s[n][2 * r + 1] = arch::fast_exp2(fmaf(s[n][2 * r + 1], coefficient, -p_base));
-        tile_sum += s[n][2 * r] + s[n][2 * r + 1];
-      }
-      st.row_sum[r] += tile_sum;
-    }
-
-    // O += P·V: P's accumulator layout is (up to a permutation of the keys, for 8-bit types) the
-    // A-fragment layout of a wgmma step.
-#pragma unroll
-    for (int kk = 0; kk < kSteps; ++kk) arch::a_fragment<T>(p[kk], s, kk);
-  }
+  for (int kk = 0; kk < kSteps; ++kk) arch::a_fragment<T>(p[kk], s, kk);
   arch::warpgroup_fence();
   if constexpr (Tile::kTransposeV) {
     arch::mma_registers_by_rows<T, kSteps, Tile::VtLayout::kBlockBytes>(st.o, p, v);
