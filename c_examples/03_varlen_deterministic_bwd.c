@@ -58,10 +58,11 @@ int main(void) {
     fmha_bwd_launcher *launcher = NULL;
     fmha_stream_t stream = NULL;
     double worst[4] = {0, 0, 0, 0};
-    fmha_fwd_traits fwd_traits;
-    fmha_fwd_args fwd_args;
-    fmha_bwd_traits bwd_traits;
-    fmha_bwd_args bwd_args;
+    /* Zeroed: what this program does not set (and what a later header appends) reads as its default. */
+    fmha_fwd_traits fwd_traits = {0};
+    fmha_fwd_args fwd_args = {0};
+    fmha_bwd_traits bwd_traits = {0};
+    fmha_bwd_args bwd_args = {0};
 
     for (i = 0; i < 8; ++i)
         if (!(host[i] = (uint16_t *)malloc(sizes[i] * sizeof(uint16_t)))) return 1;
