@@ -292,12 +292,19 @@ fn struct_size_is_read_first_and_nothing_past_it() {
     let g0 = GuardedBytes::new(240);
     ok(fmha_fwd(g2.place(&fwd_traits, 40), g0.place(&fmha_fwd_args { struct_size: 240, ..fwd_args }, 240), null_mut()));
     ok(fmha_stream_synchronize(null_mut()));
+    // Sizes between the versions end inside a field: no header's struct, refused.
+    for size in [248, fwd_size - 8, fwd_size - 1] {
+        let g = GuardedBytes::new(size);
+        let a = fmha_fwd_args { struct_size: size, ..fwd_args };
+        expect_error(fmha_fwd(g2.place(&fwd_traits, 40), g.place(&a, size), null_mut()), 1, &["args", "struct_size"]);
+    }
     let traits = bwd_traits(&case);
     let g3 = GuardedBytes::new(80);
     let mut bytes = 0;
     ok(fmha_bwd_workspace_size_upper_bound(g3.place(&traits, 80), &mut bytes));
-    // Smaller than the first version, larger than this library knows: refused, naming the struct.
-    for size in [0, 8, v1 - 8, std::mem::size_of::<fmha_bwd_args>() + 8] {
+    // Smaller than the first version, inside a field, larger than this library knows: refused, naming
+    // the struct.
+    for size in [0, 8, v1 - 8, v1 + 4, std::mem::size_of::<fmha_bwd_args>() + 8] {
         let a = fmha_bwd_args { struct_size: size, ..args };
         expect_error(fmha_bwd_launcher_run(prepared.launcher, &a, null_mut()), 1, &["args", "struct_size"]);
     }

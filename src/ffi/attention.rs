@@ -119,9 +119,7 @@ pub struct fmha_fwd_traits {
 }
 
 // SAFETY: repr(C), begins with `struct_size`, every field is an integer.
-unsafe impl Extensible for fmha_fwd_traits {
-    const FIRST_VERSION_SIZE: usize = 40;
-}
+unsafe impl Extensible for fmha_fwd_traits {}
 
 /// Forward arguments. Extensible: set `struct_size = sizeof(fmha_fwd_args)`.
 ///
@@ -164,7 +162,8 @@ pub struct fmha_fwd_args {
 
 // SAFETY: repr(C), begins with `struct_size`, every field is an integer, a float or a raw pointer.
 unsafe impl Extensible for fmha_fwd_args {
-    const FIRST_VERSION_SIZE: usize = 240;
+    /// The struct of 0.1 and 0.2, up to `window_size_right` (before the fp8 descales).
+    const EARLIER_VERSION_SIZES: &'static [usize] = &[240];
 }
 
 pub(crate) fn mask_type(value: i32) -> Result<MaskType> {

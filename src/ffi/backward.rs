@@ -50,9 +50,7 @@ pub struct fmha_bwd_traits {
 }
 
 // SAFETY: repr(C), begins with `struct_size`, every field is an integer.
-unsafe impl Extensible for fmha_bwd_traits {
-    const FIRST_VERSION_SIZE: usize = 80;
-}
+unsafe impl Extensible for fmha_bwd_traits {}
 
 /// Backward arguments. Extensible: set `struct_size = sizeof(fmha_bwd_args)`. dK and dV have
 /// `nhead_k` heads: the GQA/MQA reduction over query heads happens inside the library.
@@ -103,7 +101,7 @@ pub struct fmha_bwd_args {
 // SAFETY: repr(C), begins with `struct_size`, every field is an integer, a float or a raw pointer.
 unsafe impl Extensible for fmha_bwd_args {
     /// 0.1's struct, up to `window_size_right`.
-    const FIRST_VERSION_SIZE: usize = 416;
+    const EARLIER_VERSION_SIZES: &'static [usize] = &[416];
 }
 
 /// A backward launcher (opaque). The handle is a checked id, not an address: a destroyed or foreign

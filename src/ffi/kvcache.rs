@@ -77,9 +77,7 @@ pub struct fmha_kvcache_traits {
 }
 
 // SAFETY: repr(C), begins with `struct_size`, every field is an integer.
-unsafe impl Extensible for fmha_kvcache_traits {
-    const FIRST_VERSION_SIZE: usize = std::mem::size_of::<fmha_kvcache_traits>();
-}
+unsafe impl Extensible for fmha_kvcache_traits {}
 
 /// kv-cache arguments. Extensible: set `struct_size = sizeof(fmha_kvcache_args)`.
 ///
@@ -155,9 +153,7 @@ pub struct fmha_kvcache_args {
 }
 
 // SAFETY: repr(C), begins with `struct_size`, every field is an integer, a float or a raw pointer.
-unsafe impl Extensible for fmha_kvcache_args {
-    const FIRST_VERSION_SIZE: usize = std::mem::size_of::<fmha_kvcache_args>();
-}
+unsafe impl Extensible for fmha_kvcache_args {}
 
 impl fmha_kvcache_traits {
     pub(crate) fn to_traits(self) -> Result<KvCacheTraits> {

@@ -56,9 +56,7 @@ pub struct fmha_merge_args {
 }
 
 // SAFETY: repr(C), begins with `struct_size`, every field is an integer or a raw pointer.
-unsafe impl Extensible for fmha_merge_args {
-    const FIRST_VERSION_SIZE: usize = std::mem::size_of::<fmha_merge_args>();
-}
+unsafe impl Extensible for fmha_merge_args {}
 
 impl fmha_merge_args {
     fn to_args(self) -> Result<MergeArgs> {

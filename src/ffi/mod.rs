@@ -71,13 +71,14 @@ pub(crate) fn write_out<T>(out: *mut T, field: &str, value: T) -> Result<()> {
 /// Implementors are `#[repr(C)]`, begin with a `usize` `struct_size`, and all-zero bytes are a valid
 /// value of them (fields are integers, floats, raw pointers and `Option<fn>`).
 pub(crate) unsafe trait Extensible: Copy {
-    /// `sizeof` of the struct's first version: the smallest `struct_size` accepted.
-    const FIRST_VERSION_SIZE: usize;
+    /// `sizeof` of each earlier published version of the struct, ascending; with this version's
+    /// `sizeof`, the only `struct_size` values accepted (a size ending inside a field is no header's).
+    const EARLIER_VERSION_SIZES: &'static [usize] = &[];
 }
 
 /// Reads a caller's extensible struct as docs/abi.md promises: `struct_size` first, then exactly that
 /// many bytes over a zeroed struct, so a caller compiled against an older (smaller) header is never
-/// read past its struct. Sizes below the first version or above this library's are refused.
+/// read past its struct. Sizes that are not some version's `sizeof` are refused.
 pub(crate) fn read_extensible<T: Extensible>(ptr: *const T, field: &str) -> Result<T> {
     if ptr.is_null() {
         return Err(Error::null(field));
@@ -85,7 +86,7 @@ pub(crate) fn read_extensible<T: Extensible>(ptr: *const T, field: &str) -> Resu
     // SAFETY: every extensible struct begins with `size_t struct_size` (the trait's contract), which any
     // caller's struct, of any version, holds; unaligned because nothing else is known of the address.
     let size = unsafe { ptr.cast::<usize>().read_unaligned() };
-    check_struct_size(size, T::FIRST_VERSION_SIZE, std::mem::size_of::<T>(), field)?;
+    check_struct_size(size, T::EARLIER_VERSION_SIZES, std::mem::size_of::<T>(), field)?;
     // SAFETY: all-zero bytes are a valid `T` (the trait's contract).
     let mut value: T = unsafe { std::mem::zeroed() };
     // SAFETY: the caller provides `struct_size` readable bytes at `ptr` (the ABI contract of extensible
@@ -107,13 +108,12 @@ pub(crate) fn read_slice<'a, T>(ptr: *const T, len: usize, field: &str) -> Resul
 }
 
 /// Checks the `struct_size` field that begins every extensible struct: a caller compiled against an
-/// older header passes a smaller size, and the fields it does not know keep their defaults.
-fn check_struct_size(struct_size: usize, minimum: usize, maximum: usize, field: &str) -> Result<()> {
-    crate::error::ensure((minimum..=maximum).contains(&struct_size), field, || {
-        format!(
-            "struct_size is {struct_size}, expected between {minimum} (the struct's first version) and {maximum} \
-             (this library's version; set it to sizeof(the struct))"
-        )
+/// older header passes that version's smaller size, and the fields it does not know keep their
+/// defaults.
+fn check_struct_size(struct_size: usize, earlier: &[usize], current: usize, field: &str) -> Result<()> {
+    crate::error::ensure(struct_size == current || earlier.contains(&struct_size), field, || {
+        let older = if earlier.is_empty() { String::new() } else { format!(" or an earlier version's {earlier:?}") };
+        format!("struct_size is {struct_size}, expected sizeof(the struct) = {current}{older}")
     })
 }
 

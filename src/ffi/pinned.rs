@@ -28,9 +28,7 @@ pub struct fmha_pinned_allocator {
 }
 
 // SAFETY: repr(C), begins with `struct_size`; a raw pointer and two `Option<fn>` (zero is `None`).
-unsafe impl Extensible for fmha_pinned_allocator {
-    const FIRST_VERSION_SIZE: usize = 32;
-}
+unsafe impl Extensible for fmha_pinned_allocator {}
 
 /// A pinned-host releaser (opaque): a worker thread that frees buffers handed to it. The handle is a
 /// checked id, not an address: a destroyed or foreign handle is FMHA_ERR_INVALID_ARGUMENT.

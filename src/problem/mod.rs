@@ -67,7 +67,10 @@ impl CacheDtype {
         match value {
             FMHA_DTYPE_FP8_E4M3FN => Ok(CacheDtype::Fp8(Fp8Format::E4m3fn)),
             FMHA_DTYPE_FP8_E4M3FNUZ => Ok(CacheDtype::Fp8(Fp8Format::E4m3fnuz)),
-            FMHA_DTYPE_FP32 => Err(Error::unsupported(format!("{field}: fp32 inputs are not supported"))),
+            FMHA_DTYPE_FP32 => Err(Error::invalid(
+                field,
+                "2 (fp32) is not an input type: q, k and v are fp16, bf16, fp8 e4m3fn or fp8 e4m3fnuz",
+            )),
             _ => Dtype::parse(value).map(CacheDtype::Half).ok_or_else(|| {
                 Error::invalid(field, format!("{value} is not a dtype (fp16, bf16, fp8 e4m3fn, fp8 e4m3fnuz)"))
             }),
