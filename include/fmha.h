@@ -376,8 +376,7 @@ typedef struct fmha_kvcache_traits {
   // Within the bound, the prepare picks the chunk length of each call from its lengths (the
   // call's work over the CUs, plus 10 %). `kv_split_tokens` > 0 fixes the chunk length instead
   // (rounded up to whole key tiles), so that a sequence's result depends on its own length only
-  // (batch invariance); max_seqlen_k must then fit in max_splits (or 256) chunks. AMD builds run
-  // unsplit (they refuse max_splits > 1).
+  // (batch invariance); max_seqlen_k must then fit in max_splits (or 256) chunks.
   int32_t max_splits;
   int32_t kv_split_tokens;
   // 0 or 1: the prepare checks every page id the sequences use, not only their lengths.

@@ -2,9 +2,10 @@
 // first fault, kvcache/page_table.h, and the split plan, kvcache/split.h), the forward kernel reading
 // its K/V tiles through the page table, and the split-KV combine (kvcache/combine.h). Hopper:
 // kvcache/sm90/paged_tiles.h, fp16, bf16 and fp8 e4m3 (OCP), split and GQA-packed decode; gfx942 /
-// gfx950: kvcache/amd/paged_tiles.h, fp16, bf16 and fp8 e4m3 (FNUZ on gfx942, OCP on gfx950), unsplit.
+// gfx950: kvcache/amd/paged_tiles.h, fp16, bf16 and fp8 e4m3 (FNUZ on gfx942, OCP on gfx950), split.
 #include "arch/platform.h"
 #include "arch/thread.h"
+#include "kvcache/combine.h"
 #include "kvcache/page_table.h"
 #include "kvcache/split.h"
 #include "launch.h"
@@ -78,56 +79,78 @@ extern "C" int32_t fmha_hip_kvcache_prepare(const fmha_kvcache_params* params, v
 
 #if defined(FMHA_PLATFORM_NVIDIA)
 #include "fwd/sm90/instances.h"
-#include "kvcache/combine.h"
 #include "kvcache/sm90/paged_tiles.h"
 
-extern "C" int32_t fmha_hip_kvcache_fwd(const fmha_kvcache_params* params, void* stream) {
-  if (params == nullptr || params->max_seqlen_q <= 0 || params->batch <= 0) return 0;  // nothing to compute
-  const hipStream_t s = static_cast<hipStream_t>(stream);
-  // The forward, then (splitting launchers) the combine of its partial states.
-  const auto then_combine = [&](int32_t forward, auto output) {
-    using O = decltype(output);
-    return forward != 0 ? forward : fmha::launch_combine<O>(*params, s);
-  };
-  switch (params->dtype) {
+namespace fmha {
+
+// The forward of the architecture's instance for the call's dtype.
+inline int32_t kvcache_forward(const fmha_kvcache_params& p, hipStream_t s) {
+  switch (p.dtype) {
     case 0:  // FMHA_DTYPE_FP16
-      return then_combine(fmha::dispatch_forward<__half>(*params, s), __half());
+      return dispatch_forward<__half>(p, s);
     case 1:  // FMHA_DTYPE_BF16
-      return then_combine(fmha::dispatch_forward<__nv_bfloat16>(*params, s), __nv_bfloat16());
+      return dispatch_forward<__nv_bfloat16>(p, s);
     case 3:  // FMHA_DTYPE_FP8_E4M3FN (bf16 out)
-      return then_combine(params->k_descale.page_stride != 0 || params->v_descale.page_stride != 0
-                              ? fmha::dispatch_forward<__nv_fp8_e4m3, true>(*params, s)
-                              : fmha::dispatch_forward<__nv_fp8_e4m3, false>(*params, s),
-                          __nv_bfloat16());
+      return p.k_descale.page_stride != 0 || p.v_descale.page_stride != 0 ? dispatch_forward<__nv_fp8_e4m3, true>(p, s)
+                                                                           : dispatch_forward<__nv_fp8_e4m3, false>(p, s);
     default:
       return static_cast<int32_t>(cudaErrorInvalidValue);
   }
 }
 
-extern "C" int32_t fmha_hip_load_kvcache(void) { return fmha::arch::load_module(fmha::kvcache_prepare_kernel); }
+}  // namespace fmha
 
 #else
 #include "fwd/amd/instances.h"
 #include "kvcache/amd/paged_tiles.h"
 
-extern "C" int32_t fmha_hip_kvcache_fwd(const fmha_kvcache_params* params, void* stream) {
-  if (params == nullptr || params->max_seqlen_q <= 0 || params->batch <= 0) return 0;  // nothing to compute
-  const hipStream_t s = static_cast<hipStream_t>(stream);
-  switch (params->dtype) {
+namespace fmha {
+
+// The forward of the architecture's instance for the call's dtype.
+inline int32_t kvcache_forward(const fmha_kvcache_params& p, hipStream_t s) {
+  switch (p.dtype) {
     case 0:  // fp16
-      return fmha::dispatch_forward<fmha::arch::Half>(*params, s);
+      return dispatch_forward<arch::Half>(p, s);
     case 1:  // bf16
-      return fmha::dispatch_forward<fmha::arch::BFloat16>(*params, s);
+      return dispatch_forward<arch::BFloat16>(p, s);
     case 3:  // FMHA_DTYPE_FP8_E4M3FN (gfx950)
     case 4:  // FMHA_DTYPE_FP8_E4M3FNUZ (gfx942)
       // One instance: each architecture's code object reads its own encoding (arch::Fp8E4m3); the
       // registry lists the one format each architecture has, and the launcher refuses per-page descales.
-      return fmha::dispatch_forward<fmha::arch::Fp8E4m3>(*params, s);
+      return dispatch_forward<arch::Fp8E4m3>(p, s);
     default:  // no AMD instance (the registry refuses the call first)
       return 1;  // hipErrorInvalidValue
   }
 }
 
-extern "C" int32_t fmha_hip_load_kvcache(void) { return fmha::arch::load_module(fmha::kvcache_prepare_kernel); }
+}  // namespace fmha
 
 #endif
+
+namespace fmha {
+
+// Enqueues the combine of a splitting launcher's call (after its forward, on the same stream); O is
+// bf16 for fp8 inputs.
+inline int32_t launch_combine(const fmha_kvcache_params& p, hipStream_t stream) {
+  if (p.max_splits <= 1) return 0;
+  const dim3 grid((p.max_seqlen_q + kCombineWaves - 1) / kCombineWaves, p.nhead_q, p.batch);
+  const dim3 block(kCombineWaves * arch::kWaveSize);
+  if (p.dtype == 0) {  // FMHA_DTYPE_FP16
+    kvcache_combine_kernel<false><<<grid, block, 0, stream>>>(p);
+  } else {
+    kvcache_combine_kernel<true><<<grid, block, 0, stream>>>(p);
+  }
+  return static_cast<int32_t>(hipGetLastError());
+}
+
+}  // namespace fmha
+
+// The forward, then (splitting launchers) the combine of its partial states.
+extern "C" int32_t fmha_hip_kvcache_fwd(const fmha_kvcache_params* params, void* stream) {
+  if (params == nullptr || params->max_seqlen_q <= 0 || params->batch <= 0) return 0;  // nothing to compute
+  const hipStream_t s = static_cast<hipStream_t>(stream);
+  const int32_t forward = fmha::kvcache_forward(*params, s);
+  return forward != 0 ? forward : fmha::launch_combine(*params, s);
+}
+
+extern "C" int32_t fmha_hip_load_kvcache(void) { return fmha::arch::load_module(fmha::kvcache_prepare_kernel); }

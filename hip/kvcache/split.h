@@ -104,9 +104,9 @@ FMHA_HOST_DEVICE inline int32_t sequence_at(const fmha_kvcache_params& p, int32_
   return b >= 0 && b < p.batch ? b : z;
 }
 
-// The partials' row of row i of sequence b (`fmha_kvcache_params::partial_rows`).
-FMHA_HOST_DEVICE inline int64_t partial_row(const fmha_kvcache_params& p, const Sequence& s, int32_t b, int64_t i) {
-  return p.group_mode != 0 ? s.q_start + i : static_cast<int64_t>(b) * p.seqlen_q + i;
+// The partials' row of row i of sequence b, whose rows start at q_start (`fmha_kvcache_params::partial_rows`).
+FMHA_HOST_DEVICE inline int64_t partial_row(const fmha_kvcache_params& p, int64_t q_start, int32_t b, int64_t i) {
+  return p.group_mode != 0 ? q_start + i : static_cast<int64_t>(b) * p.seqlen_q + i;
 }
 
 // The index of (split, head, row) in the partial LSE plane (times hdim_v: in O's).

@@ -83,16 +83,6 @@ fn split_policy(traits: &KvCacheTraits, instance: &Instance, cu_count: i64) -> R
         let bound = heuristic_max_splits(traits.batch, heads, rows, traits.max_seqlen_k, instance.m0, n0, cu_count);
         SplitPolicy { max_splits: bound, split_tiles: 0 }
     };
-    // The AMD kernels have no split path yet: they run unsplit unless the caller asked for splits.
-    if policy.splits() && matches!(instance.arch, Arch::Gfx942 | Arch::Gfx950) {
-        if traits.max_splits == 0 && traits.kv_split_tokens == 0 {
-            return Ok(SplitPolicy::UNSPLIT);
-        }
-        return Err(Error::unsupported(format!(
-            "max_splits: the {} kv-cache kernels do not split the KV yet (max_splits 0 or 1, kv_split_tokens 0)",
-            instance.arch.name()
-        )));
-    }
     Ok(policy)
 }
 

@@ -8,6 +8,11 @@
 // of the table and of the pools is unregistered while it runs, so that any read of it traps. Padding
 // columns and unreferenced pages are NaN, outputs poisoned.
 //
+// Split-KV (spec/inference.md §3): the forward writes each chunk's partial state to the workspace, the
+// combine kernel (kvcache/combine.h) merges them into O and the LSE; chunks from a fixed length or from
+// a prepared plan, sequences in the plan's order where it holds one (a shuffle here, as the prepare's
+// longest-first order permutes them: the grid's z-th slot runs order[z]).
+//
 // fp8 e4m3 (the emulated architecture's encoding: FNUZ on gfx942, OCP on gfx950) with descales per
 // tensor or per (sequence, kv head): against float64 on the dequantised inputs, within the rule of
 // tests/kvcache.rs (spec/inference.md §2.5): O within 4× (max) and 3× (mean) the error of a baseline
@@ -23,6 +28,7 @@
 #include "fwd/amd/kernel.h"
 #include "fwd/amd/tile.h"
 #include "kvcache/amd/paged_tiles.h"
+#include "kvcache/combine.h"
 
 using namespace fmha;
 using emu::from_bits;
@@ -45,14 +51,27 @@ struct Case {
   int left, right;
   bool write_lse;
   int scales = 0;  // fp8 descales: 0 none, 1 per tensor (q's absent: 1), 2 per (sequence, kv head)
+  int splits = 0;  // split-KV: the launcher's max_splits (0: unsplit)
+  int split_tiles = 0;  // key tiles per chunk, fixed (kv_split_tokens); 0: the prepared plan's
+  bool ordered = false;  // the plan holds a sequence order (shuffled here)
 };
 
+// The forward (and, splitting, the combine), with the tile's key count as the launcher sets it.
 template <typename T, int D, bool M>
-static void launch(const fmha_kvcache_params& p, const std::function<void(uint32_t, uint32_t, uint32_t)>& before) {
+static void launch(fmha_kvcache_params p, const std::function<void(uint32_t, uint32_t, uint32_t)>& before) {
   using Tile = AmdForwardTile<T, D>;
   static_assert(Tile::kThreads == 256, "emulated workgroups have 256 work-items");
-  const dim3 grid((p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM, p.nhead_q, p.batch);
+  p.block_n = Tile::kBlockN;
+  const uint32_t splits = p.max_splits > 1 ? p.max_splits : 1;
+  const dim3 grid((p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM * splits, p.nhead_q, p.batch);
   emu::launch(grid, Tile::kLdsBytes, [&] { forward_kernel_amd<T, D, M, fmha_kvcache_params>(p); }, before);
+  if (splits > 1) {
+    static_assert(kCombineWaves * arch::kWaveSize == 256, "emulated workgroups have 256 work-items");
+    const dim3 combine_grid((p.max_seqlen_q + kCombineWaves - 1) / kCombineWaves, p.nhead_q, p.batch);
+    emu::launch(combine_grid, 0, [&] {
+      if (p.dtype == 0) kvcache_combine_kernel<false>(p); else kvcache_combine_kernel<true>(p);
+    });
+  }
 }
 
 template <typename T, int D>
@@ -222,9 +241,32 @@ static bool run_case(const Case& c) {
     return descales[t].empty() ? 1.0 : (double)descales[t][c.scales == 2 ? (size_t)b * Hk + g : 0];
   };
 
-  // Workgroup (x, h, b) may read the call's arrays, q, its table entries and its pages only.
-  auto before = [&](uint32_t, uint32_t, uint32_t z) {
+  // Split-KV: the partial states (poisoned), the plan and the sequence order.
+  const int64_t partial_rows = c.group ? total_q : (int64_t)B * sq0;
+  std::vector<float> partial_lse, partial_o;
+  std::vector<int32_t> sequence_order(B);
+  for (int b = 0; b < B; ++b) sequence_order[b] = b;
+  fmha_kv_cache_split_plan plan = {kvcache::kPrepared, 0, 0, 0};
+  if (c.splits > 1) {
+    partial_lse.assign((size_t)c.splits * Hq * partial_rows, 12345.f);
+    partial_o.assign(partial_lse.size() * c.hdim_v, __builtin_nanf(""));
+    p.max_splits = c.splits, p.split_tiles = c.split_tiles;
+    p.partial_rows = partial_rows;
+    p.partial_lse = (uint64_t)partial_lse.data(), p.partial_o = (uint64_t)partial_o.data();
+    plan.tiles_per_split = 2;
+    p.split_plan = (uint64_t)&plan;
+    if (c.ordered) {
+      std::shuffle(sequence_order.begin(), sequence_order.end(), rng);
+      plan.ordered = B;
+      p.sequence_order = (uint64_t)sequence_order.data();
+    }
+  }
+
+  // Workgroup (x, h, z) may read the call's arrays, q, its sequence's table entries and pages only.
+  auto before = [&](uint32_t, uint32_t, uint32_t slot) {
+    const int z = sequence_order[slot];
     arch::g_buffers.clear();
+    emu::expose(partial_o);
     emu::expose(q), emu::expose(o), emu::expose(lse), emu::expose(seqstart_q), emu::expose(seqlen_k);
     emu::expose(kv_indptr), emu::expose(last_page_len), emu::expose(cache_batch_idx);
     for (auto& d : descales) emu::expose(d);
@@ -312,6 +354,11 @@ static bool run_case(const Case& c) {
       }
     }
   }
+  if (c.splits > 1) {
+    const size_t partials = std::count_if(partial_lse.begin(), partial_lse.end(), [](float x) { return x != 12345.f; });
+    printf("    %zu partial states written\n", partials);
+    if (partials == 0) ++bad;  // every split case has a sequence of several chunks
+  }
   size_t stray = 0;
   for (size_t i = 0; i < o.size(); ++i) if (!written_o[i] && o[i] != 0x7c01) ++stray;
   for (size_t i = 0; i < lse.size(); ++i) if (!written_lse[i] && lse[i] != 12345.f) ++stray;
@@ -362,6 +409,17 @@ int main(int argc, char** argv) {
   add({2, 128, 64, 4, 1, true, {30, 66}, {250, 1}, kContiguous, 256, false, 2, -1, 0, true, 2});
   // Head dims below the bucket (multiples of 16 bytes): padding chunks read as zeros.
   add({2, 48, 32, 4, 2, true, {20, 45}, {77, 130}, kBlockTable, 3, true, 2, -1, 0, true, 1});
+  // Split-KV: decode-like queries (1-16 rows) over long caches, every table kind, both chunk sources,
+  // more splits than a sequence has chunks, empty and one-tile caches (unsplit rows of a split call).
+  for (int dtype = 0; dtype < 2; ++dtype) {
+    add({dtype, 128, 128, 4, 2, true, {1, 4, 0, 1}, {300, 129, 50, 0}, kBlockTable, 16, dtype == 1, 2, -1, 0, true, 0,
+         4, 0, true});
+    add({dtype, 64, 64, 2, 1, true, {16, 3}, {200, 31}, kPageCsr, 1, dtype == 0, 2, 40, 0, dtype == 0, 0, 3, 1,
+         false});
+    add({dtype, 64, 48, 2, 2, false, {2, 2, 2}, {400, 7, 96}, kContiguous, 512, false, 0, -1, -1, true, 0, 8, 0, true});
+  }
+  add({2, 128, 128, 4, 1, true, {1, 8, 1}, {260, 330, 0}, kBlockTable, 64, false, 2, -1, 0, true, 2, 4, 0, true});
+  add({2, 128, 128, 2, 2, false, {3, 3}, {150, 500}, kPageCsr, 5, true, 0, -1, -1, true, 1, 5, 2, false});
   int failed = 0;
   for (size_t n = 0; n < cases.size(); ++n) {
     const Case& c = cases[n];
@@ -373,6 +431,11 @@ int main(int argc, char** argv) {
            c.hdim_q, c.hdim_v, c.nhead_q, c.nhead_k, c.group ? "group" : "batch", kinds[c.kind], c.page_size,
            c.hnd ? "HND" : "NHD", c.mask_type, c.left, c.right, lens.c_str());
     if (c.scales != 0) printf("  descales %s\n", c.scales == 1 ? "per tensor" : "per (sequence, kv head)");
+    if (c.splits > 1) {
+      printf("  max_splits %d, %s%s\n", c.splits, c.split_tiles > 0 ? "fixed chunks of tiles: " : "the plan's chunks",
+             c.split_tiles > 0 ? std::to_string(c.split_tiles).c_str() : "");
+      if (c.ordered) printf("  sequences in the plan's order\n");
+    }
     fflush(stdout);
     if (!(c.dtype == 2 ? run_case<uint8_t>(c) : run_case<uint16_t>(c))) {
       printf("  FAILED\n");

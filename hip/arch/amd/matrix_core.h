@@ -116,6 +116,8 @@ __device__ inline uint32_t buffer_load_4(Buffer b, uint32_t offset) {
 
 __device__ inline void global_store_8(void* p, u32x2 v) { *(__attribute__((address_space(1))) u32x2*)(p) = v; }
 
+__device__ inline void global_store_16(void* p, u32x4 v) { *(__attribute__((address_space(1))) u32x4*)(p) = v; }
+
 // *p += x in global memory, one global_atomic_add_f32 without return (relaxed, device scope): the adds
 // of one lane to one address apply in its program order.
 __device__ inline void global_atomic_add(float* p, float x) {

@@ -14,7 +14,10 @@ namespace fmha {
 template <typename T, int kHeadDim, bool kMasked, typename Params>
 int32_t launch_forward(const Params& p, hipStream_t stream) {
   using Tile = AmdForwardTile<T, kHeadDim>;
-  const dim3 grid((p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM, p.nhead_q, p.batch);
+  // Split-KV (kv-cache): each q tile's splits are adjacent in x (fwd/amd/kernel.h).
+  uint32_t splits = 1;
+  if constexpr (std::is_same_v<Params, fmha_kvcache_params>) splits = p.max_splits > 1 ? p.max_splits : 1;
+  const dim3 grid((p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM * splits, p.nhead_q, p.batch);
   forward_kernel_amd<T, kHeadDim, kMasked, Params><<<grid, Tile::kThreads, 0, stream>>>(p);
   return static_cast<int32_t>(hipGetLastError());
 }

@@ -33,6 +33,7 @@
 #include "fwd/amd/copy.h"
 #include "fwd/amd/mainloop.h"
 #include "fwd/amd/tile.h"
+#include "kvcache/split.h"
 
 namespace fmha {
 
@@ -56,11 +57,20 @@ __global__ void __launch_bounds__((AmdForwardTile<T, kHeadDim>::kThreads)) FMHA_
   __shared__ __attribute__((aligned(16))) uint8_t lds_bytes[Tile::kLdsBytes];
   arch::lds_byte* const lds = arch::lds_pointer(lds_bytes);
 
+  // Split-KV (the kv-cache's decode): x = q tile · splits + split; the dense forward never splits.
+  constexpr bool kCanSplit = std::is_same_v<Params, fmha_kvcache_params>;
+  int splits = 1;
+  if constexpr (kCanSplit) splits = p.max_splits > 1 ? p.max_splits : 1;
+  const int split = static_cast<int>(arch::block_index_x()) % splits;
+  const int q_tiles = static_cast<int>(arch::grid_blocks_x()) / splits;
+  const int x_tile = static_cast<int>(arch::block_index_x()) / splits;
   // Masked grids run their last (for causal masks: heaviest) q tiles first, so the long tail of a
   // launch is made of short tiles.
-  const int tile = kMasked ? static_cast<int>(arch::grid_blocks_x() - 1 - arch::block_index_x())
-                           : static_cast<int>(arch::block_index_x());
-  const int h = arch::block_index_y(), b = arch::block_index_z();
+  const int tile = kMasked ? q_tiles - 1 - x_tile : x_tile;
+  const int h = arch::block_index_y();
+  // z: the sequence, in the prepare's longest-first order where it wrote one (kvcache/split.h).
+  int b = static_cast<int>(arch::block_index_z());
+  if constexpr (kCanSplit) b = arch::wave_uniform(kvcache::sequence_at(p, b));
   AmdKeyValueTiles<Params, Tile> kv(p, b);
   const BatchRows rows = kv.rows;
   const int i0 = tile * M;
@@ -80,8 +90,24 @@ __global__ void __launch_bounds__((AmdForwardTile<T, kHeadDim>::kThreads)) FMHA_
     key_lo = lo > 0 ? lo : 0;
     key_hi = hi < rows.sk ? hi : rows.sk;
   }
-  const int first_tile = static_cast<int>(key_lo / N);
-  const int end_tile = key_hi > key_lo ? static_cast<int>((key_hi + N - 1) / N) : first_tile;
+  int first_tile = static_cast<int>(key_lo / N);
+  int end_tile = key_hi > key_lo ? static_cast<int>((key_hi + N - 1) / N) : first_tile;
+  // A split sequence's workgroup attends to its chunk's tiles only and leaves a partial state
+  // (kvcache/split.h); an empty chunk leaves O = 0, LSE = -inf.
+  bool partial = false;
+  if constexpr (kCanSplit) {
+    if (splits > 1) {
+      const kvcache::Chunks chunks = arch::wave_uniform(kvcache::chunks(p, rows.sk));
+      if (split >= chunks.count) return;
+      partial = chunks.count > 1;
+      if (partial) {
+        const int lo = static_cast<int>(split * chunks.tiles), hi = static_cast<int>((split + 1) * chunks.tiles);
+        first_tile = first_tile > lo ? first_tile : lo;
+        end_tile = end_tile < hi ? end_tile : hi;
+        end_tile = end_tile > first_tile ? end_tile : first_tile;
+      }
+    }
+  }
 
   const int tid = arch::thread_index(), lane = tid % arch::kWaveSize, wave = tid / arch::kWaveSize;
   const int lane32 = lane % 32, half = lane / 32;
@@ -153,13 +179,42 @@ __global__ void __launch_bounds__((AmdForwardTile<T, kHeadDim>::kThreads)) FMHA_
     arch::block_barrier();
   }
 
-  // Normalise and store O (rows past the batch's length are not written) and the natural-log LSE.
-  // The halves' sums are combined before any lane leaves: every lane takes part in the exchange. The
-  // parameters are read here (arch::reloaded), not held in scalar registers through the mainloop.
+  // Normalise and store O (rows past the batch's length are not written) and the natural-log LSE; a
+  // partial state goes to the workspace in fp32. The halves' sums are combined before any lane leaves:
+  // every lane takes part in the exchange. The parameters are read here (arch::reloaded), not held in
+  // scalar registers through the mainloop.
   const float sum = arch::halves_sum(st.row_sum);
   if (row >= rows.sq) return;
   const Params& out = arch::reloaded(p);
   const float inverse = sum > 0.f ? kv.v_descale / sum : 0.f;
+  // LSE = ln(Σ exp(scale · S)) = (scale_log2 · max + log2 Σ) · ln 2, Σ in units of 2^-kPShift
+  const auto natural_lse = [&] {
+    return sum > 0.f ? (st.row_max * (out.scale_log2 * kv.qk_descale) + (arch::exact_log2(sum) - E::kPShift)) *
+                           0.69314718055994531f
+                     : -__builtin_inff();
+  };
+  if constexpr (kCanSplit) {
+    if (partial) {
+      const int64_t state = kvcache::partial_state(out, split, h, kvcache::partial_row(out, rows.q_start, b, row));
+      float* o_state = arch::global_pointer<float>(out.partial_o) + state * out.hdim_v;
+#pragma unroll
+      for (int db = 0; db < kDimBlocks; ++db) {
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+          const int col = db * 32 + 8 * g + 4 * half;
+          if (col < out.hdim_v) {
+            const arch::f32x16& o = st.o[db];
+            arch::global_store_16(o_state + col, arch::u32x4{__builtin_bit_cast(uint32_t, o[4 * g] * inverse),
+                                                             __builtin_bit_cast(uint32_t, o[4 * g + 1] * inverse),
+                                                             __builtin_bit_cast(uint32_t, o[4 * g + 2] * inverse),
+                                                             __builtin_bit_cast(uint32_t, o[4 * g + 3] * inverse)});
+          }
+        }
+      }
+      if (half == 0) arch::global_pointer<float>(out.partial_lse)[state] = natural_lse();
+      return;
+    }
+  }
   uint16_t* out_row = arch::global_pointer<uint16_t>(out.o) + batch * out.o_batch_stride + h * out.o_head_stride +
                       (rows.q_start + row) * out.o_row_stride;
 #pragma unroll
@@ -176,12 +231,7 @@ __global__ void __launch_bounds__((AmdForwardTile<T, kHeadDim>::kThreads)) FMHA_
   }
   float* lse = arch::global_pointer<float>(out.lse);
   if (lse != nullptr && half == 0) {
-    // LSE = ln(Σ exp(scale · S)) = (scale_log2 · max + log2 Σ) · ln 2, Σ in units of 2^-kPShift
-    const float natural =
-        sum > 0.f ? (st.row_max * (out.scale_log2 * kv.qk_descale) + (arch::exact_log2(sum) - E::kPShift)) *
-                        0.69314718055994531f
-                  : -__builtin_inff();
-    lse[(out.group_mode ? 0 : b * out.lse_batch_stride) + h * out.lse_head_stride + rows.q_start + row] = natural;
+    lse[(out.group_mode ? 0 : b * out.lse_batch_stride) + h * out.lse_head_stride + rows.q_start + row] = natural_lse();
   }
 }
 

@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
         sum > 0.f ? fmaf(st.row_max[r], scale_log2, log2f(sum) - Tile::kPShift) * 0.69314718055994531f : -INFINITY;
     if constexpr (kCanSplit) {
       if (partial) {
-        const int64_t state = kvcache::partial_state(p, split, h, kvcache::partial_row(p, kv.seq, b, i));
+        const int64_t state = kvcache::partial_state(p, split, h, kvcache::partial_row(p, kv.seq.q_start, b, i));
         float* o_state = reinterpret_cast<float*>(p.partial_o) + state * p.hdim_v;
 #pragma unroll
         for (int n = 0; n < kDTiles; ++n) {

@@ -82,6 +82,7 @@ inline u32x4 global_load_16(const void* p) { check_global(p, 16); u32x4 v; memcp
 inline u32x2 global_load_8(const void* p) { check_global(p, 8); u32x2 v; memcpy(&v, p, 8); return v; }
 inline uint32_t global_load_4(const void* p) { check_global(p, 4); uint32_t v; memcpy(&v, p, 4); return v; }
 inline void global_store_8(void* p, u32x2 v) { check_global(p, 8); memcpy(p, &v, 8); }
+inline void global_store_16(void* p, u32x4 v) { check_global(p, 16); memcpy(p, &v, 16); }
 
 // Raw buffers: loads at or past `bytes` read zeros; a load that straddles the end is a kernel bug here
 // (the kernels keep every load wholly inside or wholly past).
