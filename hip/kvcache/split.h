@@ -44,7 +44,10 @@ FMHA_HOST_DEVICE inline int32_t packed_heads(const fmha_kvcache_params& p) {
 
 // `problem::split::work_units`: one sequence's query tiles times its key tiles (per tile head).
 FMHA_HOST_DEVICE inline int64_t work_units(const fmha_kvcache_params& p, const Sequence& s) {
-  return ceil_div(s.sq * packed_heads(p), p.block_m) * ceil_div(s.kv_len, p.block_n);
+  // Divisors in vector registers: 64-bit divisions by uniform values expand on AMD's scalar unit (the
+  // prepare kernel's loop then nears its register limit).
+  const int64_t m = arch::in_vector_registers<int64_t>(p.block_m), n = arch::in_vector_registers<int64_t>(p.block_n);
+  return ceil_div(s.sq * packed_heads(p), m) * ceil_div(s.kv_len, n);
 }
 
 // `problem::split::adaptive_tiles`: the call's work over the CUs, with 10 % slack.
@@ -79,6 +82,9 @@ FMHA_HOST_DEVICE inline fmha_kv_cache_split_plan plan_of(const fmha_kvcache_para
 FMHA_HOST_DEVICE inline uint8_t order_key(int64_t work) {
   if (work <= 0) return 0;
   int e = 0;
+#if defined(__CUDACC__) || defined(__HIP__)
+#pragma unroll 1  // unrolled, each step's lane masks take scalar registers (the AMD prepare spilled them)
+#endif
   while (e < 62 && (work >> (e + 1)) != 0) ++e;
   const int64_t below = e >= 2 ? work >> (e - 2) : work << (2 - e);
   return static_cast<uint8_t>(1 + 4 * e + (below & 3));
