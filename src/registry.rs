@@ -295,13 +295,22 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
 /// paged K/V tiles (hip/kvcache/kvcache.hip: fp16/bf16, strided pools; its pools' page strides are
 /// 64-bit, their row strides bounded like every input's), and that kernel for fp8 e4m3 in the
 /// architecture's own encoding (gfx942 FNUZ, gfx950 OCP: the other format has no instance) at the
-/// 128-dim bucket, whose rows of 128 bytes take 64 keys per step on both (hip/fwd/amd/tile.h).
+/// 128-dim bucket, whose rows of 128 bytes take 64 keys per step on both (hip/fwd/amd/tile.h); each
+/// kv-cache instance also packed (GQA: rows of several query heads).
 fn amd_instances(arch: Arch, forward: &[(i64, i64, i64)], backward: &[(i64, i64, i64)]) -> Vec<Instance> {
     let mut list = gpu_instances(arch, Operation::Forward, &HALF_DTYPES, forward, "mfma_lds");
     list.extend(gpu_instances(arch, Operation::Backward, &HALF_DTYPES, backward, "mfma_lds"));
     list.extend(gpu_instances(arch, Operation::KvCache, &HALF_DTYPES, forward, "mfma_lds_paged"));
     let format = if arch == Arch::Gfx950 { Fp8Format::E4m3fn } else { Fp8Format::E4m3fnuz };
     list.extend(gpu_instances(arch, Operation::KvCache, &[CacheDtype::Fp8(format)], &AMD_FP8_TILES, "mfma_lds_paged"));
+    // Decode: the same kernels with the query heads of one kv head packed into the tile's rows.
+    let packed = |dtypes: &[CacheDtype], tiles: &[(i64, i64, i64)]| {
+        gpu_instances(arch, Operation::KvCache, dtypes, tiles, "mfma_lds_paged_gqa")
+            .into_iter()
+            .map(|i| Instance { packed_gqa: true, ..i })
+    };
+    list.extend(packed(&HALF_DTYPES, forward));
+    list.extend(packed(&[CacheDtype::Fp8(format)], &AMD_FP8_TILES));
     list
 }
 
@@ -605,7 +614,9 @@ mod tests {
                 .iter()
                 .filter(|i| i.operation == Operation::KvCache && matches!(i.dtype, CacheDtype::Half(_)))
                 .collect();
-            assert_eq!(paged.len(), 2 * 2 * tiles.len());
+            // Masked or not, packed GQA or not.
+            assert_eq!(paged.len(), 2 * 2 * 2 * tiles.len());
+            assert_eq!(paged.iter().filter(|i| i.packed_gqa).count(), 2 * 2 * tiles.len());
             for i in &paged {
                 let forward = list
                     .iter()
@@ -617,7 +628,7 @@ mod tests {
                     })
                     .unwrap();
                 assert_eq!((i.m0, i.n0, i.max_input_row_stride), (forward.m0, forward.n0, AMD_MAX_INPUT_ROW_STRIDE));
-                assert_eq!(i.pipeline, "mfma_lds_paged");
+                assert_eq!(i.pipeline, if i.packed_gqa { "mfma_lds_paged_gqa" } else { "mfma_lds_paged" });
             }
         }
     }
@@ -630,7 +641,7 @@ mod tests {
         ] {
             let list = amd_instances(arch, tiles, &GFX942_BACKWARD_TILES);
             let fp8: Vec<_> = list.iter().filter(|i| matches!(i.dtype, CacheDtype::Fp8(_))).collect();
-            assert_eq!(fp8.len(), 2);
+            assert_eq!(fp8.len(), 4); // masked or not, packed GQA or not
             for i in fp8 {
                 assert_eq!(i.operation, Operation::KvCache);
                 assert_eq!((i.dtype, i.hdim_q, i.hdim_v, i.m0, i.n0), (CacheDtype::Fp8(own), 128, 128, 128, 64));

@@ -27,9 +27,6 @@ pub struct KvCacheLauncher {
     workspace: KvCacheWorkspace,
 }
 
-/// Query rows of the packed decode tile (`registry`'s sm_90a decode tiles).
-const PACKED_TILE_ROWS: i64 = 64;
-
 /// The instance for `traits`: the decode tile with packed GQA where every sequence's (query row, query
 /// head) pairs of one kv head fit one tile and the build has it (spec/inference.md §3.2), else the
 /// prefill tile.
@@ -45,8 +42,8 @@ fn select(traits: &KvCacheTraits) -> Result<Instance> {
         deterministic: false,
         packed_gqa: false,
     };
-    if traits.max_seqlen_q * (traits.nhead_q / traits.nhead_k) <= PACKED_TILE_ROWS {
-        if let Ok(packed) = crate::registry::select(arch, &Request { packed_gqa: true, ..request }) {
+    if let Ok(packed) = crate::registry::select(arch, &Request { packed_gqa: true, ..request }) {
+        if traits.max_seqlen_q * (traits.nhead_q / traits.nhead_k) <= packed.m0 {
             return Ok(packed);
         }
     }

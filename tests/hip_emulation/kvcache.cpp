@@ -54,17 +54,20 @@ struct Case {
   int splits = 0;  // split-KV: the launcher's max_splits (0: unsplit)
   int split_tiles = 0;  // key tiles per chunk, fixed (kv_split_tokens); 0: the prepared plan's
   bool ordered = false;  // the plan holds a sequence order (shuffled here)
+  bool pack = false;     // packed GQA: a workgroup's rows are (query row, head) pairs of one kv head
 };
 
 // The forward (and, splitting, the combine), with the tile's key count as the launcher sets it.
-template <typename T, int D, bool M>
+template <typename T, int D, bool M, bool P>
 static void launch(fmha_kvcache_params p, const std::function<void(uint32_t, uint32_t, uint32_t)>& before) {
   using Tile = AmdForwardTile<T, D>;
   static_assert(Tile::kThreads == 256, "emulated workgroups have 256 work-items");
   p.block_n = Tile::kBlockN;
   const uint32_t splits = p.max_splits > 1 ? p.max_splits : 1;
-  const dim3 grid((p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM * splits, p.nhead_q, p.batch);
-  emu::launch(grid, Tile::kLdsBytes, [&] { forward_kernel_amd<T, D, M, fmha_kvcache_params>(p); }, before);
+  const int group = P ? p.nhead_q / p.nhead_k : 1;
+  const dim3 grid((p.max_seqlen_q * group + Tile::kBlockM - 1) / Tile::kBlockM * splits, P ? p.nhead_k : p.nhead_q,
+                  p.batch);
+  emu::launch(grid, Tile::kLdsBytes, [&] { forward_kernel_amd<T, D, M, fmha_kvcache_params, P>(p); }, before);
   if (splits > 1) {
     static_assert(kCombineWaves * arch::kWaveSize == 256, "emulated workgroups have 256 work-items");
     const dim3 combine_grid((p.max_seqlen_q + kCombineWaves - 1) / kCombineWaves, p.nhead_q, p.batch);
@@ -76,7 +79,11 @@ static void launch(fmha_kvcache_params p, const std::function<void(uint32_t, uin
 
 template <typename T, int D>
 static void dispatch_masked(const fmha_kvcache_params& p, const std::function<void(uint32_t, uint32_t, uint32_t)>& b) {
-  if (p.masked) launch<T, D, true>(p, b); else launch<T, D, false>(p, b);
+  if (p.pack_gqa) {
+    if (p.masked) launch<T, D, true, true>(p, b); else launch<T, D, false, true>(p, b);
+  } else {
+    if (p.masked) launch<T, D, true, false>(p, b); else launch<T, D, false, false>(p, b);
+  }
 }
 template <typename T>
 static void dispatch(const fmha_kvcache_params& p, const std::function<void(uint32_t, uint32_t, uint32_t)>& b) {
@@ -223,6 +230,7 @@ static bool run_case(const Case& c) {
   p.dtype = c.dtype, p.hdim_bucket = bucket, p.masked = c.mask_type != 0;
   p.table_kind = c.kind, p.page_size = P, p.num_pages = num_pages;
   p.max_pages_per_seq = c.kind == kBlockTable ? max_pages : 0;
+  p.pack_gqa = c.pack;
   p.num_page_indices = (int32_t)page_indices.size();
 
   // fp8 descales: [B][Hk] (per sequence and kv head) or one value (per tensor), in [0.25, 2].
@@ -420,6 +428,19 @@ int main(int argc, char** argv) {
   }
   add({2, 128, 128, 4, 1, true, {1, 8, 1}, {260, 330, 0}, kBlockTable, 64, false, 2, -1, 0, true, 2, 4, 0, true});
   add({2, 128, 128, 2, 2, false, {3, 3}, {150, 500}, kPageCsr, 5, true, 0, -1, -1, true, 1, 5, 2, false});
+  // Packed GQA (decode: query rows × group fit one tile of 128), split and not, every table kind; a
+  // window mask, so that rows of one tile keep different keys.
+  for (int dtype = 0; dtype < 2; ++dtype) {
+    add({dtype, 128, 128, 8, 2, true, {1, 4, 0, 16}, {300, 129, 50, 77}, kBlockTable, 16, dtype == 1, 2, -1, 0, true,
+         0, 4, 0, true, true});
+    add({dtype, 64, 64, 6, 2, true, {3, 20}, {200, 31}, kPageCsr, 1, dtype == 0, 2, 40, 0, true, 0, 0, 0, false,
+         true});
+    add({dtype, 64, 48, 4, 1, false, {5, 5}, {400, 7}, kContiguous, 512, false, 0, -1, -1, dtype == 0, 0, 3, 1, false,
+         true});
+  }
+  add({2, 128, 128, 8, 2, true, {1, 8, 1}, {260, 330, 0}, kBlockTable, 64, false, 2, -1, 0, true, 2, 4, 0, true,
+       true});
+  add({2, 128, 96, 4, 1, true, {2, 30}, {200, 97}, kPageCsr, 16, true, 2, 30, 0, true, 1, 0, 0, false, true});
   int failed = 0;
   for (size_t n = 0; n < cases.size(); ++n) {
     const Case& c = cases[n];
@@ -431,6 +452,7 @@ int main(int argc, char** argv) {
            c.hdim_q, c.hdim_v, c.nhead_q, c.nhead_k, c.group ? "group" : "batch", kinds[c.kind], c.page_size,
            c.hnd ? "HND" : "NHD", c.mask_type, c.left, c.right, lens.c_str());
     if (c.scales != 0) printf("  descales %s\n", c.scales == 1 ? "per tensor" : "per (sequence, kv head)");
+    if (c.pack) printf("  packed GQA (%d query heads per kv head)\n", c.nhead_q / c.nhead_k);
     if (c.splits > 1) {
       printf("  max_splits %d, %s%s\n", c.splits, c.split_tiles > 0 ? "fixed chunks of tiles: " : "the plan's chunks",
              c.split_tiles > 0 ? std::to_string(c.split_tiles).c_str() : "");

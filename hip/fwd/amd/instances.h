@@ -3,6 +3,8 @@
 // fixes the tile shapes) and masked or not are compiled per instance.
 #pragma once
 
+#include <type_traits>
+
 #include "fwd/amd/kernel.h"
 #include "fwd/amd/tile.h"
 
@@ -11,15 +13,30 @@ namespace fmha {
 // 4 waves of 32 query rows; the keys per step are chosen per architecture on the device side
 // (AmdForwardTile::kBlockN), and the LDS is static and within 64 KiB on both architectures, so the
 // host needs only the workgroup shape.
-template <typename T, int kHeadDim, bool kMasked, typename Params>
+// x: q tiles (kv cache: times the launcher's splits, each q tile's splits adjacent), y: query heads
+// (packed GQA: kv heads, each tile row one of their query heads), z: batches (fwd/amd/kernel.h).
+template <typename T, int kHeadDim, bool kMasked, bool kPackGqa = false, typename Params>
 int32_t launch_forward(const Params& p, hipStream_t stream) {
   using Tile = AmdForwardTile<T, kHeadDim>;
-  // Split-KV (kv-cache): each q tile's splits are adjacent in x (fwd/amd/kernel.h).
   uint32_t splits = 1;
   if constexpr (std::is_same_v<Params, fmha_kvcache_params>) splits = p.max_splits > 1 ? p.max_splits : 1;
-  const dim3 grid((p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM * splits, p.nhead_q, p.batch);
-  forward_kernel_amd<T, kHeadDim, kMasked, Params><<<grid, Tile::kThreads, 0, stream>>>(p);
+  const int64_t rows = static_cast<int64_t>(p.max_seqlen_q) * (kPackGqa ? p.nhead_q / p.nhead_k : 1);
+  const dim3 grid(static_cast<uint32_t>((rows + Tile::kBlockM - 1) / Tile::kBlockM * splits),
+                  kPackGqa ? p.nhead_k : p.nhead_q, p.batch);
+  forward_kernel_amd<T, kHeadDim, kMasked, Params, kPackGqa><<<grid, Tile::kThreads, 0, stream>>>(p);
   return static_cast<int32_t>(hipGetLastError());
+}
+
+// Masked or not, and (kv cache) packed GQA or not.
+template <typename T, int kHeadDim, typename Params>
+int32_t launch_variant(const Params& p, hipStream_t stream) {
+  if constexpr (std::is_same_v<Params, fmha_kvcache_params>) {
+    if (p.pack_gqa != 0) {
+      return p.masked ? launch_forward<T, kHeadDim, true, true>(p, stream)
+                      : launch_forward<T, kHeadDim, false, true>(p, stream);
+    }
+  }
+  return p.masked ? launch_forward<T, kHeadDim, true>(p, stream) : launch_forward<T, kHeadDim, false>(p, stream);
 }
 
 template <typename T, typename Params>
@@ -35,12 +52,12 @@ int32_t dispatch_forward(const Params& p, hipStream_t stream) {
     case 64:
       // fp8 has the 128-dim shape only (rows of 128 bytes; fwd/amd/tile.h); the registry lists no other.
       if constexpr (arch::Element<T>::kBytes == 2) {
-        return p.masked ? launch_forward<T, 64, true>(p, stream) : launch_forward<T, 64, false>(p, stream);
+        return launch_variant<T, 64>(p, stream);
       } else {
         return 1;  // hipErrorInvalidValue
       }
     case 128:
-      return p.masked ? launch_forward<T, 128, true>(p, stream) : launch_forward<T, 128, false>(p, stream);
+      return launch_variant<T, 128>(p, stream);
     default:
       return 1;  // hipErrorInvalidValue
   }

@@ -24,6 +24,8 @@
 // The K/V tiles come from dense tensors (the forward) or through a page table (the kv-cache operation).
 #pragma once
 
+#include <type_traits>
+
 #include "arch/amd/lds_swizzle.h"
 #include "arch/amd/matrix_core.h"
 #include "arch/thread.h"
@@ -47,7 +49,10 @@ namespace fmha {
 template <typename Params, typename Tile>
 struct AmdKeyValueTiles;
 
-template <typename T, int kHeadDim, bool kMasked, typename Params>
+// kPackGqa (the kv-cache's decode): the workgroup's rows are (query row, query head) pairs of one kv
+// head, so that its query heads share each K/V tile: tile row r is query row r / group of query head
+// hk · group + r % group.
+template <typename T, int kHeadDim, bool kMasked, typename Params, bool kPackGqa = false>
 __global__ void __launch_bounds__((AmdForwardTile<T, kHeadDim>::kThreads)) FMHA_AMD_MIN_WAVES_PER_SIMD(2)
     forward_kernel_amd(Params p) {
   using Tile = AmdForwardTile<T, kHeadDim>;
@@ -67,26 +72,34 @@ __global__ void __launch_bounds__((AmdForwardTile<T, kHeadDim>::kThreads)) FMHA_
   // Masked grids run their last (for causal masks: heaviest) q tiles first, so the long tail of a
   // launch is made of short tiles.
   const int tile = kMasked ? q_tiles - 1 - x_tile : x_tile;
-  const int h = arch::block_index_y();
+  // y: the query head, or with packed GQA the kv head.
+  const int y = arch::block_index_y();
+  const int ratio = p.nhead_q / p.nhead_k, group = kPackGqa ? ratio : 1;
+  const int hk = kPackGqa ? y : y / ratio;
+  const auto head_of = [&](int r) { return kPackGqa ? hk * group + r % group : y; };
   // z: the sequence, in the prepare's longest-first order where it wrote one (kvcache/split.h).
   int b = static_cast<int>(arch::block_index_z());
   if constexpr (kCanSplit) b = arch::wave_uniform(kvcache::sequence_at(p, b));
   AmdKeyValueTiles<Params, Tile> kv(p, b);
   const BatchRows rows = kv.rows;
+  const int64_t tile_rows = static_cast<int64_t>(rows.sq) * group;  // rows of this sequence's tiles
   const int i0 = tile * M;
-  if (i0 >= rows.sq) return;
-  const int i1 = i0 + M < rows.sq ? i0 + M : rows.sq;
-  kv.at_head(p, h / (p.nhead_q / p.nhead_k));
+  if (i0 >= tile_rows) return;
+  const int i1 = i0 + M < tile_rows ? i0 + M : static_cast<int>(tile_rows);
+  const int first_query = i0 / group, last_query = (i1 - 1) / group;
+  kv.at_head(p, hk);
   const int64_t batch = p.group_mode ? 0 : b;
 
-  const uint8_t* q = arch::global_pointer<const uint8_t>(p.q) +
-                     (batch * p.q_batch_stride + h * p.q_head_stride + (rows.q_start + i0) * p.q_row_stride) * E::kBytes;
+  // Query row first_query of head head_of(0) (packed: the kv head's first query head).
+  const uint8_t* q = arch::global_pointer<const uint8_t>(p.q) + (batch * p.q_batch_stride + head_of(0) * p.q_head_stride +
+                                                                 (rows.q_start + first_query) * p.q_row_stride) *
+                                                                    E::kBytes;
 
   // Keys that any row of this tile keeps: [key_lo, key_hi); tiles outside are never visited.
   const ResolvedMask mask = resolve_mask(p.mask_type, p.window_left, p.window_right, rows.sq, rows.sk);
   int64_t key_lo = 0, key_hi = rows.sk;
   if (kMasked) {
-    const int64_t lo = i0 + mask.off - mask.left, hi = (i1 - 1) + mask.off + mask.right + 1;
+    const int64_t lo = first_query + mask.off - mask.left, hi = last_query + mask.off + mask.right + 1;
     key_lo = lo > 0 ? lo : 0;
     key_hi = hi < rows.sk ? hi : rows.sk;
   }
@@ -111,22 +124,29 @@ __global__ void __launch_bounds__((AmdForwardTile<T, kHeadDim>::kThreads)) FMHA_
 
   const int tid = arch::thread_index(), lane = tid % arch::kWaveSize, wave = tid / arch::kWaveSize;
   const int lane32 = lane % 32, half = lane / 32;
-  const int row = i0 + wave * 32 + lane32;  // this lane's query row
+  const int row = i0 + wave * 32 + lane32;  // this lane's tile row: query row `query` of head `head`
+  const int query = row / group, head = head_of(row);
 
   // Q first: the wait for the prologue's K/V loads (before their LDS stores) then covers it, and the
   // mainloop's waits are for its own loads only. Lanes past the batch's rows or the head dim read row
   // i0 (which exists) and keep zeros.
   LaneState<Tile> st;
   {
-    const bool valid = row < rows.sq;
+    const bool valid = row < tile_rows;
     // Fragment k8: bytes 16 k8 + 8 half .. + 7 of the row, elements kElements k8 + kElements / 2 half ...
     constexpr int kElements = 16 / E::kBytes;
-    const uint32_t offset =
-        static_cast<uint32_t>(((wave * 32 + lane32) * p.q_row_stride + kElements / 2 * half) * E::kBytes);
+    // Unpacked, 32-bit offsets within the tile's 128 rows; packed, the head stride joins them (64-bit).
+    const uint8_t* q_row = q;
+    if constexpr (kPackGqa) {
+      q_row += ((query - first_query) * p.q_row_stride + (row % group) * p.q_head_stride) * E::kBytes;
+    }
+    const uint32_t offset = static_cast<uint32_t>(
+        ((kPackGqa ? 0 : (wave * 32 + lane32) * p.q_row_stride) + kElements / 2 * half) * E::kBytes);
 #pragma unroll
     for (int k8 = 0; k8 < Tile::kRowBytes / 16; ++k8) {
       const bool load = valid && kElements * k8 + kElements / 2 * half < p.hdim_q;
-      const arch::u32x2 x = arch::global_load_8(q + (load ? offset + 16 * k8 : 0u));
+      const arch::u32x2 x = arch::global_load_8(kPackGqa ? (load ? q_row + offset + 16 * k8 : q)
+                                                          : q + (load ? offset + 16 * k8 : 0u));
       st.q[k8] = load ? x : arch::u32x2(0u);
     }
   }
@@ -153,12 +173,13 @@ __global__ void __launch_bounds__((AmdForwardTile<T, kHeadDim>::kThreads)) FMHA_
   // Tiles [j0, j0 + N) with interior_lo <= j0 and j0 + N - 1 <= interior_hi need no per-element checks:
   // every row of the workgroup keeps all their keys (clamped to [0, sk] and [-1, sk - 1], which keeps
   // the tests' outcome for tiles starting in [0, sk), and includes the end of the sequence).
-  int64_t interior_lo = kMasked ? (i1 - 1) + mask.off - mask.left : 0;
-  int64_t interior_hi = kMasked && i0 + mask.off + mask.right < rows.sk - 1 ? i0 + mask.off + mask.right : rows.sk - 1;
+  int64_t interior_lo = kMasked ? last_query + mask.off - mask.left : 0;
+  int64_t interior_hi =
+      kMasked && first_query + mask.off + mask.right < rows.sk - 1 ? first_query + mask.off + mask.right : rows.sk - 1;
   interior_lo = interior_lo < 0 ? 0 : (interior_lo > rows.sk ? rows.sk : interior_lo);
   interior_hi = interior_hi < -1 ? -1 : interior_hi;
   const int interior_first = static_cast<int>(interior_lo), interior_last = static_cast<int>(interior_hi);
-  const IndexRange keys = keys_of_row<kMasked>(mask, row, rows.sk);
+  const IndexRange keys = keys_of_row<kMasked>(mask, query, rows.sk);
   const float scale_log2 = p.scale_log2 * kv.qk_descale;
 
   for (int jt = first_tile; jt < end_tile; ++jt) {
@@ -184,7 +205,7 @@ __global__ void __launch_bounds__((AmdForwardTile<T, kHeadDim>::kThreads)) FMHA_
   // every lane takes part in the exchange. The parameters are read here (arch::reloaded), not held in
   // scalar registers through the mainloop.
   const float sum = arch::halves_sum(st.row_sum);
-  if (row >= rows.sq) return;
+  if (row >= tile_rows) return;
   const Params& out = arch::reloaded(p);
   const float inverse = sum > 0.f ? kv.v_descale / sum : 0.f;
   // LSE = ln(Σ exp(scale · S)) = (scale_log2 · max + log2 Σ) · ln 2, Σ in units of 2^-kPShift
@@ -195,7 +216,7 @@ __global__ void __launch_bounds__((AmdForwardTile<T, kHeadDim>::kThreads)) FMHA_
   };
   if constexpr (kCanSplit) {
     if (partial) {
-      const int64_t state = kvcache::partial_state(out, split, h, kvcache::partial_row(out, rows.q_start, b, row));
+      const int64_t state = kvcache::partial_state(out, split, head, kvcache::partial_row(out, rows.q_start, b, query));
       float* o_state = arch::global_pointer<float>(out.partial_o) + state * out.hdim_v;
 #pragma unroll
       for (int db = 0; db < kDimBlocks; ++db) {
@@ -215,8 +236,8 @@ __global__ void __launch_bounds__((AmdForwardTile<T, kHeadDim>::kThreads)) FMHA_
       return;
     }
   }
-  uint16_t* out_row = arch::global_pointer<uint16_t>(out.o) + batch * out.o_batch_stride + h * out.o_head_stride +
-                      (rows.q_start + row) * out.o_row_stride;
+  uint16_t* out_row = arch::global_pointer<uint16_t>(out.o) + batch * out.o_batch_stride + head * out.o_head_stride +
+                      (rows.q_start + query) * out.o_row_stride;
 #pragma unroll
   for (int db = 0; db < kDimBlocks; ++db) {
 #pragma unroll
@@ -231,7 +252,8 @@ __global__ void __launch_bounds__((AmdForwardTile<T, kHeadDim>::kThreads)) FMHA_
   }
   float* lse = arch::global_pointer<float>(out.lse);
   if (lse != nullptr && half == 0) {
-    lse[(out.group_mode ? 0 : b * out.lse_batch_stride) + h * out.lse_head_stride + rows.q_start + row] = natural_lse();
+    lse[(out.group_mode ? 0 : b * out.lse_batch_stride) + head * out.lse_head_stride + rows.q_start + query] =
+        natural_lse();
   }
 }
 
