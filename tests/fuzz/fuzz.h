@@ -162,6 +162,8 @@ void random_run(uint64_t seed, case_record *rec);
 int kv_case_count(void);
 void kv_case_info(int i, int *expect, uint32_t *statuses, int *sampled, const char **fields, const char **desc);
 void kv_case_run(int i, uint64_t rng, case_record *rec);
+/* A random kv-cache case (fuzz_random.c draws one in 8 of its cases). */
+void kv_random_run(uint64_t seed, case_record *rec);
 /* Writes the record to the result pipe (fd set by the driver in the child). */
 void report(const case_record *rec);
 extern int report_fd;

@@ -45,6 +45,7 @@ typedef struct {
     int num_pages, mpps, bt_stride, num_idx;
     int total_q;
     int k_ds_one, no_lse; /* valid variants: k_descale.data NULL (1), has_lse 0 */
+    int kv_tensor_scale;  /* fp8: one K and one V descale (kvds[0], kvds[1]) instead of per page */
     /* buffers */
     fmha_kvcache_traits *t;
     fmha_kvcache_args *a;
@@ -220,7 +221,7 @@ static void kv_alloc(kv *s, uint64_t *rng) {
     size_t rows, pool_elems;
     int b, j, max_q = 0, max_k = 0;
     int32_t ssq[MAXB + 1], lens[MAXB], indptr[MAXB + 1], pidx[MAXB * MAXP], lpl[MAXB], cbi[MAXB];
-    int32_t bt[MAXB * MAXP];
+    int32_t bt[MAXB * (MAXP + 2)]; /* rows of up to MAXP pages, 2 entries of padding */
     s->total_q = 0;
     for (b = 0; b < s->batch; ++b) {
         if (!s->group) s->lens_q[b] = s->sq;
@@ -335,6 +336,13 @@ static void kv_alloc(kv *s, uint64_t *rng) {
     }
 }
 
+/* The K (v = 0) or V (v = 1) descale of kv head g on `page`. */
+static double kv_descale(const kv *s, int page, int g, int v) {
+    if (!s->kvds || (!v && s->k_ds_one)) return 1.0;
+    if (s->kv_tensor_scale) return s->kvds[v];
+    return s->kvds[(page * s->hk + g) * 2 + v];
+}
+
 /* The float64 reference: O and LSE of every (sequence, head, row); compares with s->o and s->lse
  * (bf16 and fp32). Returns 1 if they match, 0 (note) otherwise. */
 static int kv_check(const kv *s, char *note, size_t note_size) {
@@ -352,7 +360,7 @@ static int kv_check(const kv *s, char *note, size_t note_size) {
                 for (j = 0; j < nk; ++j) {
                     int diag = i + nk - nq, page = s->kind == FMHA_KV_CONTIGUOUS ? s->pages[b][0] : s->pages[b][j / s->page];
                     int u = s->kind == FMHA_KV_CONTIGUOUS ? j : j % s->page;
-                    double dk = s->kvds && !s->k_ds_one ? s->kvds[(page * s->hk + g) * 2] : 1.0, x = 0;
+                    double dk = kv_descale(s, page, g, 0), x = 0;
                     p[j] = -INFINITY;
                     if (s->mask == FMHA_MASK_BOTTOM_RIGHT &&
                         ((s->wr >= 0 && j > diag + s->wr) || (s->wl >= 0 && j < diag - s->wl)))
@@ -365,7 +373,7 @@ static int kv_check(const kv *s, char *note, size_t note_size) {
                 for (j = 0; j < nk; ++j) {
                     int page = s->kind == FMHA_KV_CONTIGUOUS ? s->pages[b][0] : s->pages[b][j / s->page];
                     int u = s->kind == FMHA_KV_CONTIGUOUS ? j : j % s->page;
-                    double dv = s->kvds ? s->kvds[(page * s->hk + g) * 2 + 1] : 1.0, w;
+                    double dv = kv_descale(s, page, g, 1), w;
                     if (p[j] == -INFINITY) continue;
                     w = exp(p[j] - m);
                     sum += w;
@@ -974,7 +982,7 @@ static int k_step(kv_run *r, int stage, const char *call, fmha_status st) {
     char msg[600];
     if (stage == r->c->stage) {
         k_judged(r, call, st);
-        return st == FMHA_OK && r->c->expect == EXPECT_OK;
+        return st == FMHA_OK && r->c->expect != EXPECT_ERROR;
     }
     if (st == FMHA_OK) return 1;
     last_message(msg, sizeof msg);
@@ -1171,24 +1179,18 @@ static void kv_variant_args(kv_run *r) {
 }
 
 static void kv_results(kv_run *r) {
-    if (r->c->expect != EXPECT_OK || r->rec->status != FMHA_OK || r->rec->correct == 0) return;
+    if (r->c->expect == EXPECT_ERROR || r->rec->forbidden == 1 || r->rec->status != FMHA_OK || r->rec->correct == 0) return;
     r->rec->correct = kv_check(&r->s, r->rec->note, sizeof r->rec->note);
 }
 
-static void kv_chain(kv_run *r) {
+/* The calls of a case whose call r->s describes. */
+static void kv_calls(kv_run *r) {
     kv *s = &r->s;
     const kvcase *c = r->c;
     kv_call k;
     fmha_status st;
     fmha_stream_t stream = NULL;
     size_t bytes = 0;
-    kv_default(s, c->base);
-    kv_variant_shape(r);
-    kv_alloc(s, &r->rng);
-    kv_variant_args(r);
-    if (c->flags & K_NO_TABLES) s->t->check_tables = 0;
-    if (c->flags & K_NO_LSE) s->t->has_lse = 0;
-    if (s->base == KB_SPLIT && fmha_host_set_cu_count(64) != FMHA_OK) appendf(r->rec->note, sizeof r->rec->note, "set_cu_count failed; ");
     memset(&k, 0, sizeof k);
     k.traits = s->t;
     k.args = s->a;
@@ -1328,6 +1330,151 @@ static void merge_chain(kv_run *r) {
                 }
     }
     r->rec->correct = merge_check(s, saved_o, saved_l, m->lse_out.data != NULL, r->rec->note, sizeof r->rec->note);
+}
+
+static void kv_chain(kv_run *r) {
+    kv *s = &r->s;
+    kv_default(s, r->c->base);
+    kv_variant_shape(r);
+    kv_alloc(s, &r->rng);
+    kv_variant_args(r);
+    if (r->c->flags & K_NO_TABLES) s->t->check_tables = 0;
+    if (r->c->flags & K_NO_LSE) s->t->has_lse = 0;
+    if (s->base == KB_SPLIT && fmha_host_set_cu_count(64) != FMHA_OK) appendf(r->rec->note, sizeof r->rec->note, "set_cu_count failed; ");
+    kv_calls(r);
+}
+
+/* ---- random kv-cache calls ----------------------------------------------------------------------- */
+
+/* A random valid call: table kind, mode, page size, GQA, layout, mask and window, bf16 or fp8 (per-page
+ * or per-tensor descales), split bounds and the CU count; pages drawn from a shuffled pool with spares,
+ * unused block-table entries garbage. */
+static void kv_random_shape(kv *s, uint64_t *rng) {
+    static const int pages[] = {1, 2, 3, 4, 8, 16};
+    static const int heads[][2] = {{1, 1}, {2, 1}, {4, 2}, {3, 3}, {4, 1}};
+    int order[MAXB * MAXP + 8], n = 0, b, j, i, max_k = 0;
+    const int *h = heads[rng_int(rng, 0, 4)];
+    memset(s, 0, sizeof *s);
+    s->base = -1;
+    s->kind = rng_int(rng, FMHA_KV_CONTIGUOUS, FMHA_KV_PAGE_CSR);
+    s->group = rng_int(rng, 0, 1);
+    s->dtype = rng_chance(rng, 25) ? FMHA_DTYPE_FP8_E4M3FN : FMHA_DTYPE_BF16;
+    s->page_scale = s->dtype != FMHA_DTYPE_BF16 && s->kind != FMHA_KV_CONTIGUOUS && rng_chance(rng, 50);
+    s->hnd = rng_int(rng, 0, 1);
+    s->mask = rng_chance(rng, 30) ? FMHA_MASK_NONE : FMHA_MASK_BOTTOM_RIGHT;
+    s->wl = s->mask == FMHA_MASK_NONE || rng_chance(rng, 60) ? -1 : rng_int(rng, 0, 6);
+    s->wr = s->mask == FMHA_MASK_NONE ? -1 : rng_chance(rng, 70) ? 0 : rng_int(rng, -1, 3);
+    s->page = pages[rng_int(rng, 0, 5)];
+    s->batch = rng_int(rng, 1, MAXB);
+    s->hq = h[0], s->hk = h[1];
+    s->d = rng_chance(rng, 50) ? 16 : 32;
+    s->sq = rng_int(rng, 0, 4);
+    for (b = 0; b < s->batch; ++b) {
+        s->lens_q[b] = s->group ? rng_int(rng, 0, 5) : s->sq;
+        s->lens_k[b] = rng_int(rng, 0, s->kind == FMHA_KV_CONTIGUOUS ? 40 : s->page * MAXP < 40 ? s->page * MAXP : 40);
+        if (s->lens_k[b] > max_k) max_k = s->lens_k[b];
+    }
+    if (s->kind == FMHA_KV_CONTIGUOUS) {
+        s->page = max_k + rng_int(rng, 0, 3); /* the slot capacity, >= 1 */
+        if (s->page == 0) s->page = 1;
+        s->num_pages = s->batch + rng_int(rng, 0, 2);
+    } else {
+        for (b = 0; b < s->batch; ++b) n += (s->lens_k[b] + s->page - 1) / s->page;
+        s->num_pages = n + rng_int(rng, 1, 3);
+    }
+    for (i = 0; i < s->num_pages; ++i) order[i] = i;
+    for (i = s->num_pages - 1; i > 0; --i) {
+        int k = rng_int(rng, 0, i), t = order[i];
+        order[i] = order[k], order[k] = t;
+    }
+    for (b = 0, n = 0; b < s->batch; ++b) {
+        int np = s->kind == FMHA_KV_CONTIGUOUS ? 1 : (s->lens_k[b] + s->page - 1) / s->page;
+        for (j = 0; j < np; ++j) s->pages[b][j] = order[n++];
+        if (np > s->mpps) s->mpps = np;
+    }
+    if (s->mpps == 0) s->mpps = 1;
+    s->bt_stride = s->mpps + rng_int(rng, 0, 2);
+}
+
+/* Random cases of fuzz_random.c: a random valid kv-cache call through the launcher or the one-shot
+ * call, its results checked; in about half of them one device value of a sequence with query rows and
+ * keys is spoiled (a page id of its last page, a negative length, a last_page_len outside the page, a
+ * slot past the pool), which the run must refuse. */
+void kv_random_run(uint64_t seed, case_record *rec) {
+    static kv_run run;
+    static kvcase c;
+    kv *s = &run.s;
+    int b, spoil = -1;
+    memset(&run, 0, sizeof run);
+    memset(&c, 0, sizeof c);
+    run.c = &c;
+    run.rec = rec;
+    run.rng = seed;
+    kv_random_shape(s, &run.rng);
+    kv_alloc(s, &run.rng);
+    if (s->dtype != FMHA_DTYPE_BF16 && !s->page_scale) {
+        /* per-tensor K and V descales */
+        s->a->k_descale = (fmha_scale){s->kvds, 0, 0, 0};
+        s->a->v_descale = (fmha_scale){s->kvds + 1, 0, 0, 0};
+        s->kv_tensor_scale = 1;
+    }
+    s->t->max_seqlen_k += rng_chance(&run.rng, 30) ? rng_int(&run.rng, 0, 50) : 0;
+    s->t->max_splits = rng_chance(&run.rng, 50) ? 0 : rng_int(&run.rng, 1, 8);
+    s->t->check_tables = rng_int(&run.rng, 0, 1);
+    if (fmha_host_set_cu_count(rng_chance(&run.rng, 50) ? 64 : rng_int(&run.rng, 1, 16)) != FMHA_OK)
+        appendf(rec->note, sizeof rec->note, "set_cu_count failed; ");
+    c.expect = EXPECT_ANY;
+    c.stage = rng_chance(&run.rng, 25) ? KS_FWD : KS_SYNC;
+    c.op = OP_VALID;
+    /* a device value the run reads: a sequence with query rows and keys */
+    for (b = 0; b < s->batch && !fuzz_no_mutate; ++b)
+        if (s->lens_q[b] > 0 && s->lens_k[b] > 0 && rng_chance(&run.rng, 33)) spoil = b;
+    if (spoil >= 0) {
+        int last = s->npages[spoil] - 1;
+        c.op = OP_ARRAY;
+        c.flags = K_NO_CHECK;
+        c.index = spoil;
+        if (s->kind == FMHA_KV_CONTIGUOUS) {
+            c.value = rng_int(&run.rng, 0, 1) ? KA_CBI : KA_SEQLEN_K;
+            c.entry = c.value == KA_CBI ? s->num_pages : -1;
+        } else if (s->kind == FMHA_KV_BLOCK_TABLE) {
+            c.value = rng_int(&run.rng, 0, 1) ? KA_BT : KA_SEQLEN_K;
+            c.index = c.value == KA_BT ? spoil * s->bt_stride + last : spoil;
+            c.entry = c.value == KA_BT ? (rng_int(&run.rng, 0, 1) ? s->num_pages : -1) : -1;
+        } else if (rng_int(&run.rng, 0, 1)) {
+            c.value = KA_PIDX;
+            c.index = s->indptr[spoil] + last;
+            c.entry = rng_int(&run.rng, 0, 1) ? s->num_pages : INT32_MIN;
+        } else {
+            c.value = KA_LPL;
+            c.entry = rng_int(&run.rng, 0, 1) ? s->page + 1 : 0;
+        }
+        snprintf(c.fields, sizeof c.fields, "%s", kv_array_names[c.value]);
+        rec->forbidden = 1;
+    } else {
+        rec->forbidden = 0;
+    }
+    snprintf(rec->desc, sizeof rec->desc, "random kv-cache [%s]: %s %s, page %d, batch %d, heads %d/%d, d %d, %s%s, mask %d (%d, %d)",
+             stage_names[c.stage], s->kind == FMHA_KV_CONTIGUOUS ? "contiguous" : s->kind == FMHA_KV_BLOCK_TABLE ? "block table" : "csr",
+             s->group ? "group" : "batch", s->page, s->batch, s->hq, s->hk, s->d, s->dtype == FMHA_DTYPE_BF16 ? "bf16" : "fp8",
+             s->page_scale ? " per-page" : "", s->mask, s->wl, s->wr);
+    appendf(rec->desc, sizeof rec->desc, ", lengths q");
+    for (b = 0; b < s->batch; ++b) appendf(rec->desc, sizeof rec->desc, "%s%d", b ? "," : " ", s->lens_q[b]);
+    appendf(rec->desc, sizeof rec->desc, " k");
+    for (b = 0; b < s->batch; ++b) appendf(rec->desc, sizeof rec->desc, "%s%d", b ? "," : " ", s->lens_k[b]);
+    if (spoil >= 0) appendf(rec->desc, sizeof rec->desc, "; device %s[%d] = %d", kv_array_names[c.value], c.index, c.entry);
+    snprintf(rec->fields, sizeof rec->fields, "%s", c.fields);
+    rec->expect = EXPECT_ANY;
+    rec->correct = -1;
+    rec->phase = 0;
+    report(rec);
+    kv_calls(&run);
+    if (!run.judged && rec->correct != 0) {
+        appendf(rec->note, sizeof rec->note, "the judged call was never made; ");
+        rec->correct = 0;
+    }
+    rec->phase = 2;
+    report(rec);
 }
 
 /* ---- the interface to fuzz_cases.c --------------------------------------------------------------- */
