@@ -506,7 +506,7 @@ enum kv_op {
     OP_WS,             /* workspace: `value` 0 NULL, 1 + 8 bytes, 2 zeros (never prepared), 3 random bytes, 4 size 16 */
     OP_SCALE,          /* args.scale = `value` 0 NaN, 1 inf */
     OP_BATCH_SSQ,      /* batch mode: seqstart_q = a valid [batch + 1] array */
-    OP_VALID,          /* valid variant `value` of the base call (kv_variant) */
+    OP_VALID,          /* valid variant `value` of the base call (kv_variant_shape, kv_variant_args) */
 };
 
 enum kv_tensor { KT_Q, KT_K, KT_V, KT_O, KT_LSE, KT_QDS, KT_KDS, KT_VDS, KT_O_IN, KT_LSE_IN, KT_O_OUT, KT_LSE_OUT };
@@ -1315,7 +1315,7 @@ static void merge_chain(kv_run *r) {
     k_judged(r, "fmha_merge_attention_states + synchronize", st);
     if (c->expect != EXPECT_OK || st != FMHA_OK) return;
     if (m->num_rows == 0) {
-        /* nothing to write: the outputs keep their poison */
+        /* no rows: nothing to compare */
         r->rec->correct = 1;
         return;
     }
