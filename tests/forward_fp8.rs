@@ -344,6 +344,17 @@ fn bad_arguments_are_refused_naming_the_field() {
         FMHA_ERR_INVALID_ARGUMENT,
         &["q_descale.head_stride"],
     );
+    // Descales are inputs: an output over one is refused (it was accepted, and the run read the
+    // descales it was overwriting).
+    type Over = fn(fmha_fwd_args, fmha_scale) -> fmha_fwd_args;
+    let overs: [(&str, Over); 2] = [
+        ("q_descale", |a, over| fmha_fwd_args { q_descale: over, ..a }),
+        ("v_descale", |a, over| fmha_fwd_args { v_descale: over, ..a }),
+    ];
+    for (field, with) in overs {
+        let over = fmha_scale { data: args.o.data.cast(), ..descale };
+        expect_error(run(traits, with(args, over)), FMHA_ERR_INVALID_ARGUMENT, &["o", field]);
+    }
     // Descales belong to fp8 inputs.
     let bf16 = Buffers::new(&case, &Inputs::random(&case, &mut rng), &mut rng);
     let bf16_args = fmha_fwd_args { q_descale: descale, ..bf16.fwd_args(&case) };

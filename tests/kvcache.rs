@@ -1129,6 +1129,45 @@ fn bad_arguments_are_refused_naming_the_field() {
     }
 }
 
+/// Outputs may share no byte with an input, and the device arrays and the fp8 descales are inputs
+/// too: a table or a descale inside `o` or `lse` is refused before anything is queued (it was accepted,
+/// and the run read the table and the descales while writing over them).
+#[test]
+fn outputs_may_not_overlap_the_tables_or_the_descales() {
+    if skip() {
+        return;
+    }
+    type Spoil = fn(&mut fmha_kvcache_traits, &mut fmha_kvcache_args);
+    let cases: [(&str, Spoil); 5] = [
+        ("kv_indptr", |_, a| a.kv_indptr = a.o.data.cast()),
+        ("page_indices", |_, a| a.page_indices = a.lse.data.cast()),
+        ("last_page_len", |_, a| a.last_page_len = a.o.data.cast()),
+        ("seqstart_q", |_, a| a.seqstart_q = a.lse.data.cast()),
+        ("k_descale", |t, a| {
+            t.dtype = FMHA_DTYPE_FP8_E4M3FN;
+            a.k_descale.data = a.o.data.cast();
+        }),
+    ];
+    for (input, spoil) in cases {
+        let mut small = Small::new();
+        spoil(&mut small.traits, &mut small.args);
+        let mut launcher = null_mut();
+        let created = fmha_kvcache_launcher_create(&small.traits, &mut launcher);
+        if created == FMHA_ERR_UNSUPPORTED && !host_backend() {
+            continue; // a GPU build without this fp8 format
+        }
+        ok(created);
+        expect_error(
+            fmha_kvcache_launcher_prepare_async(launcher, &small.args, null_mut()),
+            FMHA_ERR_INVALID_ARGUMENT,
+            &[input],
+        );
+        expect_error(fmha_kvcache_launcher_run(launcher, &small.args, null_mut()), FMHA_ERR_INVALID_ARGUMENT, &[input]);
+        ok(fmha_kvcache_launcher_destroy(launcher));
+        expect_error(fmha_kvcache_fwd(&small.traits, &small.args, null_mut()), FMHA_ERR_INVALID_ARGUMENT, &[input]);
+    }
+}
+
 /// GPU builds have kv-cache kernels for one fp8 format per device (sm90, gfx950: OCP; gfx942: FNUZ),
 /// per-page descales for small pages (sm90) or none (AMD), and no VECTORIZED kernels: such a launcher
 /// is refused as unsupported, naming what is missing, not run.

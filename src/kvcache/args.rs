@@ -129,14 +129,38 @@ impl KvCacheArgs {
                 instance.check_input_rows(field, tensor)?;
             }
         }
-        let workspace = Operand::bytes("workspace", self.workspace.addr(), self.workspace_size, true);
-        let mut operands = vec![q, k, v, o, workspace];
-        operands.extend(lse);
-        check_memory_overlap(&operands)?;
-
         let descales = Descales { q: self.q_descale, k: self.k_descale, v: self.v_descale };
         let per_page = t.scale_granularity == ScaleGranularity::Page;
         let descale_extents = descales.extents(t.dtype, b, t.nhead_k, per_page.then_some(self.num_pages))?;
+
+        // The outputs may share no byte with any input: the tensors, the descales and the device
+        // arrays the prepare and the run read (an unused array is NULL, checked by `table`).
+        let workspace = Operand::bytes("workspace", self.workspace.addr(), self.workspace_size, true);
+        let mut operands = vec![q, k, v, o, workspace];
+        operands.extend(lse);
+        for (field, descale, elements) in [
+            ("q_descale", self.q_descale, descale_extents[0]),
+            ("k_descale", self.k_descale, descale_extents[1]),
+            ("v_descale", self.v_descale, descale_extents[2]),
+        ] {
+            let bytes = if descale.is_none() { 0 } else { elements * 4 };
+            operands.push(Operand::bytes(field, descale.data.addr(), bytes, false));
+        }
+        let n = b as usize;
+        let block_table_len = table.block_table_len(n).unwrap_or(0); // checked by `table`
+        for (field, array, entries) in [
+            ("seqstart_q", self.seqstart_q, if mode == Mode::Group { n + 1 } else { 0 }),
+            ("seqlen_k", self.seqlen_k, n),
+            ("block_table", self.block_table, block_table_len),
+            ("kv_indptr", self.kv_indptr, n + 1),
+            ("page_indices", self.page_indices, self.num_page_indices.max(0) as usize),
+            ("last_page_len", self.last_page_len, n),
+            ("cache_batch_idx", self.cache_batch_idx, n),
+        ] {
+            let bytes = if array.is_null() { 0 } else { entries * 4 };
+            operands.push(Operand::bytes(field, array.addr(), bytes, false));
+        }
+        check_memory_overlap(&operands)?;
         Ok(KvCacheKargs {
             dtype: t.dtype,
             mode,

@@ -7,6 +7,7 @@
  *   fuzz_guard.c   guard-paged buffers (mmap + PROT_NONE) and the fault classifier (SIGSEGV/SIGBUS)
  *   fuzz_setup.c   a valid attention problem (tensors, structs, launcher) and its float64 check
  *   fuzz_cases.c   the targeted cases: one forbidden field each, plus valid layouts that must work
+ *   fuzz_kvcache.c the targeted cases of the kv-cache operation and of the merge
  *   fuzz_random.c  random cases and the cheap "does the header allow this call" classifier
  *   fuzz_soak.c    the 16-thread soak and the exit-under-load test
  */
@@ -157,6 +158,12 @@ extern int fuzz_light;
 extern int fuzz_no_mutate;
 void targeted_run(int index, uint64_t seed, case_record *rec);
 void random_run(uint64_t seed, case_record *rec);
+/* The kv-cache and merge cases (fuzz_kvcache.c), appended to the targeted table by fuzz_cases.c. */
+int kv_case_count(void);
+void kv_case_info(int i, int *expect, uint32_t *statuses, int *sampled, const char **fields, const char **desc);
+void kv_case_run(int i, uint64_t rng, case_record *rec);
+/* A random kv-cache case (fuzz_random.c draws one in 8 of its cases). */
+void kv_random_run(uint64_t seed, case_record *rec);
 /* Writes the record to the result pipe (fd set by the driver in the child). */
 void report(const case_record *rec);
 extern int report_fd;

@@ -1718,6 +1718,10 @@ static void c_launcher_race(run_ctx *r) {
     appendf(r->rec->note, sizeof r->rec->note, "%ld calls OK, %ld refused after destroy (over %d rounds); ", ok_total, refused_total, rounds);
 }
 
+static void c_kvcache(run_ctx *r) {
+    kv_case_run(r->c->arg, r->rng, r->rec);
+}
+
 /* ---- building the table -------------------------------------------------------------------------- */
 
 static tcase *custom(int expect, int base, hook_fn fn, int arg, const char *fields, uint32_t statuses, const char *desc) {
@@ -2426,6 +2430,15 @@ static void build(void) {
         for (i = 0; i < sizeof rt / sizeof rt[0]; ++i) custom(rt[i].expect, B_NONE, c_runtime, rt[i].arg, rt[i].fields, rt[i].statuses, rt[i].desc);
     }
     require_invalid_argument_for_tensor_rules();
+    /* the kv-cache and merge cases (fuzz_kvcache.c) */
+    for (k = 0; k < kv_case_count(); ++k) {
+        int expect, sampled;
+        uint32_t statuses;
+        const char *kfields, *kdesc;
+        kv_case_info(k, &expect, &statuses, &sampled, &kfields, &kdesc);
+        tcase *c = custom(expect, B_NONE, c_kvcache, k, kfields, statuses, kdesc);
+        if (sampled) c->flags |= F_SAMPLE;
+    }
 }
 
 /* The header fixes INVALID_ARGUMENT for extents past the address space, misaligned data and

@@ -952,6 +952,10 @@ void random_run(uint64_t seed, case_record *rec) {
     fmha_bwd_launcher *launcher = NULL;
     memset(r, 0, sizeof *r);
     r->rng = seed;
+    if (rng_int(&r->rng, 0, 7) == 0) {
+        kv_random_run(rng_next(&r->rng), rec);
+        return;
+    }
     /* a valid problem (the classifier must agree) */
     for (attempt = 0;; ++attempt) {
         random_problem(r);
