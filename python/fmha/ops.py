@@ -42,8 +42,15 @@ _MASKS = {
 # --- device, stream, layout helpers --------------------------------------------------------------------
 
 
+_host_backend = None
+
+
 def _on_host_backend() -> bool:
-    return L.backend() == L.BACKEND_HOST
+    """Whether the loaded libfmha is the host backend (asked once: the library stays loaded)."""
+    global _host_backend
+    if _host_backend is None:
+        _host_backend = L.backend() == L.BACKEND_HOST
+    return _host_backend
 
 
 def _check_tensors(named):
@@ -162,7 +169,8 @@ def _prepare_input(t):
 
 def _bshd(t):
     """[batch, seq, head, dim] → fmha_tensor (batch mode)."""
-    return L.fmha_tensor(t.data_ptr() or None, t.stride(0), t.stride(2), t.stride(1))
+    stride = t.stride()
+    return L.fmha_tensor(t.data_ptr() or None, stride[0], stride[2], stride[1])
 
 
 def _thd(t):
@@ -524,14 +532,15 @@ def _bwd(
     _check_out("out", out, p.out_shape(q), q.dtype, q.device)
     _check_out("dout", dout, p.out_shape(q), q.dtype, q.device)
     _check_out("lse", lse, p.lse_shape(), torch.float32, q.device)
+    for name, g, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+        if g is not None:  # the caller's; those allocated here are right by construction
+            _check_out(name, g, like.shape, like.dtype, like.device)
     if dq is None:
         dq = torch.empty_like(q)
     if dk is None:
         dk = torch.empty_like(k)
     if dv is None:
         dv = torch.empty_like(v)
-    for name, g, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
-        _check_out(name, g, like.shape, like.dtype, like.device)
     d = torch.empty_like(lse)  # the dot(dO, O) scratch, fp32 in the LSE layout
     left, right = window
     mask_type = _mask_type(mask_type)
