@@ -62,7 +62,8 @@ pub const FMHA_KV_LAYOUT_VECTORIZED: i32 = 1;
 /// `fmha_kvcache_traits.kv_scale_granularity`: the K/V descales of fp8 caches are one value per tensor
 /// or per (sequence, kv head) (`fmha_scale` strides), or one per (physical page, kv head) (CK's KV
 /// block scale; needs a paged table kind). The sm_90a kernels take per-page descales for pages of a
-/// multiple of their key tile (128 tokens) and the AMD kernels none: FMHA_ERR_UNSUPPORTED otherwise.
+/// multiple of their fp8 key tile (128 tokens), the gfx942/gfx950 kernels for pages of a multiple of 64:
+/// FMHA_ERR_UNSUPPORTED otherwise.
 pub const FMHA_KV_SCALE_TENSOR: i32 = 0;
 pub const FMHA_KV_SCALE_PAGE: i32 = 1;
 

@@ -98,14 +98,6 @@ impl KvCacheLauncher {
                 instance.arch.name()
             )));
         }
-        // Per-page descales: the AMD kernels read one descale per (sequence, kv head) only.
-        if matches!(instance.arch, Arch::Gfx942 | Arch::Gfx950) && traits.scale_granularity == ScaleGranularity::Page {
-            return Err(Error::unsupported(format!(
-                "kv_scale_granularity: the {} kv-cache kernels take descales per tensor or per (sequence, kv head), \
-                 not per page; per-page descales run on the host backend",
-                instance.arch.name()
-            )));
-        }
         // Per-page descales on a GPU: one K and one V descale per key tile, so pages must hold whole
         // tiles (spec/inference.md §2.3; CK's block scale has the same rule).
         if instance.arch != Arch::Host

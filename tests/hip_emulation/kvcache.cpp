@@ -14,7 +14,7 @@
 // longest-first order permutes them: the grid's z-th slot runs order[z]).
 //
 // fp8 e4m3 (the emulated architecture's encoding: FNUZ on gfx942, OCP on gfx950) with descales per
-// tensor or per (sequence, kv head): against float64 on the dequantised inputs, within the rule of
+// tensor, per (sequence, kv head), or K/V per (page, kv head): against float64 on the dequantised inputs, within the rule of
 // tests/kvcache.rs (spec/inference.md §2.5): O within 4× (max) and 3× (mean) the error of a baseline
 // that rounds 2^kPShift · P to the format and O to bf16, plus a floor; the LSE within a bound that
 // includes the matrix cores' accumulation error.
@@ -50,7 +50,8 @@ struct Case {
   int mask_type;   // 0 none, 2 bottom-right
   int left, right;
   bool write_lse;
-  int scales = 0;  // fp8 descales: 0 none, 1 per tensor (q's absent: 1), 2 per (sequence, kv head)
+  int scales = 0;  // fp8 descales: 0 none, 1 per tensor (q's absent: 1), 2 per (sequence, kv head),
+                   // 3 K/V per (page, kv head) with q per tensor (pages of whole tiles)
   int splits = 0;  // split-KV: the launcher's max_splits (0: unsplit)
   int split_tiles = 0;  // key tiles per chunk, fixed (kv_split_tokens); 0: the prepared plan's
   bool ordered = false;  // the plan holds a sequence order (shuffled here)
@@ -58,7 +59,7 @@ struct Case {
 };
 
 // The forward (and, splitting, the combine), with the tile's key count as the launcher sets it.
-template <typename T, int D, bool M, bool P>
+template <typename T, int D, bool M, bool P, bool S>
 static void launch(fmha_kvcache_params p, const std::function<void(uint32_t, uint32_t, uint32_t)>& before) {
   using Tile = AmdForwardTile<T, D>;
   static_assert(Tile::kThreads == 256, "emulated workgroups have 256 work-items");
@@ -67,7 +68,7 @@ static void launch(fmha_kvcache_params p, const std::function<void(uint32_t, uin
   const int group = P ? p.nhead_q / p.nhead_k : 1;
   const dim3 grid((p.max_seqlen_q * group + Tile::kBlockM - 1) / Tile::kBlockM * splits, P ? p.nhead_k : p.nhead_q,
                   p.batch);
-  emu::launch(grid, Tile::kLdsBytes, [&] { forward_kernel_amd<T, D, M, fmha_kvcache_params, P>(p); }, before);
+  emu::launch(grid, Tile::kLdsBytes, [&] { forward_kernel_amd<T, D, M, fmha_kvcache_params, P, S>(p); }, before);
   if (splits > 1) {
     static_assert(kCombineWaves * arch::kWaveSize == 256, "emulated workgroups have 256 work-items");
     const dim3 combine_grid((p.max_seqlen_q + kCombineWaves - 1) / kCombineWaves, p.nhead_q, p.batch);
@@ -79,10 +80,20 @@ static void launch(fmha_kvcache_params p, const std::function<void(uint32_t, uin
 
 template <typename T, int D>
 static void dispatch_masked(const fmha_kvcache_params& p, const std::function<void(uint32_t, uint32_t, uint32_t)>& b) {
+  if constexpr (arch::Element<T>::kBytes == 1) {
+    if (p.k_descale.page_stride != 0 || p.v_descale.page_stride != 0) {
+      if (p.pack_gqa) {
+        if (p.masked) launch<T, D, true, true, true>(p, b); else launch<T, D, false, true, true>(p, b);
+      } else {
+        if (p.masked) launch<T, D, true, false, true>(p, b); else launch<T, D, false, false, true>(p, b);
+      }
+      return;
+    }
+  }
   if (p.pack_gqa) {
-    if (p.masked) launch<T, D, true, true>(p, b); else launch<T, D, false, true>(p, b);
+    if (p.masked) launch<T, D, true, true, false>(p, b); else launch<T, D, false, true, false>(p, b);
   } else {
-    if (p.masked) launch<T, D, true, false>(p, b); else launch<T, D, false, false>(p, b);
+    if (p.masked) launch<T, D, true, false, false>(p, b); else launch<T, D, false, false, false>(p, b);
   }
 }
 template <typename T>
@@ -239,14 +250,19 @@ static bool run_case(const Case& c) {
   fmha_descale_params* fields[3] = {&p.q_descale, &p.k_descale, &p.v_descale};
   for (int t = 0; t < 3 && c.scales != 0; ++t) {
     if (c.scales == 1 && t == 0) continue;  // q's absent: 1
-    descales[t].resize(c.scales == 2 ? (size_t)B * Hk : 1);
+    const bool paged = c.scales == 3 && t > 0;
+    descales[t].resize(c.scales == 2 ? (size_t)B * Hk : paged ? (size_t)num_pages * Hk : 1);
     for (auto& x : descales[t]) x = scale_draw(rng);
     fields[t]->data = (uint64_t)descales[t].data();
     fields[t]->batch_stride = c.scales == 2 ? Hk : 0;
-    fields[t]->head_stride = c.scales == 2 ? 1 : 0;
+    fields[t]->head_stride = c.scales == 2 || paged ? 1 : 0;
+    fields[t]->page_stride = paged ? Hk : 0;
   }
-  auto descale = [&](int t, int b, int g) {
-    return descales[t].empty() ? 1.0 : (double)descales[t][c.scales == 2 ? (size_t)b * Hk + g : 0];
+  // The descale of tensor t for key j of sequence b (per page: its physical page's).
+  auto descale = [&](int t, int b, int g, int j) {
+    if (descales[t].empty()) return 1.0;
+    if (c.scales == 3 && t > 0) return (double)descales[t][(size_t)ids[b][c.kind == kContiguous ? 0 : j / P] * Hk + g];
+    return (double)descales[t][c.scales == 2 ? (size_t)b * Hk + g : 0];
   };
 
   // Split-KV: the partial states (poisoned), the plan and the sequence order.
@@ -304,7 +320,7 @@ static bool run_case(const Case& c) {
     const int64_t off = (int64_t)L - sq;
     for (int h = 0; h < Hq; ++h) {
       const int g = h / (Hq / Hk);
-      const double dq = descale(0, b, g), dk = descale(1, b, g), dv = descale(2, b, g);
+      const double dq = descale(0, b, g, 0);
       for (int i = 0; i < sq; ++i) {
         const size_t qrow = (size_t)qstart[b] + i;  // batch mode: b · Sq + i, the same
         std::vector<double> s(L, -INFINITY);
@@ -314,6 +330,7 @@ static bool run_case(const Case& c) {
                             ((c.left < 0 || j >= i + off - c.left) && (c.right < 0 || j <= i + off + c.right));
           if (!kept) continue;
           double dot = 0, abs = 0;
+          const double dk = descale(1, b, g, j);
           for (int e = 0; e < c.hdim_q; ++e) {
             const double x = from_bits(c.dtype, q[(qrow * Hq + h) * dpad + e]) * dq * k_at(b, j, g, e) * dk;
             dot += x, abs += fabs(x);
@@ -328,7 +345,7 @@ static bool run_case(const Case& c) {
           double acc = 0, low = 0;
           for (int j = 0; j < L && l > 0; ++j) {
             if (s[j] == -INFINITY) continue;
-            const double pj = exp(s[j] - m), vj = v_at(b, j, g, e) * dv;
+            const double pj = exp(s[j] - m), vj = v_at(b, j, g, e) * descale(2, b, g, j);
             acc += pj / l * vj;
             // The baseline: P rounded to fp8 as 2^kPShift · P (against the final max), O to bf16.
             if (fp8) low += from_bits(2, to_bits(2, (float)(pj * shift))) / shift / l * vj;
@@ -428,6 +445,13 @@ int main(int argc, char** argv) {
   }
   add({2, 128, 128, 4, 1, true, {1, 8, 1}, {260, 330, 0}, kBlockTable, 64, false, 2, -1, 0, true, 2, 4, 0, true});
   add({2, 128, 128, 2, 2, false, {3, 3}, {150, 500}, kPageCsr, 5, true, 0, -1, -1, true, 1, 5, 2, false});
+  // fp8 K/V descales per (page, kv head) (CK's KV block scale): pages of whole 64-key tiles, every table
+  // kind, masks, split and packed decode; pages shared between sequences share their descales.
+  add({2, 128, 128, 4, 2, true, {37, 0, 70}, {150, 90, 200}, kBlockTable, 64, false, 2, -1, 0, true, 3});
+  add({2, 128, 96, 2, 1, true, {65, 20}, {300, 31}, kPageCsr, 128, true, 0, -1, -1, true, 3});
+  add({2, 112, 128, 2, 2, false, {17, 17}, {260, 129}, kPageCsr, 64, false, 2, 40, 3, true, 3});
+  add({2, 128, 128, 8, 2, true, {1, 4, 1}, {500, 300, 0}, kBlockTable, 64, true, 2, -1, 0, true, 3, 4, 0, true, true});
+  add({2, 128, 128, 4, 1, true, {2, 3}, {400, 250}, kPageCsr, 256, false, 2, -1, 0, true, 3, 3, 1, false});
   // Packed GQA (decode: query rows × group fit one tile of 128), split and not, every table kind; a
   // window mask, so that rows of one tile keep different keys.
   for (int dtype = 0; dtype < 2; ++dtype) {
@@ -451,7 +475,10 @@ int main(int argc, char** argv) {
     printf("case %zu: %s hq%d hv%d h%d/%d %s %s page %d %s mask %d (%d,%d) lens %s\n", n, dtype_names[c.dtype],
            c.hdim_q, c.hdim_v, c.nhead_q, c.nhead_k, c.group ? "group" : "batch", kinds[c.kind], c.page_size,
            c.hnd ? "HND" : "NHD", c.mask_type, c.left, c.right, lens.c_str());
-    if (c.scales != 0) printf("  descales %s\n", c.scales == 1 ? "per tensor" : "per (sequence, kv head)");
+    if (c.scales != 0) {
+      const char* kinds[] = {"", "per tensor", "per (sequence, kv head)", "K/V per (page, kv head), q per tensor"};
+      printf("  descales %s\n", kinds[c.scales]);
+    }
     if (c.pack) printf("  packed GQA (%d query heads per kv head)\n", c.nhead_q / c.nhead_k);
     if (c.splits > 1) {
       printf("  max_splits %d, %s%s\n", c.splits, c.split_tiles > 0 ? "fixed chunks of tiles: " : "the plan's chunks",

@@ -15,7 +15,7 @@ namespace fmha {
 // host needs only the workgroup shape.
 // x: q tiles (kv cache: times the launcher's splits, each q tile's splits adjacent), y: query heads
 // (packed GQA: kv heads, each tile row one of their query heads), z: batches (fwd/amd/kernel.h).
-template <typename T, int kHeadDim, bool kMasked, bool kPackGqa = false, typename Params>
+template <typename T, int kHeadDim, bool kMasked, bool kPackGqa = false, bool kPageScales = false, typename Params>
 int32_t launch_forward(const Params& p, hipStream_t stream) {
   using Tile = AmdForwardTile<T, kHeadDim>;
   uint32_t splits = 1;
@@ -23,20 +23,24 @@ int32_t launch_forward(const Params& p, hipStream_t stream) {
   const int64_t rows = static_cast<int64_t>(p.max_seqlen_q) * (kPackGqa ? p.nhead_q / p.nhead_k : 1);
   const dim3 grid(static_cast<uint32_t>((rows + Tile::kBlockM - 1) / Tile::kBlockM * splits),
                   kPackGqa ? p.nhead_k : p.nhead_q, p.batch);
-  forward_kernel_amd<T, kHeadDim, kMasked, Params, kPackGqa><<<grid, Tile::kThreads, 0, stream>>>(p);
+  forward_kernel_amd<T, kHeadDim, kMasked, Params, kPackGqa, kPageScales><<<grid, Tile::kThreads, 0, stream>>>(p);
   return static_cast<int32_t>(hipGetLastError());
 }
 
-// Masked or not, and (kv cache) packed GQA or not.
-template <typename T, int kHeadDim, typename Params>
+// Masked or not; for the kv cache, packed GQA or not, and (fp8) per-page K/V descales or not.
+template <typename T, int kHeadDim, bool kPageScales = false, typename Params>
 int32_t launch_variant(const Params& p, hipStream_t stream) {
   if constexpr (std::is_same_v<Params, fmha_kvcache_params>) {
+    if constexpr (arch::Element<T>::kBytes == 1 && !kPageScales) {
+      if (p.k_descale.page_stride != 0 || p.v_descale.page_stride != 0) return launch_variant<T, kHeadDim, true>(p, stream);
+    }
     if (p.pack_gqa != 0) {
-      return p.masked ? launch_forward<T, kHeadDim, true, true>(p, stream)
-                      : launch_forward<T, kHeadDim, false, true>(p, stream);
+      return p.masked ? launch_forward<T, kHeadDim, true, true, kPageScales>(p, stream)
+                      : launch_forward<T, kHeadDim, false, true, kPageScales>(p, stream);
     }
   }
-  return p.masked ? launch_forward<T, kHeadDim, true>(p, stream) : launch_forward<T, kHeadDim, false>(p, stream);
+  return p.masked ? launch_forward<T, kHeadDim, true, false, kPageScales>(p, stream)
+                  : launch_forward<T, kHeadDim, false, false, kPageScales>(p, stream);
 }
 
 template <typename T, typename Params>

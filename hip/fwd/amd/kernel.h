@@ -41,18 +41,25 @@ namespace fmha {
 
 // Where a call's K and V tiles come from, per parameter block: `rows` (the sequence's query rows and
 // KV length, from the constructor), `at_head(p, hk)` (the kv head, once the workgroup has rows to
-// compute; after it, `qk_descale` and `v_descale` are the fp8 descales, 1 for other inputs), `start(j0)` before the first tile and `load(copy, j0, valid_rows)`, which loads the tiles
-// of keys j0.. into the copy's registers (called by every thread with j0 = first, first + N, ..., in
-// uniform control flow).
-// fwd/amd/dense_tiles.h: dense tensors (fmha_fwd_params); kvcache/amd/paged_tiles.h: a paged pool
+// compute; after it, `qk_descale` and `v_descale` are the fp8 descales, 1 for other inputs and where
+// they vary by page), `start(j0)` before the first tile, `load(copy, j0, valid_rows)`, which loads the
+// tiles of keys j0.. into the copy's registers (called by every thread with j0 = first, first + N, ...,
+// in uniform control flow), and with kPageScales `tile_scales()`, the K/V descales of the tile loaded
+// last. fwd/amd/dense_tiles.h: dense tensors (fmha_fwd_params); kvcache/amd/paged_tiles.h: a paged pool
 // (fmha_kvcache_params).
-template <typename Params, typename Tile>
+template <typename Params, typename Tile, bool kPageScales = false>
 struct AmdKeyValueTiles;
+
+// The fp8 K and V descales of one tile (per-page descales).
+struct PageScales {
+  float k, v;
+};
 
 // kPackGqa (the kv-cache's decode): the workgroup's rows are (query row, query head) pairs of one kv
 // head, so that its query heads share each K/V tile: tile row r is query row r / group of query head
-// hk · group + r % group.
-template <typename T, int kHeadDim, bool kMasked, typename Params, bool kPackGqa = false>
+// hk · group + r % group. kPageScales (the kv-cache's fp8 K/V descales per page): each tile's descales come
+// with it (AmdKeyValueTiles::tile_scales) and attend_tile applies them.
+template <typename T, int kHeadDim, bool kMasked, typename Params, bool kPackGqa = false, bool kPageScales = false>
 __global__ void __launch_bounds__((AmdForwardTile<T, kHeadDim>::kThreads)) FMHA_AMD_MIN_WAVES_PER_SIMD(2)
     forward_kernel_amd(Params p) {
   using Tile = AmdForwardTile<T, kHeadDim>;
@@ -80,7 +87,7 @@ __global__ void __launch_bounds__((AmdForwardTile<T, kHeadDim>::kThreads)) FMHA_
   // z: the sequence, in the prepare's longest-first order where it wrote one (kvcache/split.h).
   int b = static_cast<int>(arch::block_index_z());
   if constexpr (kCanSplit) b = arch::wave_uniform(kvcache::sequence_at(p, b));
-  AmdKeyValueTiles<Params, Tile> kv(p, b);
+  AmdKeyValueTiles<Params, Tile, kPageScales> kv(p, b);
   const BatchRows rows = kv.rows;
   const int64_t tile_rows = static_cast<int64_t>(rows.sq) * group;  // rows of this sequence's tiles
   const int i0 = tile * M;
@@ -182,10 +189,18 @@ __global__ void __launch_bounds__((AmdForwardTile<T, kHeadDim>::kThreads)) FMHA_
   const IndexRange keys = keys_of_row<kMasked>(mask, query, rows.sk);
   const float scale_log2 = p.scale_log2 * kv.qk_descale;
 
+  float tile_v = 1.f;  // per-page descales: the V descale O is in units of
   for (int jt = first_tile; jt < end_tile; ++jt) {
     const uint32_t stage = static_cast<uint32_t>((jt - first_tile) & 1) * kKV;
     const bool more = jt + 1 < end_tile;
     const int next_valid = valid_keys((jt + 1) * N);
+    float tile_dk = 1.f, o_rescale = 1.f;
+    if constexpr (kPageScales) {
+      const PageScales scales = kv.tile_scales();  // tile jt's, asked before the load of jt + 1
+      tile_dk = scales.k;
+      o_rescale = tile_v / scales.v;
+      tile_v = scales.v;
+    }
     if (more) {
       kv.load(copy, (jt + 1) * N, next_valid);
     }
@@ -193,7 +208,8 @@ __global__ void __launch_bounds__((AmdForwardTile<T, kHeadDim>::kThreads)) FMHA_
     const int j0 = jt * N;
     const bool edge = j0 < interior_first || j0 + N - 1 > interior_last;
     const uint32_t k_base = stage + k_lane, v_base = kVTiles + stage + v_lane;
-    attend_tile<Tile, T>(st, lds, k_base, v_base, scale_log2, edge, kept_range<N>(keys, j0 + 4 * half));
+    attend_tile<Tile, T, kPageScales>(st, lds, k_base, v_base, scale_log2, edge, kept_range<N>(keys, j0 + 4 * half),
+                                      tile_dk, o_rescale);
 
     // The other stage was last read before the previous barrier; the barrier below publishes it.
     if (more) copy.store(lds, kKV - stage, kVTiles + kKV - stage, next_valid, p.hdim_q, p.hdim_v);
@@ -207,7 +223,7 @@ __global__ void __launch_bounds__((AmdForwardTile<T, kHeadDim>::kThreads)) FMHA_
   const float sum = arch::halves_sum(st.row_sum);
   if (row >= tile_rows) return;
   const Params& out = arch::reloaded(p);
-  const float inverse = sum > 0.f ? kv.v_descale / sum : 0.f;
+  const float inverse = sum > 0.f ? kv.v_descale * tile_v / sum : 0.f;
   // LSE = ln(Σ exp(scale · S)) = (scale_log2 · max + log2 Σ) · ln 2, Σ in units of 2^-kPShift
   const auto natural_lse = [&] {
     return sum > 0.f ? (st.row_max * (out.scale_log2 * kv.qk_descale) + (arch::exact_log2(sum) - E::kPShift)) *

@@ -22,9 +22,13 @@ struct LaneState {
 // `edge`: the tile needs per-element checks, against `kept` (a uniform branch around the checks only,
 // so that both kinds of tile share one body and one register assignment). P enters Oᵀ += Vᵀ·Pᵀ and the
 // row sum as 2^kPShift · P (arch::Element); the epilogue removes the factor from the LSE.
-template <typename Tile, typename T>
+// kPageScales (fp8 K/V descales per page, CK's KV block scale): the tile's K descale `tile_dk` scales its
+// scores, so the running max is of S · dk; O is kept in units of the tile's V descale, rescaled by
+// `o_rescale` = dv of the previous tile / dv of this one before this tile's P·V is added.
+template <typename Tile, typename T, bool kPageScales = false>
 __device__ inline void attend_tile(LaneState<Tile>& st, const arch::lds_byte* lds, uint32_t k_base, uint32_t v_base,
-                                   float scale_log2, bool edge, KeptRange kept) {
+                                   float scale_log2, bool edge, KeptRange kept, float tile_dk = 1.f,
+                                   float o_rescale = 1.f) {
   using E = arch::Element<T>;
   constexpr int N = Tile::kBlockN, D = Tile::kDim, kKeyBlocks = N / 32, kDimBlocks = D / 32;
   // Accumulator registers (keys of Sᵀ) per 8-byte fragment of Pᵀ: 4 (16-bit) or 8 (8-bit).
@@ -62,6 +66,8 @@ __device__ inline void attend_tile(LaneState<Tile>& st, const arch::lds_byte* ld
     for (int r = 0; r < 16; ++r) tile_max = __builtin_fmaxf(tile_max, s[kb][r]);
   }
   tile_max = arch::halves_max(tile_max);
+  // Descales are positive: the max of the scaled scores is the scaled max.
+  if constexpr (kPageScales) tile_max *= tile_dk;
   const float new_max = __builtin_fmaxf(st.row_max, tile_max);
   // A row with every key so far masked keeps max = -inf; 0 keeps the exponent away from NaN.
   const float base = new_max == -__builtin_inff() ? 0.f : new_max * scale_log2;
@@ -69,16 +75,18 @@ __device__ inline void attend_tile(LaneState<Tile>& st, const arch::lds_byte* ld
   const float correction = arch::exact_exp2(st.row_max * scale_log2 - base);
   st.row_max = new_max;
   st.row_sum *= correction;
+  const float o_correction = kPageScales ? correction * o_rescale : correction;
 #pragma unroll
-  for (int db = 0; db < kDimBlocks; ++db) st.o[db] *= correction;
+  for (int db = 0; db < kDimBlocks; ++db) st.o[db] *= o_correction;
   // The tile's sum first, then one add into the running sum.
   const float p_base = base - E::kPShift;
+  const float score_log2 = kPageScales ? scale_log2 * tile_dk : scale_log2;
   float tile_sum = 0.f;
 #pragma unroll
   for (int kb = 0; kb < kKeyBlocks; ++kb) {
 #pragma unroll
     for (int r = 0; r < 16; ++r) {
-      s[kb][r] = arch::fast_exp2(__builtin_fmaf(s[kb][r], scale_log2, -p_base));
+      s[kb][r] = arch::fast_exp2(__builtin_fmaf(s[kb][r], score_log2, -p_base));
       tile_sum += s[kb][r];
     }
   }

@@ -8,8 +8,9 @@
 //   * smaller pages: each copy row takes its row's offsets from the lane that resolved it (ds_bpermute)
 //     and loads from a 64-bit address (KVCopy::load_rows), so pools of any size work.
 // Token -> (logical page, row) is a multiply-shift by a reciprocal computed once (any P >= 1).
-// fp8 descales: per tensor or per (sequence, kv head), read once per workgroup; per-page descales
-// have no AMD instance (the launcher refuses them).
+// fp8 descales: per tensor or per (sequence, kv head), read once per workgroup; per page (kPageScales,
+// pages of whole tiles: the launcher refuses smaller ones), each tile's K and V descale loaded with its
+// page id's use, one tile ahead of its compute.
 #pragma once
 
 #include "arch/amd/matrix_core.h"
@@ -22,8 +23,8 @@
 
 namespace fmha {
 
-template <typename Tile>
-struct AmdKeyValueTiles<fmha_kvcache_params, Tile> {
+template <typename Tile, bool kPageScales>
+struct AmdKeyValueTiles<fmha_kvcache_params, Tile, kPageScales> {
   static constexpr int N = Tile::kBlockN, kBytes = Tile::kBytes;
   static_assert(N <= arch::kWaveSize, "one lane per tile row");
 
@@ -46,6 +47,12 @@ struct AmdKeyValueTiles<fmha_kvcache_params, Tile> {
   // shift = 31 + ceil(log2 P) (Granlund and Montgomery, Theorem 4.2, N = 31); it fits in 32 bits.
   uint32_t reciprocal;
   int32_t ahead = 0;  // the page of this lane's row of the next tile, loaded one tile ahead
+  // Per-page descales: this kv head's column of the K and V arrays (null where uniform), their page
+  // strides, and the values of the tile loaded last.
+  const float* k_page_scales = nullptr;
+  const float* v_page_scales = nullptr;
+  int64_t k_scale_stride = 0, v_scale_stride = 0;
+  float loaded_k = 1.f, loaded_v = 1.f;
 
   __device__ AmdKeyValueTiles(const fmha_kvcache_params& p, int b) : params(p), sequence(b) {
     kvcache::Fault ignored = {kvcache::kNoFault, 0, 0};  // the prepare reports faults; kernels clamp
@@ -63,10 +70,23 @@ struct AmdKeyValueTiles<fmha_kvcache_params, Tile> {
   __device__ void at_head(const fmha_kvcache_params& p, int kv_head) {
     hk = kv_head;
     if constexpr (kBytes == 1) {
-      qk_descale = descale(p.q_descale) * descale(p.k_descale);
-      v_descale = descale(p.v_descale);
+      const bool k_paged = kPageScales && p.k_descale.data != 0 && p.k_descale.page_stride != 0;
+      const bool v_paged = kPageScales && p.v_descale.data != 0 && p.v_descale.page_stride != 0;
+      qk_descale = descale(p.q_descale) * (k_paged ? 1.f : descale(p.k_descale));
+      v_descale = v_paged ? 1.f : descale(p.v_descale);
+      if (k_paged) {
+        k_page_scales = arch::global_pointer<const float>(p.k_descale.data) + hk * p.k_descale.head_stride;
+        k_scale_stride = p.k_descale.page_stride;
+      }
+      if (v_paged) {
+        v_page_scales = arch::global_pointer<const float>(p.v_descale.data) + hk * p.v_descale.head_stride;
+        v_scale_stride = p.v_descale.page_stride;
+      }
     }
   }
+
+  // The K and V descales of the tile loaded last (the kernel asks before it loads the next).
+  __device__ PageScales tile_scales() const { return PageScales{loaded_k, loaded_v}; }
 
   // A uniform descale (per tensor or per (sequence, kv head)); no array means 1.
   __device__ float descale(const fmha_descale_params& d) const {
@@ -109,6 +129,10 @@ struct AmdKeyValueTiles<fmha_kvcache_params, Tile> {
     const uint32_t t = token(page_size, j0), u = t - page_of(page_size, t) * page_size;
     const int64_t k_offset = kBytes * (ahead * p.k_batch_stride + u * p.k_row_stride);
     const int64_t v_offset = kBytes * (ahead * p.v_batch_stride + u * p.v_row_stride);
+    if constexpr (kPageScales) {  // pages of whole tiles: `ahead` is the tile's page in every lane
+      if (k_page_scales != nullptr) loaded_k = __builtin_bit_cast(float, arch::global_load_4(k_page_scales + ahead * k_scale_stride));
+      if (v_page_scales != nullptr) loaded_v = __builtin_bit_cast(float, arch::global_load_4(v_page_scales + ahead * v_scale_stride));
+    }
     const uint8_t* k = arch::global_pointer<const uint8_t>(p.k) + kBytes * hk * p.k_head_stride;
     const uint8_t* v = arch::global_pointer<const uint8_t>(p.v) + kBytes * hk * p.v_head_stride;
     if (whole_tiles(page_size)) {
