@@ -13,8 +13,8 @@ pub const FMHA_DTYPE_FP32: i32 = 2;
 /// sm_90, AMD gfx950; bias 7, max 448) and E4M3FNUZ (AMD gfx942; bias 8, max 240). The forward
 /// operations take them (`fmha_fwd_traits.dtype`, `fmha_kvcache_traits.dtype`), the backward answers
 /// FMHA_ERR_UNSUPPORTED; their output is bf16. The host backend computes both; a GPU build without a
-/// kernel for the format answers FMHA_ERR_UNSUPPORTED naming `dtype` (kv-cache: sm_90a and gfx950
-/// E4M3FN, gfx942 E4M3FNUZ; dense forward: sm_90a E4M3FN only).
+/// kernel for the format answers FMHA_ERR_UNSUPPORTED naming `dtype` (kv-cache and dense
+/// forward: sm_90a and gfx950 E4M3FN, gfx942 E4M3FNUZ).
 pub const FMHA_DTYPE_FP8_E4M3FN: i32 = 3;
 pub const FMHA_DTYPE_FP8_E4M3FNUZ: i32 = 4;
 

@@ -295,13 +295,14 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
 /// paged K/V tiles (hip/kvcache/kvcache.hip: fp16/bf16, strided pools; its pools' page strides are
 /// 64-bit, their row strides bounded like every input's), and that kernel for fp8 e4m3 in the
 /// architecture's own encoding (gfx942 FNUZ, gfx950 OCP: the other format has no instance) at the
-/// 128-dim bucket, whose rows of 128 bytes take 64 keys per step on both (hip/fwd/amd/tile.h); each
-/// kv-cache instance also packed (GQA: rows of several query heads).
+/// 128-dim bucket, whose rows of 128 bytes take 64 keys per step on both (hip/fwd/amd/tile.h), for the
+/// dense forward too; each kv-cache instance also packed (GQA: rows of several query heads).
 fn amd_instances(arch: Arch, forward: &[(i64, i64, i64)], backward: &[(i64, i64, i64)]) -> Vec<Instance> {
+    let format = if arch == Arch::Gfx950 { Fp8Format::E4m3fn } else { Fp8Format::E4m3fnuz };
     let mut list = gpu_instances(arch, Operation::Forward, &HALF_DTYPES, forward, "mfma_lds");
+    list.extend(gpu_instances(arch, Operation::Forward, &[CacheDtype::Fp8(format)], &AMD_FP8_TILES, "mfma_lds"));
     list.extend(gpu_instances(arch, Operation::Backward, &HALF_DTYPES, backward, "mfma_lds"));
     list.extend(gpu_instances(arch, Operation::KvCache, &HALF_DTYPES, forward, "mfma_lds_paged"));
-    let format = if arch == Arch::Gfx950 { Fp8Format::E4m3fn } else { Fp8Format::E4m3fnuz };
     list.extend(gpu_instances(arch, Operation::KvCache, &[CacheDtype::Fp8(format)], &AMD_FP8_TILES, "mfma_lds_paged"));
     // Decode: the same kernels with the query heads of one kv head packed into the tile's rows.
     let packed = |dtypes: &[CacheDtype], tiles: &[(i64, i64, i64)]| {
@@ -634,16 +635,18 @@ mod tests {
     }
 
     #[test]
-    fn amd_kvcache_fp8_is_the_architectures_own_format_at_128_dims() {
+    fn amd_fp8_is_the_architectures_own_format_at_128_dims() {
         for (arch, tiles, own, other) in [
             (Arch::Gfx942, &GFX942_FORWARD_TILES, Fp8Format::E4m3fnuz, Fp8Format::E4m3fn),
             (Arch::Gfx950, &GFX950_FORWARD_TILES, Fp8Format::E4m3fn, Fp8Format::E4m3fnuz),
         ] {
             let list = amd_instances(arch, tiles, &GFX942_BACKWARD_TILES);
             let fp8: Vec<_> = list.iter().filter(|i| matches!(i.dtype, CacheDtype::Fp8(_))).collect();
-            assert_eq!(fp8.len(), 4); // masked or not, packed GQA or not
+            // The dense forward masked or not; the kv-cache's also packed GQA or not.
+            assert_eq!(fp8.len(), 6);
+            assert_eq!(fp8.iter().filter(|i| i.operation == Operation::Forward).count(), 2);
             for i in fp8 {
-                assert_eq!(i.operation, Operation::KvCache);
+                assert_ne!(i.operation, Operation::Backward);
                 assert_eq!((i.dtype, i.hdim_q, i.hdim_v, i.m0, i.n0), (CacheDtype::Fp8(own), 128, 128, 128, 64));
                 assert_eq!((i.hdim_multiple, i.vector_bytes), (16, 16));
             }

@@ -42,7 +42,12 @@ extern "C" int32_t fmha_hip_fwd(const fmha_fwd_params* params, void* stream) {
       return fmha::dispatch_forward<fmha::arch::Half>(*params, s);
     case 1:  // bf16
       return fmha::dispatch_forward<fmha::arch::BFloat16>(*params, s);
-    default:  // no AMD instance (fp8: the registry refuses the call first)
+    case 3:  // FMHA_DTYPE_FP8_E4M3FN (gfx950; o bf16, the 128-dim bucket)
+    case 4:  // FMHA_DTYPE_FP8_E4M3FNUZ (gfx942)
+      // One instance: each architecture's code object reads its own encoding (arch::Fp8E4m3); the
+      // registry lists the one format each architecture has.
+      return fmha::dispatch_forward<fmha::arch::Fp8E4m3>(*params, s);
+    default:  // no AMD instance (the registry refuses the call first)
       return 1;  // hipErrorInvalidValue
   }
 }

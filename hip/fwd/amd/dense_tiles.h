@@ -1,5 +1,6 @@
 // The AMD forward's K/V tiles from dense tensors: batch mode by batch stride, group mode from
-// seqstart_k; a tile is its row 0 plus 32-bit offsets (KVCopy::load).
+// seqstart_k; a tile is its row 0 plus 32-bit offsets (KVCopy::load). fp8 inputs (one byte an element)
+// bring their descales, per tensor or per (sequence, kv head), read once per workgroup.
 #pragma once
 
 #include "arch/amd/matrix_core.h"
@@ -10,13 +11,33 @@
 
 namespace fmha {
 
-template <typename Tile>
-struct AmdKeyValueTiles<fmha_fwd_params, Tile> {
-  // The dense forward's inputs are 16-bit: no descales.
+// The descales of a dense call: none for 16-bit inputs (compile-time ones), fp8's from the parameters.
+template <int kBytes>
+struct DenseDescales {
   static constexpr float qk_descale = 1.f, v_descale = 1.f;
+  __device__ void read(const fmha_fwd_params&, int, int) {}
+};
+
+template <>
+struct DenseDescales<1> {
+  float qk_descale = 1.f, v_descale = 1.f;  // q's times k's, and v's
+  __device__ static float of(const fmha_descale_params& d, int b, int hk) {
+    const float* data = arch::global_pointer<const float>(d.data);
+    return data != nullptr ? __builtin_bit_cast(float, arch::global_load_4(data + b * d.batch_stride + hk * d.head_stride))
+                           : 1.f;
+  }
+  __device__ void read(const fmha_fwd_params& p, int b, int hk) {
+    qk_descale = of(p.q_descale, b, hk) * of(p.k_descale, b, hk);
+    v_descale = of(p.v_descale, b, hk);
+  }
+};
+
+template <typename Tile>
+struct AmdKeyValueTiles<fmha_fwd_params, Tile> : DenseDescales<Tile::kBytes> {
+  static constexpr int kBytes = Tile::kBytes;
   BatchRows rows;
-  const uint16_t* k;  // row 0 of the sequence at this kv head
-  const uint16_t* v;
+  const uint8_t* k;  // row 0 of the sequence at this kv head
+  const uint8_t* v;
   int64_t k_row_stride, v_row_stride;
   int hdim_q, hdim_v;
 
@@ -28,17 +49,19 @@ struct AmdKeyValueTiles<fmha_fwd_params, Tile> {
         k_row_stride(p.k_row_stride), v_row_stride(p.v_row_stride), hdim_q(p.hdim_q), hdim_v(p.hdim_v) {}
 
   __device__ void at_head(const fmha_fwd_params& p, int hk) {
-    const int64_t batch = p.group_mode ? 0 : arch::block_index_z();
-    k = arch::global_pointer<const uint16_t>(p.k) + batch * p.k_batch_stride + hk * p.k_head_stride +
-        rows.k_start * k_row_stride;
-    v = arch::global_pointer<const uint16_t>(p.v) + batch * p.v_batch_stride + hk * p.v_head_stride +
-        rows.k_start * v_row_stride;
+    const int b = arch::block_index_z();
+    const int64_t batch = p.group_mode ? 0 : b;
+    k = arch::global_pointer<const uint8_t>(p.k) +
+        kBytes * (batch * p.k_batch_stride + hk * p.k_head_stride + rows.k_start * k_row_stride);
+    v = arch::global_pointer<const uint8_t>(p.v) +
+        kBytes * (batch * p.v_batch_stride + hk * p.v_head_stride + rows.k_start * v_row_stride);
+    this->read(p, b, hk);
   }
 
   __device__ void start(int) const {}
 
   __device__ void load(KVCopy<Tile>& copy, int j0, int valid_rows) const {
-    copy.load(k + j0 * k_row_stride, v + j0 * v_row_stride, valid_rows, hdim_q, hdim_v);
+    copy.load(k + kBytes * (j0 * k_row_stride), v + kBytes * (j0 * v_row_stride), valid_rows, hdim_q, hdim_v);
   }
 };
 
