@@ -78,15 +78,8 @@ impl FwdArgs {
         let descales = Descales { q: self.q_descale, k: self.k_descale, v: self.v_descale };
         let descale_extents = descales.extents(shape.dtype, b, shape.nhead_k, None)?;
         // The fp8 descales are inputs too: the outputs may share no byte with them.
-        let mut operands: Vec<Operand<'_>> = [q, k, v, o].into_iter().chain(lse).collect();
-        for (field, descale, elements) in [
-            ("q_descale", self.q_descale, descale_extents[0]),
-            ("k_descale", self.k_descale, descale_extents[1]),
-            ("v_descale", self.v_descale, descale_extents[2]),
-        ] {
-            let bytes = if descale.is_none() { 0 } else { elements * 4 };
-            operands.push(Operand::bytes(field, descale.data.addr(), bytes, false));
-        }
+        let operands: Vec<Operand<'_>> =
+            [q, k, v, o].into_iter().chain(lse).chain(descales.operands(descale_extents)).collect();
         check_memory_overlap(&operands)?;
         let instance = crate::registry::select(
             arch,

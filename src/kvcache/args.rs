@@ -138,14 +138,7 @@ impl KvCacheArgs {
         let workspace = Operand::bytes("workspace", self.workspace.addr(), self.workspace_size, true);
         let mut operands = vec![q, k, v, o, workspace];
         operands.extend(lse);
-        for (field, descale, elements) in [
-            ("q_descale", self.q_descale, descale_extents[0]),
-            ("k_descale", self.k_descale, descale_extents[1]),
-            ("v_descale", self.v_descale, descale_extents[2]),
-        ] {
-            let bytes = if descale.is_none() { 0 } else { elements * 4 };
-            operands.push(Operand::bytes(field, descale.data.addr(), bytes, false));
-        }
+        operands.extend(descales.operands(descale_extents));
         let n = b as usize;
         let block_table_len = table.block_table_len(n).unwrap_or(0); // checked by `table`
         for (field, array, entries) in [

@@ -3,7 +3,7 @@
 
 use crate::abi_values::{abi_enum, FMHA_KV_SCALE_PAGE, FMHA_KV_SCALE_TENSOR};
 use crate::error::{ensure, Error, Result};
-use crate::problem::{check_device_array, CacheDtype};
+use crate::problem::{check_device_array, CacheDtype, Operand};
 use crate::runtime::DevicePtr;
 
 abi_enum! {
@@ -114,5 +114,19 @@ impl Descales {
             extents[i] = descale.extent(field, batch, heads, pages)?;
         }
         Ok(extents)
+    }
+
+    /// The three arrays as read-only operands of the overlap check (outputs may share no byte with
+    /// them), from the element `extents` that [`Descales::extents`] returned.
+    pub fn operands(&self, extents: [usize; 3]) -> [Operand<'static>; 3] {
+        let operand = |field, descale: Descale, elements: usize| {
+            let bytes = if descale.is_none() { 0 } else { elements * 4 };
+            Operand::bytes(field, descale.data.addr(), bytes, false)
+        };
+        [
+            operand("q_descale", self.q, extents[0]),
+            operand("k_descale", self.k, extents[1]),
+            operand("v_descale", self.v, extents[2]),
+        ]
     }
 }
