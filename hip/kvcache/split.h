@@ -5,6 +5,8 @@
 
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "arch/registers.h"
 #include "kvcache/page_table.h"
 #include "launch.h"
@@ -15,6 +17,28 @@ namespace kvcache {
 constexpr uint32_t kPrepared = 0x4B564350u;  // KVCACHE_PREPARED
 
 FMHA_HOST_DEVICE inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The splits of a forward grid, whose x is q tile · splits + split: the launcher's bound for the kv
+// cache (1: unsplit); the dense forward never splits.
+template <typename Params>
+FMHA_HOST_DEVICE inline int grid_splits(const Params& p) {
+  if constexpr (std::is_same_v<Params, fmha_kvcache_params>) {
+    return p.max_splits > 1 ? p.max_splits : 1;
+  } else {
+    (void)p;
+    return 1;
+  }
+}
+
+// Block x's split and q tile in a grid of `grid_x` blocks. Masked grids (`last_first`) run their last
+// (for causal masks: heaviest) q tiles first, so the long tail of a launch is made of short tiles.
+struct GridTile {
+  int split, tile;
+};
+FMHA_HOST_DEVICE inline GridTile grid_tile(int x, int grid_x, int splits, bool last_first) {
+  const int q_tiles = grid_x / splits, x_tile = x / splits;
+  return GridTile{x % splits, last_first ? q_tiles - 1 - x_tile : x_tile};
+}
 
 // Chunk c of a sequence holds its key tiles [c·tiles, (c + 1)·tiles).
 struct Chunks {

@@ -64,7 +64,7 @@ static void launch(fmha_kvcache_params p, const std::function<void(uint32_t, uin
   using Tile = AmdForwardTile<T, D>;
   static_assert(Tile::kThreads == 256, "emulated workgroups have 256 work-items");
   p.block_n = Tile::kBlockN;
-  const uint32_t splits = p.max_splits > 1 ? p.max_splits : 1;
+  const int splits = kvcache::grid_splits(p);
   const int group = P ? p.nhead_q / p.nhead_k : 1;
   const dim3 grid((p.max_seqlen_q * group + Tile::kBlockM - 1) / Tile::kBlockM * splits, P ? p.nhead_k : p.nhead_q,
                   p.batch);

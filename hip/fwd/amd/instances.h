@@ -18,8 +18,7 @@ namespace fmha {
 template <typename T, int kHeadDim, bool kMasked, bool kPackGqa = false, bool kPageScales = false, typename Params>
 int32_t launch_forward(const Params& p, hipStream_t stream) {
   using Tile = AmdForwardTile<T, kHeadDim>;
-  uint32_t splits = 1;
-  if constexpr (std::is_same_v<Params, fmha_kvcache_params>) splits = p.max_splits > 1 ? p.max_splits : 1;
+  const int splits = kvcache::grid_splits(p);
   const int64_t rows = static_cast<int64_t>(p.max_seqlen_q) * (kPackGqa ? p.nhead_q / p.nhead_k : 1);
   const dim3 grid(static_cast<uint32_t>((rows + Tile::kBlockM - 1) / Tile::kBlockM * splits),
                   kPackGqa ? p.nhead_k : p.nhead_q, p.batch);

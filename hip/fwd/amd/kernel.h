@@ -71,14 +71,10 @@ __global__ void __launch_bounds__((AmdForwardTile<T, kHeadDim>::kThreads)) FMHA_
 
   // Split-KV (the kv-cache's decode): x = q tile · splits + split; the dense forward never splits.
   constexpr bool kCanSplit = std::is_same_v<Params, fmha_kvcache_params>;
-  int splits = 1;
-  if constexpr (kCanSplit) splits = p.max_splits > 1 ? p.max_splits : 1;
-  const int split = static_cast<int>(arch::block_index_x()) % splits;
-  const int q_tiles = static_cast<int>(arch::grid_blocks_x()) / splits;
-  const int x_tile = static_cast<int>(arch::block_index_x()) / splits;
-  // Masked grids run their last (for causal masks: heaviest) q tiles first, so the long tail of a
-  // launch is made of short tiles.
-  const int tile = kMasked ? q_tiles - 1 - x_tile : x_tile;
+  const int splits = kvcache::grid_splits(p);
+  const kvcache::GridTile slot = kvcache::grid_tile(static_cast<int>(arch::block_index_x()),
+                                                    static_cast<int>(arch::grid_blocks_x()), splits, kMasked);
+  const int split = slot.split, tile = slot.tile;
   // y: the query head, or with packed GQA the kv head.
   const int y = arch::block_index_y();
   const int ratio = p.nhead_q / p.nhead_k, group = kPackGqa ? ratio : 1;

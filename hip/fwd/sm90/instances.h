@@ -19,8 +19,7 @@ int32_t launch_forward(const Params& p, hipStream_t stream) {
   if (configured != cudaSuccess) return static_cast<int32_t>(configured);
   // x: q tiles (kv cache: times the launcher's splits, kvcache/split.h), y: query heads (packed GQA: kv
   // heads, each tile row one of their query heads), z: batches.
-  int splits = 1;
-  if constexpr (std::is_same_v<Params, fmha_kvcache_params>) splits = p.max_splits > 1 ? p.max_splits : 1;
+  const int splits = kvcache::grid_splits(p);
   const int group = kPackGqa ? p.nhead_q / p.nhead_k : 1;
   const int64_t rows = static_cast<int64_t>(p.max_seqlen_q) * group;
   const dim3 grid(static_cast<uint32_t>((rows + Tile::kBlockM - 1) / Tile::kBlockM * splits),

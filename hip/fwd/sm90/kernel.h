@@ -59,14 +59,10 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
 
   // Split-KV (the kv-cache's decode): x = q tile · splits + split; the dense forward never splits.
   constexpr bool kCanSplit = std::is_same_v<Params, fmha_kvcache_params>;
-  int splits = 1;
-  if constexpr (kCanSplit) splits = p.max_splits > 1 ? p.max_splits : 1;
-  const int split = static_cast<int>(arch::block_index_x()) % splits;
-  const int q_tiles = static_cast<int>(arch::grid_blocks_x()) / splits;
-  // Masked grids run their last (for causal masks: heaviest) q tiles first, so the long tail of a
-  // launch is made of short tiles.
-  const int x_tile = static_cast<int>(arch::block_index_x()) / splits;
-  const int tile = Tile::kMasked ? q_tiles - 1 - x_tile : x_tile;
+  const int splits = kvcache::grid_splits(p);
+  const kvcache::GridTile slot = kvcache::grid_tile(static_cast<int>(arch::block_index_x()),
+                                                    static_cast<int>(arch::grid_blocks_x()), splits, Tile::kMasked);
+  const int split = slot.split, tile = slot.tile;
   // y: the query head, or with packed GQA the kv head, whose `group` query heads share the tile: its
   // row r is query row r / group of head hk · group + r % group.
   const int y = arch::block_index_y();
