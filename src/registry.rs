@@ -406,9 +406,8 @@ fn host_kvcache_instances() -> Vec<Instance> {
     list
 }
 
-/// The smallest instance serving `request` on `arch`.
-pub fn select(arch: Arch, request: &Request) -> Result<Instance> {
-    let all = instances(arch);
+/// The smallest instance in `all` serving `request`.
+fn smallest_fit(all: &[Instance], request: &Request) -> Option<Instance> {
     let fits = |i: &Instance| {
         i.operation == request.operation
             && i.dtype == request.dtype
@@ -420,8 +419,20 @@ pub fn select(arch: Arch, request: &Request) -> Result<Instance> {
             && request.hdim_q % i.hdim_multiple == 0
             && request.hdim_v % i.hdim_multiple == 0
     };
-    if let Some(best) = all.iter().filter(|i| fits(i)).min_by_key(|i| (i.hdim_q, i.hdim_v)) {
-        return Ok(*best);
+    all.iter().filter(|i| fits(i)).min_by_key(|i| (i.hdim_q, i.hdim_v)).copied()
+}
+
+/// The smallest instance serving `request` on `arch`, if the build has one (no message is made when
+/// it has none: for optional variants, such as the packed decode tile).
+pub fn find(arch: Arch, request: &Request) -> Option<Instance> {
+    smallest_fit(&instances(arch), request)
+}
+
+/// The smallest instance serving `request` on `arch`; none is FMHA_ERR_UNSUPPORTED naming the nearest.
+pub fn select(arch: Arch, request: &Request) -> Result<Instance> {
+    let all = instances(arch);
+    if let Some(best) = smallest_fit(&all, request) {
+        return Ok(best);
     }
     // Nearest: same operation, ranked by how many key fields differ, then by head-dim distance.
     let mut near: Vec<&Instance> = all.iter().filter(|i| i.operation == request.operation).collect();

@@ -42,7 +42,7 @@ fn select(traits: &KvCacheTraits) -> Result<Instance> {
         deterministic: false,
         packed_gqa: false,
     };
-    if let Ok(packed) = crate::registry::select(arch, &Request { packed_gqa: true, ..request }) {
+    if let Some(packed) = crate::registry::find(arch, &Request { packed_gqa: true, ..request }) {
         if traits.max_seqlen_q * (traits.nhead_q / traits.nhead_k) <= packed.m0 {
             return Ok(packed);
         }
