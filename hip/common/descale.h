@@ -1,11 +1,17 @@
 // fp8 descales uniform over a call's (sequence, kv head): per tensor, or per (sequence, kv head)
-// through the strides (src/problem/scale.rs). Shared by the dense forward's and the kv cache's tiles.
+// through the strides (src/problem/scale.rs), and per-page descales' per-tile values. Shared by the
+// dense forward's and the kv cache's tiles.
 #pragma once
 
 #include "arch/platform.h"
 #include "launch.h"
 
 namespace fmha {
+
+// The fp8 descales of one K/V tile (per-page descales: the tile's page's).
+struct TileScales {
+  float k, v;
+};
 
 // The descale of sequence b, kv head hk; 1 where none is given.
 __device__ inline float uniform_descale(const fmha_descale_params& d, int b, int hk) {

@@ -21,14 +21,9 @@ struct DenseDescales {
 template <>
 struct DenseDescales<1> {
   float qk_descale = 1.f, v_descale = 1.f;  // q's times k's, and v's
-  __device__ static float of(const fmha_descale_params& d, int b, int hk) {
-    const float* data = arch::global_pointer<const float>(d.data);
-    return data != nullptr ? __builtin_bit_cast(float, arch::global_load_4(data + b * d.batch_stride + hk * d.head_stride))
-                           : 1.f;
-  }
   __device__ void read(const fmha_fwd_params& p, int b, int hk) {
-    qk_descale = of(p.q_descale, b, hk) * of(p.k_descale, b, hk);
-    v_descale = of(p.v_descale, b, hk);
+    qk_descale = amd_uniform_descale(p.q_descale, b, hk) * amd_uniform_descale(p.k_descale, b, hk);
+    v_descale = amd_uniform_descale(p.v_descale, b, hk);
   }
 };
 

@@ -29,6 +29,7 @@
 #include "arch/amd/lds_swizzle.h"
 #include "arch/amd/matrix_core.h"
 #include "arch/thread.h"
+#include "common/descale.h"
 #include "common/kept_range.h"
 #include "common/sequence.h"
 #include "launch.h"
@@ -50,10 +51,13 @@ namespace fmha {
 template <typename Params, typename Tile, bool kPageScales = false>
 struct AmdKeyValueTiles;
 
-// The fp8 K and V descales of one tile (per-page descales).
-struct PageScales {
-  float k, v;
-};
+// The descale of sequence b, kv head hk (per tensor or per (sequence, kv head); 1 where none is given),
+// common/descale.h's rule through a global load (which the CPU emulation checks).
+__device__ inline float amd_uniform_descale(const fmha_descale_params& d, int b, int hk) {
+  const float* data = arch::global_pointer<const float>(d.data);
+  return data != nullptr ? __builtin_bit_cast(float, arch::global_load_4(data + b * d.batch_stride + hk * d.head_stride))
+                         : 1.f;
+}
 
 // kPackGqa (the kv-cache's decode): the workgroup's rows are (query row, query head) pairs of one kv
 // head, so that its query heads share each K/V tile: tile row r is query row r / group of query head
@@ -192,7 +196,7 @@ __global__ void __launch_bounds__((AmdForwardTile<T, kHeadDim>::kThreads)) FMHA_
     const int next_valid = valid_keys((jt + 1) * N);
     float tile_dk = 1.f, o_rescale = 1.f;
     if constexpr (kPageScales) {
-      const PageScales scales = kv.tile_scales();  // tile jt's, asked before the load of jt + 1
+      const TileScales scales = kv.tile_scales();  // tile jt's, asked before the load of jt + 1
       tile_dk = scales.k;
       o_rescale = tile_v / scales.v;
       tile_v = scales.v;

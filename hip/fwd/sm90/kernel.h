@@ -24,6 +24,7 @@
 #include "arch/nvidia/tensor_core.h"
 #include "arch/nvidia/warpgroup.h"
 #include "arch/thread.h"
+#include "common/descale.h"
 #include "common/sequence.h"
 #include "launch.h"
 #include "fwd/sm90/mainloop.h"
@@ -39,11 +40,6 @@ namespace fmha {
 // kvcache/sm90/paged_tiles.h: a paged pool (fmha_kvcache_params).
 template <typename Params, typename Tile, typename T>
 struct KeyValueTiles;
-
-// The fp8 descales of one K/V tile.
-struct TileScales {
-  float k, v;
-};
 
 template <typename Tile, typename T, typename Params>
 __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {

@@ -72,8 +72,9 @@ struct AmdKeyValueTiles<fmha_kvcache_params, Tile, kPageScales> {
     if constexpr (kBytes == 1) {
       const bool k_paged = kPageScales && p.k_descale.data != 0 && p.k_descale.page_stride != 0;
       const bool v_paged = kPageScales && p.v_descale.data != 0 && p.v_descale.page_stride != 0;
-      qk_descale = descale(p.q_descale) * (k_paged ? 1.f : descale(p.k_descale));
-      v_descale = v_paged ? 1.f : descale(p.v_descale);
+      qk_descale = amd_uniform_descale(p.q_descale, sequence, hk) *
+                   (k_paged ? 1.f : amd_uniform_descale(p.k_descale, sequence, hk));
+      v_descale = v_paged ? 1.f : amd_uniform_descale(p.v_descale, sequence, hk);
       if (k_paged) {
         k_page_scales = arch::global_pointer<const float>(p.k_descale.data) + hk * p.k_descale.head_stride;
         k_scale_stride = p.k_descale.page_stride;
@@ -86,14 +87,7 @@ struct AmdKeyValueTiles<fmha_kvcache_params, Tile, kPageScales> {
   }
 
   // The K and V descales of the tile loaded last (the kernel asks before it loads the next).
-  __device__ PageScales tile_scales() const { return PageScales{loaded_k, loaded_v}; }
-
-  // A uniform descale (per tensor or per (sequence, kv head)); no array means 1.
-  __device__ float descale(const fmha_descale_params& d) const {
-    const float* data = arch::global_pointer<const float>(d.data);
-    return data != nullptr ? __builtin_bit_cast(float, arch::global_load_4(data + sequence * d.batch_stride + hk * d.head_stride))
-                           : 1.f;
-  }
+  __device__ TileScales tile_scales() const { return TileScales{loaded_k, loaded_v}; }
 
   __device__ static uint32_t shift(uint32_t page_size) {
     return 31 + (page_size > 1 ? 32 - __builtin_clz(page_size - 1) : 0);
