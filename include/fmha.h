@@ -512,6 +512,17 @@ fmha_status fmha_fwd(const struct fmha_fwd_traits *traits,
 // `*required`. `buffer` may be NULL to ask for the length.
 fmha_status fmha_registry_json(char *buffer, size_t length, size_t *required);
 
+// Writes what `fmha_fwd(traits, args, stream)` would launch on the current device as JSON into
+// `buffer`, as `fmha_registry_json` does: `{"operation":"fwd","arch":…,"stages":[{"kernel":"fwd",
+// "instance":{…},"note":null}]}` with the instance as `fmha_registry_json` lists it. The arguments are
+// validated as `fmha_fwd` validates them (the same status and message); nothing is launched and no
+// memory is read.
+fmha_status fmha_fwd_plan_json(const struct fmha_fwd_traits *traits,
+                               const struct fmha_fwd_args *args,
+                               char *buffer,
+                               size_t length,
+                               size_t *required);
+
 // Creates a backward launcher for `traits` on the current device into `*launcher`: selects the
 // kernel instance and fixes the workspace layout (it uses the device's CU count).
 fmha_status fmha_bwd_launcher_create(const struct fmha_bwd_traits *traits,
@@ -525,6 +536,15 @@ fmha_status fmha_bwd_launcher_destroy(struct fmha_bwd_launcher *launcher);
 // The workspace bytes `run` needs with this launcher (metadata region + dq_acc upper bound).
 fmha_status fmha_bwd_launcher_workspace_size(const struct fmha_bwd_launcher *launcher,
                                              size_t *bytes);
+
+// Writes the stages `fmha_bwd_launcher_run` launches as JSON into `buffer`, as `fmha_registry_json`
+// does: `{"operation":"bwd","arch":…,"stages":[…]}`, in order `dot_do_o`, `zero_dq_acc` (when the
+// mode needs it; its `note` says which part of dq_acc), `dq_dk_dv` (with its `instance`),
+// `convert_dq`.
+fmha_status fmha_bwd_launcher_plan_json(const struct fmha_bwd_launcher *launcher,
+                                        char *buffer,
+                                        size_t length,
+                                        size_t *required);
 
 // Prepares `workspace` (at least `workspace_size` bytes of device memory, 16-byte aligned) for the
 // given sequence starts: group mode passes the host copies of `seqstart_q/k` (`[batch + 1]` int32),
@@ -588,6 +608,15 @@ fmha_status fmha_kvcache_launcher_destroy(struct fmha_kvcache_launcher *launcher
 // The workspace bytes this launcher's prepare and check need.
 fmha_status fmha_kvcache_launcher_workspace_size(const struct fmha_kvcache_launcher *launcher,
                                                  size_t *bytes);
+
+// Writes the stages `fmha_kvcache_launcher_run` launches as JSON into `buffer`, as
+// `fmha_registry_json` does: `{"operation":"kvcache","arch":…,"stages":[…]}`: `kvcache_fwd` (with its
+// `instance`) and, for a launcher that splits the KV, `combine`. (`prepare_async` launches one more
+// kernel, the check of the lengths and tables.)
+fmha_status fmha_kvcache_launcher_plan_json(const struct fmha_kvcache_launcher *launcher,
+                                            char *buffer,
+                                            size_t length,
+                                            size_t *required);
 
 // The workspace bytes a launcher for `traits` would need, without creating one.
 fmha_status fmha_kvcache_workspace_size_upper_bound(const struct fmha_kvcache_traits *traits,

@@ -314,3 +314,84 @@ fn registry_json_lists_instances() {
     ok(fmha_registry_json(small.as_mut_ptr() as *mut _, small.len(), &mut required));
     assert_eq!(small[7], 0);
 }
+
+/// The JSON text an `fmha_*_plan_json` call writes (asked for its length first).
+fn plan_json(call: impl Fn(*mut std::ffi::c_char, usize, *mut usize) -> fmha_status) -> String {
+    let mut required = 0usize;
+    ok(call(null_mut(), 0, &mut required));
+    let mut buffer = vec![0u8; required + 1];
+    ok(call(buffer.as_mut_ptr() as *mut _, buffer.len(), &mut required));
+    assert_eq!(buffer[required], 0);
+    String::from_utf8(buffer[..required].to_vec()).unwrap()
+}
+
+/// The kernels named in a plan's stages, in order.
+fn plan_kernels(json: &str) -> Vec<String> {
+    json.split("\"kernel\":\"").skip(1).map(|s| s[..s.find('"').unwrap()].to_string()).collect()
+}
+
+#[test]
+fn forward_plan_names_the_instance_fmha_fwd_runs() {
+    let mut rng = Rng::fresh();
+    let case = small_case(true);
+    let b = buffers(&case, &mut rng);
+    let traits = Buffers::fwd_traits(&case);
+    let args = b.fwd_args(&case);
+    let before = (b.o.download(), b.lse.download());
+    let json = plan_json(|buffer, length, required| fmha_fwd_plan_json(&traits, &args, buffer, length, required));
+    assert_eq!(plan_kernels(&json), ["fwd"], "{json}");
+    assert!(json.contains("\"operation\":\"fwd\"") && json.contains("\"masked\":true"), "{json}");
+    // The instance is one the registry lists.
+    let registry = plan_json(|buffer, length, required| fmha_registry_json(buffer, length, required));
+    let name = &json[json.find("\"name\":\"").unwrap() + 8..];
+    assert!(registry.contains(&format!("\"name\":\"{}\"", &name[..name.find('"').unwrap()])), "{json}");
+    // Validated as fmha_fwd validates; nothing launched, nothing written.
+    let mut required = 0usize;
+    expect_error(fmha_fwd_plan_json(&traits, &args, null_mut(), 0, null_mut()), FMHA_ERR_NULL_POINTER, &["required"]);
+    expect_error(fmha_fwd_plan_json(null(), &args, null_mut(), 0, &mut required), FMHA_ERR_NULL_POINTER, &["traits"]);
+    expect_error(
+        fmha_fwd_plan_json(&fmha_fwd_traits { hdim_v: 300, ..traits }, &args, null_mut(), 0, &mut required),
+        FMHA_ERR_INVALID_ARGUMENT,
+        &["hdim_v", "300"],
+    );
+    expect_error(
+        fmha_fwd_plan_json(&traits, &fmha_fwd_args { nhead_k: 3, ..args }, null_mut(), 0, &mut required),
+        FMHA_ERR_INVALID_ARGUMENT,
+        &["nhead_k"],
+    );
+    ok(fmha_stream_synchronize(null_mut()));
+    assert!((b.o.download(), b.lse.download()) == before, "a plan wrote an output");
+}
+
+#[test]
+fn backward_plan_lists_its_stages_in_launch_order() {
+    for (group, deterministic) in [(false, false), (false, true), (true, true)] {
+        let case = small_case(group);
+        let traits = fmha_bwd_traits { is_deterministic: deterministic as i32, ..bwd_traits(&case) };
+        let mut launcher = null_mut();
+        ok(fmha_bwd_launcher_create(&traits, &mut launcher));
+        let json =
+            plan_json(|buffer, length, required| fmha_bwd_launcher_plan_json(launcher, buffer, length, required));
+        let kernels = plan_kernels(&json);
+        let host = fmha::ffi::version::fmha_backend() == fmha::ffi::version::FMHA_BACKEND_HOST;
+        // Deterministic batch mode writes each dq_acc slot before adding into it: no zeroing (the AMD
+        // kernels keep CK's rule and zero always).
+        let zeroes = !deterministic || group || json.contains("\"arch\":\"gfx9");
+        let expected: Vec<&str> = ["dot_do_o", "zero_dq_acc", "dq_dk_dv", "convert_dq"]
+            .into_iter()
+            .filter(|k| *k != "zero_dq_acc" || zeroes)
+            .collect();
+        assert_eq!(kernels, expected, "{json}");
+        assert!(json.contains(&format!("\"deterministic\":{deterministic}")), "{json}");
+        if host {
+            assert!(json.contains("\"arch\":\"host\""), "{json}");
+        }
+        ok(fmha_bwd_launcher_destroy(launcher));
+        let mut required = 0usize;
+        expect_error(
+            fmha_bwd_launcher_plan_json(launcher, null_mut(), 0, &mut required),
+            FMHA_ERR_INVALID_ARGUMENT,
+            &["launcher"],
+        );
+    }
+}

@@ -1196,3 +1196,37 @@ fn gpu_builds_refuse_what_they_lack() {
     traits.page_size = 16;
     expect_error(fmha_kvcache_launcher_create(&traits, &mut launcher), FMHA_ERR_UNSUPPORTED, &["kv_layout"]);
 }
+
+/// `fmha_kvcache_launcher_plan_json`: the attention with its instance, then the combine exactly when
+/// the launcher splits the KV.
+#[test]
+fn plan_adds_the_combine_when_the_launcher_splits() {
+    if skip() {
+        return;
+    }
+    let small = Small::new();
+    for (max_splits, expected) in [(1, &["kvcache_fwd"][..]), (4, &["kvcache_fwd", "combine"][..])] {
+        let traits = fmha_kvcache_traits { max_splits, ..small.traits };
+        let mut launcher = null_mut();
+        ok(fmha_kvcache_launcher_create(&traits, &mut launcher));
+        let mut required = 0usize;
+        expect_error(
+            fmha_kvcache_launcher_plan_json(launcher, null_mut(), 0, null_mut()),
+            FMHA_ERR_NULL_POINTER,
+            &["required"],
+        );
+        ok(fmha_kvcache_launcher_plan_json(launcher, null_mut(), 0, &mut required));
+        let mut buffer = vec![0u8; required + 1];
+        ok(fmha_kvcache_launcher_plan_json(launcher, buffer.as_mut_ptr() as *mut _, buffer.len(), &mut required));
+        let json = std::str::from_utf8(&buffer[..required]).unwrap();
+        let kernels: Vec<&str> = json.split("\"kernel\":\"").skip(1).map(|s| &s[..s.find('"').unwrap()]).collect();
+        assert_eq!(kernels, expected, "{json}");
+        assert!(json.contains("\"operation\":\"kvcache\"") && json.contains("\"hdim_q\":"), "{json}");
+        ok(fmha_kvcache_launcher_destroy(launcher));
+        expect_error(
+            fmha_kvcache_launcher_plan_json(launcher, null_mut(), 0, &mut required),
+            FMHA_ERR_INVALID_ARGUMENT,
+            &["launcher"],
+        );
+    }
+}

@@ -13,7 +13,7 @@ use crate::error::{ensure, Error, Result};
 use crate::host_buffer::AlignedBytes;
 use crate::launch::BwdKargs;
 use crate::problem::{Mode, Shape};
-use crate::registry::{Instance, Operation, Request};
+use crate::registry::{Instance, Operation, Plan, Request, Stage};
 use crate::runtime::{self, Arch, CopyKind, DevicePtr, Stream};
 use crate::schedule::XcdRemap;
 use crate::workspace::{self, WorkspaceLayout, WorkspaceParams};
@@ -200,5 +200,23 @@ impl BwdLauncher {
 
     pub fn shape(&self) -> &Shape {
         &self.shape
+    }
+
+    /// What [`run`](Self::run) launches, in order. The dq_acc zeroing follows `WorkspaceLayout::
+    /// needs_zero_dq_acc` and `zero_dq_acc_elements` (`dq_acc_needs_zeroing` in
+    /// `hip/bwd/workspace_view.h`); the AMD kernels add into every slot, so they always zero it.
+    pub fn plan(&self) -> Plan {
+        let zeroing = if self.layout.needs_zero_dq_acc() || self.instance.arch.has_eight_xcds() {
+            Some("the whole dq_acc region")
+        } else if self.traits.mode == Mode::Group {
+            Some("the used prefix of dq_acc (deterministic group mode)")
+        } else {
+            None // deterministic batch mode: each slot's first unit writes it
+        };
+        let mut stages = vec![Stage::kernel("dot_do_o")];
+        stages.extend(zeroing.map(|note| Stage::kernel("zero_dq_acc").with_note(note)));
+        stages.push(Stage::instance("dq_dk_dv", self.instance));
+        stages.push(Stage::kernel("convert_dq"));
+        Plan { operation: Operation::Backward, arch: self.instance.arch, stages }
     }
 }

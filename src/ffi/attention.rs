@@ -240,9 +240,29 @@ pub extern "C" fn fmha_registry_json(buffer: *mut c_char, length: usize, require
             return Err(Error::null("required"));
         }
         let arch = crate::runtime::current()?.arch()?;
-        let json = crate::registry::to_json(&crate::registry::instances(arch));
-        super::write_out(required, "required", json.len())?;
-        super::copy_c_string(&json, buffer, length);
-        Ok(())
+        super::write_json(&crate::registry::to_json(&crate::registry::instances(arch)), buffer, length, required)
+    })
+}
+
+/// Writes what `fmha_fwd(traits, args, stream)` would launch on the current device as JSON into
+/// `buffer`, as `fmha_registry_json` does: `{"operation":"fwd","arch":…,"stages":[{"kernel":"fwd",
+/// "instance":{…},"note":null}]}` with the instance as `fmha_registry_json` lists it. The arguments are
+/// validated as `fmha_fwd` validates them (the same status and message); nothing is launched and no
+/// memory is read.
+#[no_mangle]
+pub extern "C" fn fmha_fwd_plan_json(
+    traits: *const fmha_fwd_traits,
+    args: *const fmha_fwd_args,
+    buffer: *mut c_char,
+    length: usize,
+    required: *mut usize,
+) -> fmha_status {
+    boundary(|| {
+        if required.is_null() {
+            return Err(Error::null("required"));
+        }
+        let traits = read_extensible(traits, "traits")?.to_traits()?;
+        let args = read_extensible(args, "args")?.to_args()?;
+        super::write_json(&crate::fwd::plan(&traits, &args)?.to_json(), buffer, length, required)
     })
 }

@@ -8,7 +8,7 @@ use crate::bwd::{launcher, BwdArgs, BwdLauncher, BwdTraits};
 use crate::error::{Error, Result};
 use crate::problem::{BiasType, CacheDtype, Mode, SequenceArrays};
 use crate::runtime::{DevicePtr, Stream};
-use std::ffi::c_void;
+use std::ffi::{c_char, c_void};
 use std::sync::Arc;
 
 /// Backward dispatch key and problem shape (the workspace is sized from it). Extensible: set
@@ -223,6 +223,25 @@ pub extern "C" fn fmha_bwd_launcher_workspace_size(
     boundary(|| {
         let size = launcher_ref(launcher)?.workspace_size();
         write_out(bytes, "bytes", size)
+    })
+}
+
+/// Writes the stages `fmha_bwd_launcher_run` launches as JSON into `buffer`, as `fmha_registry_json`
+/// does: `{"operation":"bwd","arch":…,"stages":[…]}`, in order `dot_do_o`, `zero_dq_acc` (when the
+/// mode needs it; its `note` says which part of dq_acc), `dq_dk_dv` (with its `instance`),
+/// `convert_dq`.
+#[no_mangle]
+pub extern "C" fn fmha_bwd_launcher_plan_json(
+    launcher: *const fmha_bwd_launcher,
+    buffer: *mut c_char,
+    length: usize,
+    required: *mut usize,
+) -> fmha_status {
+    boundary(|| {
+        if required.is_null() {
+            return Err(Error::null("required"));
+        }
+        super::write_json(&launcher_ref(launcher)?.plan().to_json(), buffer, length, required)
     })
 }
 

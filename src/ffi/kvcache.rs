@@ -11,7 +11,7 @@ use crate::problem::paged::{PoolLayout, TableKind};
 use crate::problem::scale::ScaleGranularity;
 use crate::problem::Mode;
 use crate::runtime::{DevicePtr, Stream};
-use std::ffi::c_void;
+use std::ffi::{c_char, c_void};
 use std::sync::Arc;
 
 pub use crate::abi_values::{
@@ -263,6 +263,25 @@ pub extern "C" fn fmha_kvcache_launcher_workspace_size(
     boundary(|| {
         let size = launcher_ref(launcher)?.workspace_size();
         write_out(bytes, "bytes", size)
+    })
+}
+
+/// Writes the stages `fmha_kvcache_launcher_run` launches as JSON into `buffer`, as
+/// `fmha_registry_json` does: `{"operation":"kvcache","arch":…,"stages":[…]}`: `kvcache_fwd` (with its
+/// `instance`) and, for a launcher that splits the KV, `combine`. (`prepare_async` launches one more
+/// kernel, the check of the lengths and tables.)
+#[no_mangle]
+pub extern "C" fn fmha_kvcache_launcher_plan_json(
+    launcher: *const fmha_kvcache_launcher,
+    buffer: *mut c_char,
+    length: usize,
+    required: *mut usize,
+) -> fmha_status {
+    boundary(|| {
+        if required.is_null() {
+            return Err(Error::null("required"));
+        }
+        super::write_json(&launcher_ref(launcher)?.plan().to_json(), buffer, length, required)
     })
 }
 

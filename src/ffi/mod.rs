@@ -126,6 +126,15 @@ pub(crate) fn flag(value: i32, field: &str) -> Result<bool> {
     }
 }
 
+/// Hands a JSON text out the way every `fmha_*_json` function does: the full length (without NUL) into
+/// `*required`, the text into `buffer` as [`copy_c_string`] does (`buffer` may be NULL to ask for the
+/// length).
+pub(crate) fn write_json(json: &str, buffer: *mut std::ffi::c_char, length: usize, required: *mut usize) -> Result<()> {
+    write_out(required, "required", json.len())?;
+    copy_c_string(json, buffer, length);
+    Ok(())
+}
+
 /// Copies `text` into a caller buffer of `length` bytes as a NUL-terminated string, truncated to
 /// `length - 1` bytes. Nothing is written when `buffer` is null or `length` is 0.
 pub(crate) fn copy_c_string(text: &str, buffer: *mut std::ffi::c_char, length: usize) {

@@ -2,6 +2,7 @@
 
 use super::{FwdArgs, FwdTraits};
 use crate::error::Result;
+use crate::registry::{Operation, Plan, Stage};
 use crate::runtime::{self, Stream};
 
 /// Validates, selects the kernel instance for the current device and enqueues the forward on
@@ -10,4 +11,11 @@ pub fn run(traits: &FwdTraits, args: &FwdArgs, stream: Stream) -> Result<()> {
     let rt = runtime::current()?;
     let kargs = args.validate(traits, rt.arch()?)?;
     crate::launch::forward(&kargs, stream)
+}
+
+/// What [`run`] would launch for these arguments (validated as `run` validates them): one kernel.
+pub fn plan(traits: &FwdTraits, args: &FwdArgs) -> Result<Plan> {
+    let arch = runtime::current()?.arch()?;
+    let kargs = args.validate(traits, arch)?;
+    Ok(Plan { operation: Operation::Forward, arch, stages: vec![Stage::instance("fwd", kargs.instance)] })
 }

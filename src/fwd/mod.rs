@@ -5,5 +5,5 @@ pub mod launcher;
 pub mod traits;
 
 pub use args::FwdArgs;
-pub use launcher::run;
+pub use launcher::{plan, run};
 pub use traits::FwdTraits;

@@ -15,7 +15,7 @@ use crate::problem::paged::PoolLayout;
 use crate::problem::scale::ScaleGranularity;
 use crate::problem::split::{ceil_div, heuristic_max_splits, SplitPolicy};
 use crate::problem::MaskType;
-use crate::registry::{Instance, Operation, Request};
+use crate::registry::{Instance, Operation, Plan, Request, Stage};
 use crate::runtime::{self, Arch, CopyKind, DevicePtr, Stream};
 use crate::workspace::check_workspace_argument;
 
@@ -124,6 +124,16 @@ impl KvCacheLauncher {
     /// How this launcher splits the KV.
     pub fn split_policy(&self) -> SplitPolicy {
         self.workspace.policy
+    }
+
+    /// What [`run`](Self::run) launches: the attention and, when this launcher splits the KV, the
+    /// combine of the chunks' partial states (`launch_combine` in `hip/kvcache/kvcache.hip`).
+    pub fn plan(&self) -> Plan {
+        let mut stages = vec![Stage::instance("kvcache_fwd", self.instance)];
+        if self.split_policy().splits() {
+            stages.push(Stage::kernel("combine").with_note("merges the chunks' partial states into O and LSE"));
+        }
+        Plan { operation: Operation::KvCache, arch: self.instance.arch, stages }
     }
 
     /// Checks a workspace the prepare writes and `check` reads: not null, aligned, large enough

@@ -8,6 +8,9 @@ use crate::error::{Error, Result};
 use crate::problem::{CacheDtype, Dtype, Fp8Format};
 use crate::runtime::Arch;
 
+mod plan;
+pub use plan::{Plan, Stage};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Operation {
     Forward,
@@ -141,6 +144,32 @@ impl Instance {
             self.n0,
             self.arch.name(),
             self.pipeline
+        )
+    }
+
+    /// The instance as a JSON object: its name and every field that identifies the kernel.
+    pub fn to_json(&self) -> String {
+        format!(
+            "{{\"name\":\"{}\",\"operation\":\"{}\",\"arch\":\"{}\",\"dtype\":\"{}\",\"hdim_q\":{},\"hdim_v\":{},\
+             \"masked\":{},\"deterministic\":{},\"packed_gqa\":{},\"m0\":{},\"n0\":{},\"pipeline\":\"{}\",\
+             \"hdim_multiple\":{},\"vector_bytes\":{},\"max_input_row_stride\":{},\
+             \"max_grid_heads_and_batch\":{}}}",
+            self.name(),
+            self.operation.name(),
+            self.arch.name(),
+            self.dtype.name(),
+            self.hdim_q,
+            self.hdim_v,
+            self.masked,
+            self.deterministic,
+            self.packed_gqa,
+            self.m0,
+            self.n0,
+            self.pipeline,
+            self.hdim_multiple,
+            self.vector_bytes,
+            self.max_input_row_stride,
+            self.max_grid_heads_and_batch
         )
     }
 }
@@ -465,32 +494,7 @@ pub fn select(arch: Arch, request: &Request) -> Result<Instance> {
 
 /// The instance list as JSON (an array of objects), the seed of a dispatcher or benchmark tool.
 pub fn to_json(instances: &[Instance]) -> String {
-    let items: Vec<String> = instances
-        .iter()
-        .map(|i| {
-            format!(
-                "{{\"name\":\"{}\",\"operation\":\"{}\",\"arch\":\"{}\",\"dtype\":\"{}\",\"hdim_q\":{},\"hdim_v\":{},\
-                 \"masked\":{},\"deterministic\":{},\"m0\":{},\"n0\":{},\"pipeline\":\"{}\",\
-                 \"hdim_multiple\":{},\"vector_bytes\":{},\"max_input_row_stride\":{},\
-                 \"max_grid_heads_and_batch\":{}}}",
-                i.name(),
-                i.operation.name(),
-                i.arch.name(),
-                i.dtype.name(),
-                i.hdim_q,
-                i.hdim_v,
-                i.masked,
-                i.deterministic,
-                i.m0,
-                i.n0,
-                i.pipeline,
-                i.hdim_multiple,
-                i.vector_bytes,
-                i.max_input_row_stride,
-                i.max_grid_heads_and_batch
-            )
-        })
-        .collect();
+    let items: Vec<String> = instances.iter().map(Instance::to_json).collect();
     format!("[{}]", items.join(","))
 }
 
