@@ -12,6 +12,7 @@
 #                                 checks header_drift, kernel_abi and layers need the build tree and are
 #                                 left out)
 #         quickstart              the Rust example (varlen causal GQA forward + deterministic backward)
+#         fmha-bench              the benchmark tool (tools/fmha-bench), cuda backend
 #         00_version ... 04_*     the C examples, gcc -I include against libfmha.so.0, rpath $ORIGIN, -lm
 #         wheels/                 pytest and its pure-Python dependencies (the GPU machine has no registry)
 #         MANIFEST, BUILD_INFO    what is there and what it was built from (commit, date, toolchain)
@@ -66,6 +67,7 @@ cmd_build() {
 
     log "cargo build --release --features cuda (CARGO_TARGET_DIR=$target_dir, CUDA_HOME=$CUDA_HOME)"
     cargo build --release --features cuda --lib --example quickstart
+    cargo build --release -p fmha-bench --features cuda
 
     log "cargo test --release --features cuda --no-run"
     local messages
@@ -76,6 +78,7 @@ cmd_build() {
     mkdir -p "$devbuild/wheels"
     cp "$target_dir/release/libfmha.so" "$devbuild/libfmha.so.0"
     cp "$target_dir/release/examples/quickstart" "$devbuild/quickstart"
+    cp "$target_dir/release/fmha-bench" "$devbuild/fmha-bench"
     # Test executables by target name: integration tests by their file name, the lib's as "unittests".
     FMHA_GPU_TESTS=${FMHA_GPU_TESTS:-} python3 - "$messages" "$devbuild" <<'EOF'
 import json, os, shutil, sys
@@ -110,6 +113,7 @@ print("test executables:", " ".join(sorted(set(names))))
 EOF
     rm -f "$messages"
     echo "example quickstart" >>"$devbuild/MANIFEST"
+    echo "tool fmha-bench" >>"$devbuild/MANIFEST"
 
     log "C examples ($cc, -I include, rpath \$ORIGIN)"
     local src name

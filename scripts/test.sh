@@ -4,12 +4,14 @@
 #
 #   toolchains    scripts/setup-toolchains.sh (idempotent)
 #   fmt           cargo fmt --all --check
-#   clippy        cargo clippy --release --all-targets -- -D warnings
+#   clippy        cargo clippy --release --workspace --all-targets -- -D warnings (the library and tools/)
 #   cargo test    cargo test --release (Rust tests through the C ABI; include/fmha.h drift test)
 #   valgrind      the async-prepare lifetime tests and the releaser tests under valgrind
 #   AMD kernels   the gfx942/gfx950 forward, kv-cache and backward kernel sources run on the CPU
 #                 (tests/hip_emulation)
 #   quickstart    cargo run --release --example quickstart
+#   fmha-bench    cargo test --release -p fmha-bench: the smoke matrix through the CLI with --verify
+#                 (float64 reference), the CSV/JSON schema, filters, --list, bad arguments
 #   install       scripts/install.sh build/prefix; include/fmha.h == generated header; exports/soname
 #   C examples    c_examples/ via find_package(fmha), linked shared and static, run by ctest; and a
 #                 pkg-config build of 00_version.c (shared and static)
@@ -211,7 +213,7 @@ begin "fmt"
 cargo fmt --all --check
 
 begin "clippy"
-cargo clippy --release --all-targets -- -D warnings
+cargo clippy --release --workspace --all-targets -- -D warnings
 
 begin "cargo test"
 cargo test --release
@@ -240,6 +242,9 @@ done
 
 begin "quickstart"
 cargo run --release --example quickstart
+
+begin "fmha-bench (host)"
+cargo test --release -p fmha-bench
 
 begin "install (host)"
 scripts/install.sh "$build/prefix"

@@ -176,6 +176,26 @@ impl RefProblem {
         Ok(out)
     }
 
+    /// The forward's rows `rows` (`(q head, query row)` pairs) of batch `b`, in that order: O as
+    /// `[rows][dv]`, LSE as `[rows]`. For checking a sample of a problem too large to compute whole.
+    pub fn forward_rows(
+        &self,
+        b: usize,
+        (q, k, v): (&[f64], &[f64], &[f64]),
+        precision: Precision,
+        rows: &[(usize, usize)],
+    ) -> Result<RefForward> {
+        let x = self.batch(b, q, k, v)?;
+        let mut out = RefForward { o: Vec::with_capacity(rows.len() * self.hdim_v), lse: Vec::new() };
+        for &(h, i) in rows {
+            ensure(h < self.nhead_q && i < x.sq, "rows", || format!("({h}, {i}) is outside the batch"))?;
+            let (p, lse) = self.softmax_row(&x, precision, h, i);
+            out.o.extend(self.output_row(&x, precision, h, &p));
+            out.lse.push(lse);
+        }
+        Ok(out)
+    }
+
     /// Gradients of batch `b` for the output gradient `d_o` (`[hq][sq][dv]`): the forward is
     /// recomputed, then `D = rowsum(dO∘O)`, `dS = P∘(dO·Vᵀ − D)`, `dQ = scale·dS·K`,
     /// `dK = scale·dSᵀ·Q`, `dV = Pᵀ·dO`, with dK/dV summed over the q-heads of each K/V head.
@@ -392,6 +412,37 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// A sample of rows, in any order, equals those rows of the whole forward, in every precision.
+    #[test]
+    fn forward_rows_are_the_forwards_rows() {
+        let mut rng = Rng::fresh();
+        let seed = rng.0;
+        for case in 0..50 {
+            let p = RefProblem {
+                nhead_q: 4,
+                nhead_k: 2,
+                hdim_q: rng.size(1, 8),
+                hdim_v: rng.size(1, 8),
+                scale: 0.5,
+                mask: random_mask(&mut rng),
+                seqlens: vec![(rng.size(1, 9), rng.size(0, 9))],
+            };
+            let x = inputs(&p, 0, &mut rng, None);
+            let sq = p.seqlens[0].0;
+            let rows: Vec<(usize, usize)> = (0..6).map(|_| (rng.size(0, 3), rng.size(0, sq - 1))).collect();
+            for precision in [Precision::F64, Precision::LowPrecision(Dtype::Bf16)] {
+                let whole = p.forward(0, &x.q, &x.k, &x.v, precision).unwrap();
+                let some = p.forward_rows(0, (&x.q, &x.k, &x.v), precision, &rows).unwrap();
+                for (r, &(h, i)) in rows.iter().enumerate() {
+                    let at = h * sq + i;
+                    assert_eq!(some.lse[r].to_bits(), whole.lse[at].to_bits(), "seed {seed} case {case}");
+                    assert_eq!(some.o[r * p.hdim_v..][..p.hdim_v], whole.o[at * p.hdim_v..][..p.hdim_v]);
+                }
+            }
+            assert!(p.forward_rows(0, (&x.q, &x.k, &x.v), Precision::F64, &[(4, 0)]).is_err());
         }
     }
 
