@@ -154,6 +154,14 @@ func codecOf(t DType) codec {
 	}
 }
 
+func (c codec) encodeAll(values []float64) []uint16 {
+	out := make([]uint16, len(values))
+	for i, x := range values {
+		out[i] = c.encode(x)
+	}
+	return out
+}
+
 // device holds a case's buffers; close releases them.
 type device struct {
 	t       *testing.T

@@ -48,7 +48,7 @@ type Error struct {
 }
 
 func (e *Error) Error() string {
-	return fmt.Sprintf("%s: %v (%d): %s", e.Op, e.Status, int32(e.Status), e.Message)
+	return fmt.Sprintf("%s: %s (%d): %s", e.Op, e.Status.String(), int32(e.Status), e.Message)
 }
 
 // Unwrap gives the status, so that errors.Is(err, ErrUnsupported) matches.
