@@ -19,7 +19,7 @@
 #   fuzz          tests/fuzz/: fork-per-case fuzz of the C ABI with guard-paged buffers (targeted
 #                 forbidden inputs, valid layouts, random mutations), exit under load, a 16-thread
 #                 soak, and a valgrind sample (about 2.5 minutes; FMHA_FUZZ_SEED=N reproduces a run)
-#   Go            tests/go (cgo, pkg-config), go test
+#   Go            bindings/go/fmha (the Go module: cgo, pkg-config), go vet + go test
 #   cuda build    --features cuda into target/cuda: clippy, install into build/prefix-cuda, artifact
 #                 checks (sm_90a cubin, exports, soname), C examples and tests/c against it (no GPU here:
 #                 the device tests are skipped, the no-device paths are tested)
@@ -283,7 +283,7 @@ fi
 
 begin "Go (host)"
 (
-    cd tests/go
+    cd bindings/go/fmha
     export PKG_CONFIG_PATH=$build/prefix/lib/pkgconfig
     export LD_LIBRARY_PATH=$build/prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     export GOPROXY=off GOFLAGS=-mod=mod

@@ -1,0 +1,3 @@
+module github.com/fmha/fmha/bindings/go/fmha
+
+go 1.19

@@ -1,3 +1,0 @@
-module fmha_test
-
-go 1.19
