@@ -33,16 +33,17 @@ set(cargo_args rustc --manifest-path "${SOURCE_DIR}/Cargo.toml" --lib --profile 
 if(NOT FEATURES STREQUAL "")
   list(APPEND cargo_args --features "${FEATURES}")
 endif()
+# stdout: JSON messages (artifacts, build script output); stderr: the rendered compiler messages,
+# shown as they come and kept to find the native-static-libs note.
+list(APPEND cargo_args --crate-type cdylib,staticlib --message-format=json-render-diagnostics
+                       -- --print native-static-libs)
 file(MAKE_DIRECTORY "${STAGE_DIR}/lib" "${STAGE_DIR}/include")
 set(messages "${STAGE_DIR}/cargo-messages.json")
 
 list(JOIN cargo_args " " shown)
 message(STATUS "fmha: CARGO_TARGET_DIR=${TARGET_DIR} cargo ${shown}")
-# stdout: JSON messages (artifacts, build script output); stderr: the rendered compiler messages,
-# shown as they come and kept to find the native-static-libs note.
 execute_process(
-  COMMAND "${CARGO}" ${cargo_args} --crate-type cdylib,staticlib --message-format=json-render-diagnostics
-          -- --print native-static-libs
+  COMMAND "${CARGO}" ${cargo_args}
   WORKING_DIRECTORY "${SOURCE_DIR}"
   OUTPUT_FILE "${messages}"
   ERROR_VARIABLE cargo_stderr
@@ -52,45 +53,62 @@ if(NOT status EQUAL 0)
   message(FATAL_ERROR "fmha: cargo failed (${status}); its messages are above")
 endif()
 
+# json_strings(OUT JSON KEY): the strings of the array KEY of the object JSON, as a list.
+function(json_strings out json key)
+  set(values "")
+  string(JSON count LENGTH "${json}" ${key})
+  if(count GREATER 0)
+    math(EXPR last "${count} - 1")
+    foreach(i RANGE ${last})
+      string(JSON value GET "${json}" ${key} ${i})
+      list(APPEND values "${value}")
+    endforeach()
+  endif()
+  set(${out} "${values}" PARENT_SCOPE)
+endfunction()
+
 # The library's files and its build script's output directory (the generated header) and link
 # search paths, from cargo's JSON messages.
 set(shared_lib "")
 set(static_lib "")
 set(out_dir "")
 set(linked_paths "")
-file(STRINGS "${messages}" lines REGEX "\"reason\":\"(compiler-artifact|build-script-executed)\"")
-foreach(line IN LISTS lines)
+# One message a line, taken with string(FIND) rather than as a CMake list, which a [ or ; in a
+# path would split wrongly.
+file(READ "${messages}" rest)
+while(NOT rest STREQUAL "")
+  string(FIND "${rest}" "\n" end)
+  if(end EQUAL -1)
+    set(line "${rest}")
+    set(rest "")
+  else()
+    string(SUBSTRING "${rest}" 0 ${end} line)
+    math(EXPR end "${end} + 1")
+    string(SUBSTRING "${rest}" ${end} -1 rest)
+  endif()
+  if(NOT line MATCHES "\"reason\":\"(compiler-artifact|build-script-executed)\"")
+    continue()
+  endif()
   string(JSON reason GET "${line}" reason)
   if(reason STREQUAL "compiler-artifact")
-    string(JSON count LENGTH "${line}" filenames)
-    if(count GREATER 0)
-      math(EXPR last "${count} - 1")
-      foreach(i RANGE ${last})
-        string(JSON file GET "${line}" filenames ${i})
-        if(file MATCHES "/libfmha\\.so$")
-          set(shared_lib "${file}")
-        elseif(file MATCHES "/libfmha\\.a$")
-          set(static_lib "${file}")
-        endif()
-      endforeach()
-    endif()
+    json_strings(files "${line}" filenames)
+    foreach(file IN LISTS files)
+      if(file MATCHES "/libfmha\\.so$")
+        set(shared_lib "${file}")
+      elseif(file MATCHES "/libfmha\\.a$")
+        set(static_lib "${file}")
+      endif()
+    endforeach()
   else()
     string(JSON dir GET "${line}" out_dir)
     if(dir MATCHES "/build/fmha-[^/]*/out$")
       set(out_dir "${dir}")
-      set(linked_paths "")
-      string(JSON count LENGTH "${line}" linked_paths)
-      if(count GREATER 0)
-        math(EXPR last "${count} - 1")
-        foreach(i RANGE ${last})
-          string(JSON path GET "${line}" linked_paths ${i})
-          string(REGEX REPLACE "^[a-z]+=" "" path "${path}") # native=/dir, all=/dir, ...
-          list(APPEND linked_paths "${path}")
-        endforeach()
-      endif()
+      json_strings(paths "${line}" linked_paths)
+      list(TRANSFORM paths REPLACE "^[a-z]+=" "") # native=/dir, all=/dir, ...
+      set(linked_paths "${paths}")
     endif()
   endif()
-endforeach()
+endwhile()
 
 string(REGEX MATCHALL "native-static-libs: [^\n]*" notes "${cargo_stderr}")
 list(POP_BACK notes native_libs)
@@ -152,12 +170,11 @@ foreach(dir IN LISTS dep_dirs)
 endforeach()
 list(APPEND static_flags ${native_flags})
 
-# Stage the files. A library is copied only when cargo rebuilt it (newer than the staged copy), so
-# that consumers relink only then; the copy gets a new time stamp, the symlinks point into lib/.
+# Stage the files. Compared by content, not time: a switch of profile, backend or target directory
+# may stage an older build; an unchanged file keeps its time stamp, so consumers relink only when
+# the library changed.
 function(stage from to)
-  if("${from}" IS_NEWER_THAN "${to}")
-    execute_process(COMMAND "${CMAKE_COMMAND}" -E copy "${from}" "${to}" COMMAND_ERROR_IS_FATAL ANY)
-  endif()
+  execute_process(COMMAND "${CMAKE_COMMAND}" -E copy_if_different "${from}" "${to}" COMMAND_ERROR_IS_FATAL ANY)
 endfunction()
 stage("${shared_lib}" "${STAGE_DIR}/lib/libfmha.so.${VERSION}")
 stage("${static_lib}" "${STAGE_DIR}/lib/libfmha.a")
