@@ -16,10 +16,10 @@
 # CARGO_TARGET_DIR is honoured (use one per backend, e.g. target/cuda; default: target/). The script
 # is idempotent: it replaces a previous installation of fmha in PREFIX.
 #
-# It is a wrapper around the root CMakeLists.txt: configure (Release, FMHA_BACKEND from --features),
-# build (cargo), `cmake --install --prefix PREFIX`, in a temporary build directory. How the static
-# library's native dependencies (fmha::static's link interface, fmha.pc's Libs.private) are found:
-# cmake/cargo-build.cmake.
+# A wrapper around the root CMakeLists.txt (CMake 3.19 or newer): configure (Release, FMHA_BACKEND
+# from --features), build (cargo), `cmake --install --prefix PREFIX`, in a temporary build
+# directory. How the static library's native dependencies (fmha::static's link interface, fmha.pc's
+# Libs.private) are found: cmake/cargo-build.cmake.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
