@@ -13,17 +13,13 @@
 #                    The GPU builds read CUDA_HOME / FMHA_CUDA_ARCHS, ROCM_PATH / FMHA_HIP_ARCHS /
 #                    FMHA_HIP_CXX like `cargo build` does (see README.md).
 #
-# CARGO_TARGET_DIR is honoured (use one per backend, e.g. target/cuda). The script is idempotent: it
-# replaces a previous installation of fmha in PREFIX.
+# CARGO_TARGET_DIR is honoured (use one per backend, e.g. target/cuda; default: target/). The script
+# is idempotent: it replaces a previous installation of fmha in PREFIX.
 #
-# How the static library's native dependencies are found: the library is built with
-#   cargo rustc --release --lib --crate-type cdylib,staticlib -- --print native-static-libs
-# rustc then prints the linker flags a static link of libfmha.a needs (e.g. for the host backend
-# `-lgcc_s -lutil -lrt -lpthread -lm -ldl -lc`; cuda adds `-ldl -lrt -lpthread`, rocm `-lamdhip64
-# -lstdc++`). Cargo replays that note when the build is already fresh. The flags go into
-# fmha::static's INTERFACE_LINK_LIBRARIES and fmha.pc's Libs.private. Directories of those libraries
-# outside the linker's default paths (e.g. /opt/rocm/lib), taken from the build script's
-# rustc-link-search lines, are added as -L flags.
+# A wrapper around the root CMakeLists.txt (CMake 3.19 or newer): configure (Release, FMHA_BACKEND
+# from --features), build (cargo), `cmake --install --prefix PREFIX`, in a temporary build
+# directory. How the static library's native dependencies (fmha::static's link interface, fmha.pc's
+# Libs.private) are found: cmake/cargo-build.cmake.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -46,116 +42,45 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -n "$prefix" ]] || { echo "install.sh: PREFIX is required" >&2; usage 2; }
 
+# fmha's only features are its backends (FMHA_BACKEND of the CMake project).
+backend=host
+IFS=',' read -r -a feature_list <<<"$features"
+for feature in "${feature_list[@]}"; do
+    case "$feature" in
+        "") ;;
+        cuda | rocm)
+            [[ "$backend" == host || "$backend" == "$feature" ]] ||
+                { echo "install.sh: --features cuda and rocm are mutually exclusive" >&2; exit 2; }
+            backend=$feature ;;
+        *) echo "install.sh: unknown feature '$feature' in --features (fmha has cuda and rocm)" >&2; exit 2 ;;
+    esac
+done
+
 mkdir -p "$prefix"
 prefix=$(cd "$prefix" && pwd -P) # absolute, relative to the caller's directory
-cd "$repo"
 
-backend=host
-case ",$features," in
-    *,cuda,*) backend=cuda ;;
-    *,rocm,*) backend=rocm ;;
-esac
+# Cargo's default, and a relative CARGO_TARGET_DIR is relative to the repository as cargo run there
+# takes it: the stages of scripts/test.sh and earlier installs share their builds.
+target_dir=${CARGO_TARGET_DIR:-target}
+[[ "$target_dir" == /* ]] || target_dir=$repo/$target_dir
 
-# The package version, from Cargo.toml's [package] section.
-version=$(sed -n '/^\[package\]/,/^\[/s/^version *= *"\([^"]*\)".*/\1/p' Cargo.toml | head -n 1)
-[[ -n "$version" ]] || { echo "install.sh: cannot read the version from Cargo.toml" >&2; exit 1; }
+build=$(mktemp -d)
+trap 'rm -rf "$build"' EXIT
 
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-
-cargo_args=(--release --lib --color never)
-[[ -n "$features" ]] && cargo_args+=(--features "$features")
-
-echo "install.sh: building fmha $version ($backend backend${features:+, features $features})"
-# stdout: JSON messages (artifacts, build script output); stderr: the rendered compiler messages,
-# shown as they come and kept to find the native-static-libs note.
-cargo rustc "${cargo_args[@]}" --crate-type cdylib,staticlib --message-format=json-render-diagnostics \
-    -- --print native-static-libs 2>&1 >"$work/messages.json" | tee "$work/stderr.log" >&2
-
-json_strings() { # json_strings KEY FILE: the string values of a "KEY":[...] array on matching lines
-    grep -o "\"$1\":\[[^]]*\]" "$2" | sed "s/^\"$1\":\[//; s/\]\$//" | tr ',' '\n' | sed 's/^"//; s/"$//' | sed '/^$/d'
-}
-
-shared_lib=$(grep '"reason":"compiler-artifact"' "$work/messages.json" | grep -o '"[^"]*/libfmha\.so"' | tail -n 1 | tr -d '"')
-static_lib=$(grep '"reason":"compiler-artifact"' "$work/messages.json" | grep -o '"[^"]*/libfmha\.a"' | tail -n 1 | tr -d '"')
-grep '"reason":"build-script-executed"' "$work/messages.json" | grep '/build/fmha-' >"$work/build-script.json" || true
-out_dir=$(grep -o '"out_dir":"[^"]*"' "$work/build-script.json" | tail -n 1 | sed 's/^"out_dir":"//; s/"$//')
-header="$out_dir/fmha.h"
-native_libs=$(sed -n 's/.*native-static-libs: //p' "$work/stderr.log" | tail -n 1)
-
-for what in shared_lib static_lib out_dir native_libs; do
-    if [[ -z "${!what}" ]]; then
-        echo "install.sh: could not determine $what from cargo's output" >&2
-        exit 1
-    fi
-done
-[[ -f "$header" ]] || { echo "install.sh: the generated header $header is missing" >&2; exit 1; }
-if [[ -f include/fmha.h ]] && ! cmp -s "$header" include/fmha.h; then
-    echo "install.sh: warning: include/fmha.h differs from the generated header; installing the generated one" >&2
-    echo "            (refresh it: cp '$header' include/fmha.h)" >&2
-fi
-
-soname=$(readelf -d "$shared_lib" | sed -n 's/.*Library soname: \[\(.*\)\].*/\1/p')
-[[ "$soname" == libfmha.so.* ]] || { echo "install.sh: unexpected soname '$soname' of $shared_lib" >&2; exit 1; }
-
-# -L for the directories (from the build script's link-search lines) that hold a library named by
-# native_libs and are not a default linker path nor a build directory.
-target_dir=$(dirname "$(dirname "$shared_lib")")
-dep_dirs=()
-while IFS= read -r path; do
-    path=${path#*=}
-    case "$path" in
-        "$target_dir"/* | /lib | /lib64 | /usr/lib | /usr/lib64 | /lib/x86_64-linux-gnu | /usr/lib/x86_64-linux-gnu) continue ;;
-    esac
-    for flag in $native_libs; do
-        if [[ "$flag" == -l* ]] && compgen -G "$path/lib${flag#-l}.so*" >/dev/null; then
-            dep_dirs+=("$path")
-            break
-        fi
-    done
-done < <(json_strings linked_paths "$work/build-script.json")
-
-static_flags=()
-for dir in "${dep_dirs[@]}"; do static_flags+=("-L$dir"); done
-for flag in $native_libs; do static_flags+=("$flag"); done
-static_text="${static_flags[*]}"
-static_cmake=$(IFS=';'; echo "${static_flags[*]}")
-dep_dirs_cmake=$(IFS=';'; echo "${dep_dirs[*]}")
-
-render() { # render TEMPLATE OUTPUT
-    sed -e "s|@PREFIX@|$prefix|g" \
-        -e "s|@FMHA_VERSION@|$version|g" \
-        -e "s|@FMHA_BACKEND@|$backend|g" \
-        -e "s|@FMHA_FEATURES@|$features|g" \
-        -e "s|@FMHA_SONAME@|$soname|g" \
-        -e "s|@FMHA_STATIC_LIBS_TEXT@|$static_text|g" \
-        -e "s|@FMHA_STATIC_LIBS_CMAKE@|$static_cmake|g" \
-        -e "s|@FMHA_DEP_LIB_DIRS_CMAKE@|$dep_dirs_cmake|g" \
-        "$1" >"$2.tmp"
-    if grep -n '@[A-Z_]*@' "$2.tmp" >&2; then
-        echo "install.sh: unsubstituted placeholders in $2" >&2
-        exit 1
-    fi
-    mv "$2.tmp" "$2"
-    chmod 0644 "$2"
-}
-
-install -d "$prefix/include" "$prefix/lib/cmake/fmha" "$prefix/lib/pkgconfig"
+echo "install.sh: building fmha ($backend backend${features:+, features $features})"
+cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DFMHA_BACKEND="$backend" \
+    -DFMHA_CARGO_TARGET_DIR="$target_dir"
+cmake --build "$build"
 rm -f "$prefix"/lib/libfmha.so "$prefix"/lib/libfmha.so.* "$prefix/lib/libfmha.a"
-install -m 0755 "$shared_lib" "$prefix/lib/libfmha.so.$version"
-ln -sfn "libfmha.so.$version" "$prefix/lib/$soname"
-ln -sfn "$soname" "$prefix/lib/libfmha.so"
-install -m 0644 "$static_lib" "$prefix/lib/libfmha.a"
-install -m 0644 "$header" "$prefix/include/fmha.h"
-render "$repo/cmake/fmhaConfig.cmake.in" "$prefix/lib/cmake/fmha/fmhaConfig.cmake"
-render "$repo/cmake/fmhaConfigVersion.cmake.in" "$prefix/lib/cmake/fmha/fmhaConfigVersion.cmake"
-render "$repo/cmake/fmha.pc.in" "$prefix/lib/pkgconfig/fmha.pc"
+cmake --install "$build" --prefix "$prefix"
 
-cat <<EOF
+pc=$prefix/lib/pkgconfig/fmha.pc
+version=$(sed -n 's/^Version: //p' "$pc")
+cat <<EOT
 install.sh: installed fmha $version ($backend backend) into $prefix
-  library   lib/libfmha.so.$version (soname $soname), lib/libfmha.a
-  static    links with: $static_text
+  library   lib/libfmha.so.$version (soname $(readlink "$prefix/lib/libfmha.so")), lib/libfmha.a
+  static    links with: $(sed -n 's/^Libs.private: //p' "$pc")
   CMake     -DCMAKE_PREFIX_PATH=$prefix   then find_package(fmha CONFIG REQUIRED)
   pkg-config PKG_CONFIG_PATH=$prefix/lib/pkgconfig pkg-config --cflags --libs fmha
   run time  LD_LIBRARY_PATH=$prefix/lib (or an rpath) for programs linked to the shared library
-EOF
+EOT

@@ -20,6 +20,8 @@
 #                 forbidden inputs, valid layouts, random mutations), exit under load, a 16-thread
 #                 soak, and a valgrind sample (about 2.5 minutes; FMHA_FUZZ_SEED=N reproduces a run)
 #   Go            bindings/go/fmha (the Go module: cgo, pkg-config), go vet + go test
+#   CMake superbuild  tests/cmake/: fmha through the root CMakeLists.txt by add_subdirectory and by
+#                 FetchContent, 00_version.c linked to fmha::shared, fmha::static and fmha::fmha
 #   cuda build    --features cuda into target/cuda: clippy, install into build/prefix-cuda, artifact
 #                 checks (sm_90a cubin, exports, soname), C examples and tests/c against it (no GPU here:
 #                 the device tests are skipped, the no-device paths are tested)
@@ -293,6 +295,20 @@ begin "Go (host)"
     go vet ./...
     go test -count=1 -v ./...
 )
+
+begin "CMake superbuild (add_subdirectory, FetchContent)"
+# The root CMakeLists.txt drives cargo in the target directory of the stages above (the library
+# is fresh there); the static build must not need libfmha.so.
+for mode in add_subdirectory fetchcontent; do
+    note "$mode"
+    cmake_project tests/cmake "$build/host/cmake_$mode" "" -DFMHA_TEST_MODE="$mode" \
+        -DFMHA_CARGO_TARGET_DIR="$(realpath -m "${CARGO_TARGET_DIR:-target}")"
+    run_ctest "$build/host/cmake_$mode"
+    if readelf -d "$build/host/cmake_$mode/version_static" | grep -q 'libfmha\.so'; then
+        echo "test.sh: the static build of tests/cmake ($mode) depends on libfmha.so" >&2
+        exit 1
+    fi
+done
 
 if [[ $skip_gpu -eq 0 ]]; then
     begin "cuda build (compile only)"
