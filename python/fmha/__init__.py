@@ -4,6 +4,7 @@ with flash-attn's names and semantics.
     import fmha
     out = fmha.flash_attn_func(q, k, v, causal=True)                     # q [b, s, h, d], k/v [b, s_k, h_k, d]
     out = fmha.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k)  # [total, h, d], int32 cu_seqlens
+    out = fmha.flash_attn_qkvpacked_func(qkv, causal=True)    # qkv [b, s, 3, h, d]; kv [b, s_k, 2, h_k, d] etc.
     out = fmha.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens, page_table=table)
     wrapper = fmha.BatchPrefillWithPagedKVCacheWrapper(kv_layout="NHD")   # flashinfer's paged prefill
     wrapper.plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, h, h_k, d, page_size, causal=True)
@@ -82,7 +83,11 @@ from .ops import (  # noqa: F401
     attention,
     clear_launcher_cache,
     flash_attn_func,
+    flash_attn_kvpacked_func,
+    flash_attn_qkvpacked_func,
     flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
     launcher_cache_info,
     registry_supports,
 )
@@ -99,7 +104,11 @@ __all__ = [
     "clear_launcher_cache",
     "cu_count",
     "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
     "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
     "flash_attn_with_kvcache",
     "launcher_cache_info",
     "load_kernels",
