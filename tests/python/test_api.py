@@ -2,7 +2,6 @@
 handling, refused features, launcher caching and concurrent use."""
 
 import ctypes
-import inspect
 import threading
 
 import pytest
@@ -103,35 +102,6 @@ def test_dropout_softcap_alibi_refused():
     out = call_or_skip(lambda: fmha.flash_attn_func(q, q, q, dropout_p=0.0), op="fwd", dtype=q.dtype, hdim_q=64,
                        hdim_v=64, masked=False)
     assert out.shape == q.shape
-
-
-# flash-attn 2.7's public signatures (flash_attn/flash_attn_interface.py): name, default (EMPTY: none), in order.
-EMPTY = inspect.Parameter.empty
-FLASH_ATTN_SIGNATURES = {
-    "flash_attn_func": [
-        ("q", EMPTY), ("k", EMPTY), ("v", EMPTY), ("dropout_p", 0.0), ("softmax_scale", None), ("causal", False),
-        ("window_size", (-1, -1)), ("softcap", 0.0), ("alibi_slopes", None), ("deterministic", False),
-        ("return_attn_probs", False),
-    ],
-    "flash_attn_varlen_func": [
-        ("q", EMPTY), ("k", EMPTY), ("v", EMPTY), ("cu_seqlens_q", EMPTY), ("cu_seqlens_k", EMPTY),
-        ("max_seqlen_q", EMPTY), ("max_seqlen_k", EMPTY), ("dropout_p", 0.0), ("softmax_scale", None),
-        ("causal", False), ("window_size", (-1, -1)), ("softcap", 0.0), ("alibi_slopes", None),
-        ("deterministic", False), ("return_attn_probs", False), ("block_table", None),
-    ],
-}
-
-
-@pytest.mark.parametrize("name", sorted(FLASH_ATTN_SIGNATURES))
-def test_signatures_match_flash_attn(name):
-    """Names, order, defaults and kinds: a caller passing flash-attn's arguments positionally gets the same
-    meaning (a positional softcap must not land on `deterministic`); FA3's fp8 descales follow as keywords."""
-    params = list(inspect.signature(getattr(fmha, name)).parameters.values())
-    positional = [p for p in params if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD]
-    keywords = [p for p in params if p.kind == inspect.Parameter.KEYWORD_ONLY]
-    assert [(p.name, p.default) for p in positional] == FLASH_ATTN_SIGNATURES[name]
-    assert [(p.name, p.default) for p in keywords] == [("q_descale", None), ("k_descale", None), ("v_descale", None)]
-    assert len(positional) + len(keywords) == len(params)
 
 
 def test_positional_softcap_is_softcap():
