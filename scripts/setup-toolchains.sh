@@ -3,7 +3,8 @@
 #
 #   apt:  clang-22 lld-22 llvm-22 (HIP device code for gfx942/gfx950), libamdhip64-dev (HIP host
 #         runtime to link against), cmake, golang-go, pkg-config, valgrind; plus g++, binutils,
-#         python3-pip when missing (C++ tests, artifact checks, the pip step below)
+#         python3-pip, python3-venv when missing (C++ tests, artifact checks, the pip step below, the
+#         Python wheel's venv)
 #   pip:  the CUDA 13.0 compiler and runtime wheels (nvcc, cicc, ptxas, cudart, CCCL) and
 #         cuobjdump 13.2 into .toolchains/cuda (git-ignored); no GPU and no system CUDA needed
 #   rustup components rustfmt and clippy, when rustup manages the toolchain
@@ -56,8 +57,8 @@ as_root() {
 # --- apt -------------------------------------------------------------------------------------------
 apt_packages=(clang-22 lld-22 llvm-22 libamdhip64-dev cmake golang-go pkg-config valgrind)
 # Helpers, installed without their recommendations: a C++ compiler for the tests' C++ builds,
-# binutils for the artifact checks, pip for the CUDA wheels.
-helper_packages=(g++ binutils ca-certificates python3 python3-pip)
+# binutils for the artifact checks, pip for the CUDA wheels, venv for the Python wheel's test.
+helper_packages=(g++ binutils ca-certificates python3 python3-pip python3-venv)
 
 missing_packages() { # prints the packages of "$@" that dpkg does not report as installed
     local p
@@ -75,11 +76,14 @@ elif ! command -v dpkg-query >/dev/null 2>&1; then
 else
     mapfile -t missing < <(missing_packages "${apt_packages[@]}")
     mapfile -t missing_helpers < <(missing_packages "${helper_packages[@]}")
-    # A working pip from elsewhere (pyenv, a venv) is fine: no need for Debian's.
+    # A working pip from elsewhere (pyenv, a venv) is fine: no need for Debian's; nor for python3-venv
+    # where venv can bootstrap pip (Debian's python3 has ensurepip only with python3-venv).
     if python3 -m pip --version >/dev/null 2>&1; then
         kept=()
         for p in "${missing_helpers[@]}"; do
-            [[ "$p" == python3 || "$p" == python3-pip ]] || kept+=("$p")
+            [[ "$p" == python3 || "$p" == python3-pip ]] && continue
+            [[ "$p" == python3-venv ]] && python3 -c 'import ensurepip' >/dev/null 2>&1 && continue
+            kept+=("$p")
         done
         missing_helpers=("${kept[@]}")
     fi

@@ -22,6 +22,9 @@
 #   Go            bindings/go/fmha (the Go module: cgo, pkg-config), go vet + go test
 #   CMake superbuild  tests/cmake/: fmha through the root CMakeLists.txt by add_subdirectory and by
 #                 FetchContent, 00_version.c linked to fmha::shared, fmha::static and fmha::fmha
+#   Python wheel  pip wheel . (setuptools-rust, libfmha inside), installed into a fresh venv under build/;
+#                 there, without FMHA_LIBRARY and without PyTorch (not installable here): the package
+#                 finds its library, version and backend, and the flash-attn signature tests
 #   cuda build    --features cuda into target/cuda: clippy, install into build/prefix-cuda, artifact
 #                 checks (sm_90a cubin, exports, soname), C examples and tests/c against it (no GPU here:
 #                 the device tests are skipped, the no-device paths are tested)
@@ -309,6 +312,33 @@ for mode in add_subdirectory fetchcontent; do
         exit 1
     fi
 done
+
+begin "Python wheel (host)"
+# As a user installs it: the wheel built by pip (cargo builds libfmha into it) and installed into a fresh
+# venv; the tests that need no PyTorch run against the installed package, outside the source tree.
+wheel_dir=$build/python-wheel
+rm -rf "$wheel_dir"
+python3 -m venv "$wheel_dir/venv"
+venv_python=$wheel_dir/venv/bin/python
+"$venv_python" -m pip install --quiet --disable-pip-version-check pytest
+"$venv_python" -m pip wheel --disable-pip-version-check --no-deps -w "$wheel_dir/dist" .
+wheel=$(ls "$wheel_dir"/dist/*.whl)
+if [[ $(basename "$wheel") != fmha-*-abi3-linux_*.whl ]]; then
+    echo "test.sh: expected one fmha platform wheel (abi3, linux), got: $wheel" >&2
+    exit 1
+fi
+note "$(basename "$wheel"):"
+"$venv_python" -m zipfile -l "$wheel"
+"$venv_python" -m pip install --quiet --disable-pip-version-check --no-deps "$wheel"
+(
+    cd "$wheel_dir"
+    unset FMHA_LIBRARY
+    export FMHA_TEST_INSTALLED=1
+    "$venv_python" -c 'import fmha; assert fmha.backend_name() == "host", fmha.backend_name(); print(
+        f"--- fmha {fmha.version()}, backend {fmha.backend_name()}, library {fmha.library_path()}")'
+    "$venv_python" -m pytest -q -p no:cacheprovider "$repo/tests/python/test_package.py" \
+        "$repo/tests/python/test_signatures.py"
+)
 
 if [[ $skip_gpu -eq 0 ]]; then
     begin "cuda build (compile only)"

@@ -6,7 +6,9 @@ Nothing here knows about PyTorch; :mod:`fmha.ops` builds on it.
 Library lookup, first match wins:
 
 1. ``$FMHA_LIBRARY`` (a path to ``libfmha.so``/``libfmha.so.0``; an error if it does not load);
-2. ``libfmha.so.0`` or ``libfmha.so`` inside this package's folder, then in the folder above it;
+2. inside this package's folder ``libfmha.abi3.so`` (what the wheel ships: setuptools-rust names the cdylib
+   like an extension module, ``setup.py``), ``libfmha.so.0`` or ``libfmha.so``; then the last two in the
+   folder above it;
 3. the system loader (``LD_LIBRARY_PATH``, ``ldconfig``): ``libfmha.so.0``, then ``libfmha.so``.
 """
 
@@ -414,8 +416,11 @@ def _candidates():
         return [env], True
     here = os.path.dirname(os.path.abspath(__file__))
     paths = []
-    for folder in (here, os.path.dirname(here)):
-        for name in ("libfmha.so.0", "libfmha.so"):
+    for folder, names in (
+        (here, ("libfmha.abi3.so", "libfmha.so.0", "libfmha.so")),
+        (os.path.dirname(here), ("libfmha.so.0", "libfmha.so")),
+    ):
+        for name in names:
             path = os.path.join(folder, name)
             if os.path.exists(path):
                 paths.append(path)
@@ -446,8 +451,9 @@ def library() -> ctypes.CDLL:
             hint = (
                 "FMHA_LIBRARY is set but does not load"
                 if from_env
-                else "set FMHA_LIBRARY to the path of libfmha.so (e.g. target/release/libfmha.so), put "
-                "libfmha.so.0 next to the fmha package, or add its folder to LD_LIBRARY_PATH"
+                else "install the package with its library (pip install . in fmha's repository), set "
+                "FMHA_LIBRARY to the path of libfmha.so (e.g. target/release/libfmha.so), put libfmha.so.0 next "
+                "to the fmha package, or add its folder to LD_LIBRARY_PATH"
             )
             raise OSError(f"fmha: cannot load libfmha ({hint}); tried: " + "; ".join(errors))
         for name, (restype, argtypes) in _PROTOTYPES.items():

@@ -766,6 +766,16 @@ def _refuse_unsupported(dropout_p, softcap, alibi_slopes):
         raise NotImplementedError("fmha: alibi_slopes are not supported yet")
 
 
+def _flash_result(out, lse, q, return_attn_probs):
+    """flash-attn's return convention: ``out``, or ``(out, softmax_lse, S_dmask)``. flash-attn fills S_dmask
+    only with dropout (its kernels get ``return_softmax and dropout_p > 0``); otherwise it is the empty
+    ``torch.empty((0,))`` of q's dtype and device that flash-attn's C++ returns. fmha refuses dropout, so
+    S_dmask is always that empty tensor."""
+    if not return_attn_probs:
+        return out
+    return out, lse, q.new_empty((0,))
+
+
 def _fp8_forward(q, k, v, descales, **kwargs):
     """The fp8 forward (inference: fmha has no fp8 backward, so nothing is recorded for autograd)."""
     if any(t.requires_grad for t in (q, k, v)):
@@ -798,10 +808,11 @@ def flash_attn_func(
 
     ``causal`` is aligned to the bottom-right corner (flash-attn's convention); ``window_size = (left,
     right)`` with -1 = unbounded, combined with causal as flash-attn does. Returns ``out`` ``[b, s_q, h,
-    d_v]``, or ``(out, lse, None)`` with ``return_attn_probs=True`` (``lse`` ``[b, h, s_q]`` fp32 natural log;
-    a fully masked row has ``lse = -inf`` where flash-attn reports ``+inf``). ``deterministic`` selects the
-    bitwise reproducible backward. dK/dV come back with ``h_k`` heads. ``dropout_p > 0``, ``softcap != 0``
-    and ``alibi_slopes`` raise ``NotImplementedError``.
+    d_v]``, or ``(out, softmax_lse, S_dmask)`` with ``return_attn_probs=True`` (``softmax_lse`` ``[b, h, s_q]``
+    fp32 natural log, a fully masked row has ``-inf`` where flash-attn reports ``+inf``; ``S_dmask`` is
+    ``torch.empty((0,))`` of q's dtype and device, which is what flash-attn returns without dropout).
+    ``deterministic`` selects the bitwise reproducible backward. dK/dV come back with ``h_k`` heads.
+    ``dropout_p > 0``, ``softcap != 0`` and ``alibi_slopes`` raise ``NotImplementedError``.
     """
     _refuse_unsupported(dropout_p, softcap, alibi_slopes)
     if not isinstance(q, torch.Tensor) or q.dim() != 4 or not isinstance(k, torch.Tensor) or k.dim() != 4:
@@ -817,7 +828,7 @@ def flash_attn_func(
         out, lse = FmhaAttnFunc.apply(
             q, k, v, None, None, None, None, softmax_scale, mask_type, left, right, bool(deterministic)
         )
-    return (out, lse, None) if return_attn_probs else out
+    return _flash_result(out, lse, q, return_attn_probs)
 
 
 def flash_attn_varlen_func(
@@ -846,7 +857,8 @@ def flash_attn_varlen_func(
     k/v ``[total_k, h_k, d]``, int32 ``cu_seqlens_q/k`` ``[batch + 1]`` on the tensors' device
     (``cu_seqlens[-1]`` must equal the total rows), ``max_seqlen_q/k`` host ints (upper bounds of the
     per-sequence lengths). Zero-length sequences are allowed. Returns ``out`` ``[total_q, h, d_v]`` or
-    ``(out, lse, None)`` with ``lse`` ``[h, total_q]`` fp32. Masks per sequence as :func:`flash_attn_func`.
+    ``(out, softmax_lse, S_dmask)`` with ``softmax_lse`` ``[h, total_q]`` fp32 and S_dmask as
+    :func:`flash_attn_func`. Masks per sequence as :func:`flash_attn_func`.
     The backward prepares its workspace on the current stream from the device cu_seqlens: no host
     synchronization. ``block_table`` (a paged KV cache) raises ``NotImplementedError``. fp8 inputs and
     their descales (``(batch, h_k)``) as :func:`flash_attn_func`.
@@ -866,7 +878,110 @@ def flash_attn_varlen_func(
             q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), softmax_scale, mask_type,
             left, right, bool(deterministic)
         )
-    return (out, lse, None) if return_attn_probs else out
+    return _flash_result(out, lse, q, return_attn_probs)
+
+
+def _unpack(name, packed, count, varlen):
+    """flash-attn's packed ``qkv`` / ``kv`` → ``count`` views along the packing dim, no copies. A gradient
+    reaches the packed tensor through autograd's ``unbind``, which writes the views' gradients into one
+    tensor of the packed shape."""
+    _require_tensor(name, packed)
+    heads = "nheads" if count == 3 else "nheads_k"
+    layout = f"[total, {count}, {heads}, head_dim]" if varlen else f"[batch, seqlen, {count}, {heads}, head_dim]"
+    dim = 1 if varlen else 2
+    if packed.dim() != dim + 3 or packed.shape[dim] != count:
+        raise ValueError(f"fmha: {name} must be {layout}, got shape {tuple(packed.shape)}")
+    return packed.unbind(dim)
+
+
+def flash_attn_qkvpacked_func(
+    qkv,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """flash-attn's ``flash_attn_qkvpacked_func``: :func:`flash_attn_func` on ``qkv`` ``[b, s, 3, h, d]``
+    (q, k, v are views of it, no copies; the gradient comes back as one ``dqkv`` of qkv's shape). Returns
+    and refusals as :func:`flash_attn_func`."""
+    q, k, v = _unpack("qkv", qkv, 3, varlen=False)
+    return flash_attn_func(
+        q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs
+    )
+
+
+def flash_attn_kvpacked_func(
+    q,
+    kv,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """flash-attn's ``flash_attn_kvpacked_func``: :func:`flash_attn_func` on q ``[b, s_q, h, d]`` and ``kv``
+    ``[b, s_k, 2, h_k, d]`` (views, no copies; one ``dkv`` of kv's shape). Returns and refusals as
+    :func:`flash_attn_func`."""
+    k, v = _unpack("kv", kv, 2, varlen=False)
+    return flash_attn_func(
+        q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs
+    )
+
+
+def flash_attn_varlen_qkvpacked_func(
+    qkv,
+    cu_seqlens,
+    max_seqlen,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """flash-attn's ``flash_attn_varlen_qkvpacked_func``: :func:`flash_attn_varlen_func` on ``qkv`` ``[total,
+    3, h, d]`` with one ``cu_seqlens`` / ``max_seqlen`` for queries and keys (views, no copies; one ``dqkv``).
+    Returns and refusals as :func:`flash_attn_varlen_func`."""
+    q, k, v = _unpack("qkv", qkv, 3, varlen=True)
+    return flash_attn_varlen_func(
+        q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale, causal, window_size,
+        softcap, alibi_slopes, deterministic, return_attn_probs
+    )
+
+
+def flash_attn_varlen_kvpacked_func(
+    q,
+    kv,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """flash-attn's ``flash_attn_varlen_kvpacked_func``: :func:`flash_attn_varlen_func` on q ``[total_q, h,
+    d]`` and ``kv`` ``[total_k, 2, h_k, d]`` (views, no copies; one ``dkv``). Returns and refusals as
+    :func:`flash_attn_varlen_func`."""
+    k, v = _unpack("kv", kv, 2, varlen=True)
+    return flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
+        window_size, softcap, alibi_slopes, deterministic, return_attn_probs
+    )
 
 
 # --- registry queries ---------------------------------------------------------------------------------
@@ -907,7 +1022,11 @@ __all__ = [
     "attention",
     "clear_launcher_cache",
     "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
     "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
     "launcher_cache_info",
     "registry_supports",
 ]

@@ -1,0 +1,51 @@
+"""Builds the fmha wheel: python/fmha/ with the crate's cdylib (libfmha) inside, which fmha._lib loads with
+ctypes.
+
+setuptools-rust rather than maturin: fmha binds the C ABI with ctypes, so the wheel needs the bare cdylib
+next to the package, which is setuptools-rust's ``Binding.NoBinding``; maturin's modes generate their own
+Python side (pyo3, cffi, uniffi) or ship executables (bin). setuptools-rust names the library like an
+extension module; the wheel is built for the stable ABI (``py_limited_api``), so the file is
+``fmha/libfmha.abi3.so`` (which fmha._lib looks for) and the wheel is tagged ``cp39-abi3-<platform>``: one
+wheel for every CPython >= 3.9 on the platform (the library does not use Python's C API at all).
+
+FMHA_BACKEND=host|cuda|rocm (default host) picks the backend, i.e. the cargo feature; the GPU backends
+need their toolchains as for ``cargo build --features cuda|rocm`` (README). The version is Cargo.toml's.
+"""
+
+import os
+import sys
+
+from setuptools import setup
+from setuptools_rust import Binding, RustExtension
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BACKEND_FEATURES = {"host": [], "cuda": ["cuda"], "rocm": ["rocm"]}
+
+backend = os.environ.get("FMHA_BACKEND") or "host"
+if backend not in BACKEND_FEATURES:
+    raise SystemExit(
+        f"fmha: FMHA_BACKEND={backend!r} is not a backend; set FMHA_BACKEND to one of "
+        f"{', '.join(BACKEND_FEATURES)} (or leave it unset for host)"
+    )
+
+with open(os.path.join(HERE, "Cargo.toml"), "rb") as f:
+    version = tomllib.load(f)["package"]["version"]
+
+setup(
+    version=version,
+    rust_extensions=[
+        RustExtension(
+            "fmha.libfmha",
+            path="Cargo.toml",
+            binding=Binding.NoBinding,
+            features=BACKEND_FEATURES[backend],
+            cargo_manifest_args=["--locked"],
+        )
+    ],
+    options={"bdist_wheel": {"py_limited_api": "cp39"}},
+)
