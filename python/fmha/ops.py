@@ -80,15 +80,23 @@ def _check_tensors(named):
 
 
 def _device_guard(device):
-    if device is None or device.type != "cuda":
+    """Makes `device` current for the call; a no-op (no context switch) when it already is."""
+    if device is None or device.type != "cuda" or device.index == torch.cuda.current_device():
         return contextlib.nullcontext()
     return torch.cuda.device(device)
+
+
+# The current stream's raw handle without building a torch.cuda.Stream object (what Triton's launcher
+# uses); the public route where this PyTorch lacks it.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def _stream_handle(device):
     """fmha_stream_t for the current PyTorch stream (None = the default stream / the host backend)."""
     if device is None or device.type != "cuda":
         return None
+    if _raw_stream is not None:
+        return _raw_stream(device.index) or None
     return torch.cuda.current_stream(device).cuda_stream or None
 
 
@@ -288,10 +296,55 @@ def _check_out(name, t, shape, dtype, device):
         raise ValueError(f"fmha: {name} must have a contiguous last dimension (stride {t.stride(-1)})")
 
 
+# --- call templates ----------------------------------------------------------------------------------
+#
+# Training and inference call attention with the same shapes step after step. The first call of a
+# signature (every shape, stride, dtype and option a call reads, but no data pointer) runs the full
+# checks and builds the C argument structs; it then keeps those structs as the signature's template,
+# and a later call with that signature copies them and sets only the data pointers. Nothing else
+# differs between the two paths: a signature the checks would refuse never gets a template.
+
+_TEMPLATE_CAPACITY = 256
+
+
+class _Templates(dict):
+    """Signature → template; cleared when full (a workload has a handful of signatures)."""
+
+    def put(self, key, value):
+        if len(self) >= _TEMPLATE_CAPACITY:
+            self.clear()
+        self[key] = value
+
+
+def _sig(t):
+    """What a call reads of a tensor besides its data pointer."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+def _aligned(tensors):
+    """Whether the data pointers suit the build's kernels (the strides are part of the signature)."""
+    align = _vector_bytes()
+    return not align or all(t.data_ptr() % align == 0 for t in tensors)
+
+
+def _copy(struct):
+    return type(struct).from_buffer_copy(struct)
+
+
+_fwd_templates = _Templates()
+_bwd_templates = _Templates()
+
+
 # --- forward -----------------------------------------------------------------------------------------
 
 
-def _fwd(
+def _fwd(q, k, v, **kwargs):
+    """One ``fmha_fwd`` call with fmha's own mask semantics; returns ``(out, lse)`` (see :func:`_forward`)."""
+    out, lse, _ = _forward(q, k, v, **kwargs)
+    return out, lse
+
+
+def _forward(
     q,
     k,
     v,
@@ -309,13 +362,25 @@ def _fwd(
     k_descale=None,
     v_descale=None,
 ):
-    """One ``fmha_fwd`` call with fmha's own mask semantics; returns ``(out, lse)``.
+    """One ``fmha_fwd`` call with fmha's own mask semantics; returns ``(out, lse, (q, k, v))``, the last the
+    inputs the call read (copies where the kernels could not read the given ones: what a backward needs).
 
     ``out`` / ``lse`` may be given (preallocated, e.g. poisoned by a test); otherwise ``out`` is allocated
     like q (bf16 for fp8 inputs) and ``lse`` as fp32 ``[b, h, s]`` (``[h, total]`` in varlen mode).
     fp8 inputs take FA3's descales, float32 ``(batch, nheads_k)`` or anything that broadcasts to it (None:
     1); as in FA3 they are ignored for fp16/bf16 inputs.
     """
+    signature = None
+    if out is None and lse is None and q_descale is None and k_descale is None and v_descale is None:
+        try:
+            signature = (_sig(q), _sig(k), _sig(v), _sig(cu_seqlens_q), _sig(cu_seqlens_k), max_seqlen_q,
+                         max_seqlen_k, softmax_scale, mask_type, tuple(window))
+            template = _fwd_templates.get(signature)
+        except (AttributeError, TypeError):  # not tensors, unhashable options: the checks below say what
+            signature = template = None
+        if template is not None and _aligned((q, k, v)):
+            return _fwd_from_template(template, q, k, v, cu_seqlens_q, cu_seqlens_k) + ((q, k, v),)
+    given = (q, k, v)
     device = _check_tensors(
         [("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("out", out)]
     )
@@ -370,6 +435,24 @@ def _fwd(
     with _device_guard(device):
         L.call("fmha_fwd", byref(traits), byref(args), _stream_handle(device))
         _finish(device)
+    # A template serves calls whose inputs need no copy (the copies' strides are not the caller's) and
+    # whose outputs fmha allocates.
+    if signature is not None and not p.fp8 and all(a is b and a.numel() for a, b in zip((q, k, v), given)):
+        _fwd_templates.put(signature, (traits, _copy(args), p.out_shape(q), p.lse_shape(), out.dtype, device))
+    return out, lse, (q, k, v)
+
+
+def _fwd_from_template(template, q, k, v, cu_seqlens_q, cu_seqlens_k):
+    traits, args, out_shape, lse_shape, out_dtype, device = template
+    out = torch.empty(out_shape, dtype=out_dtype, device=q.device)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    args = _copy(args)
+    args.q.data, args.k.data, args.v.data = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    args.o.data, args.lse.data = out.data_ptr(), lse.data_ptr()
+    args.seqstart_q, args.seqstart_k = _ptr(cu_seqlens_q), _ptr(cu_seqlens_k)
+    with _device_guard(device):
+        L.call("fmha_fwd", byref(traits), byref(args), _stream_handle(device))
+        _finish(device)
     return out, lse
 
 
@@ -378,18 +461,20 @@ def _fwd(
 
 class _Launcher:
     """A cached ``fmha_bwd_launcher``. Its lock keeps a call from using the handle while another thread's
-    eviction destroys it (the library would refuse the stale handle; the lock makes the retry cheap). Each
-    call prepares a workspace of its own, so calls on one launcher never share one."""
+    eviction destroys it (the library would refuse the stale handle; the lock makes the retry cheap).
+    Varlen calls prepare a workspace of their own; batch-mode calls on a GPU share one per stream."""
 
-    __slots__ = ("handle", "lock", "workspace_size")
+    __slots__ = ("handle", "lock", "workspace_size", "prepared")
 
     def __init__(self, handle, workspace_size):
         self.handle = handle
         self.workspace_size = workspace_size
         self.lock = threading.Lock()
+        self.prepared = {}  # stream handle → a workspace prepared for batch mode (see _bwd_launch)
 
     def destroy(self):
         with self.lock:
+            self.prepared.clear()
             if self.handle is not None:
                 # Safe while its work is queued (fmha_bwd_launcher_destroy's contract).
                 L.library().fmha_bwd_launcher_destroy(self.handle)
@@ -431,9 +516,9 @@ def _length_bucket(n):
     return max(64, 1 << (max(int(n), 1) - 1).bit_length())
 
 
-def _launcher(traits, device):
-    """(key, cached launcher for these traits on `device`), created on a miss; evicts the least recently used."""
-    key = _traits_key(traits, device)
+def _launcher(traits, device, key):
+    """(key, cached launcher for these traits on `device`; `key` is their `_traits_key`), created on a miss;
+    evicts the least recently used."""
     with _cache_lock:
         entry = _cache.get(key)
         if entry is not None:
@@ -509,6 +594,20 @@ def _bwd(
       synchronizes);
     * ``"auto"``, ``"host"``, ``"device"``: ``fmha_bwd_launcher_prepare_workspace_async`` with that method.
     """
+    if prepare is None:
+        prepare = os.environ.get("FMHA_PREPARE_METHOD")
+    signature = None
+    if dq is None and dk is None and dv is None:
+        try:
+            signature = (_sig(dout), _sig(q), _sig(k), _sig(v), _sig(out), _sig(lse), _sig(cu_seqlens_q),
+                         _sig(cu_seqlens_k), max_seqlen_q, max_seqlen_k, softmax_scale, mask_type, tuple(window),
+                         bool(deterministic), prepare)
+            template = _bwd_templates.get(signature)
+        except (AttributeError, TypeError):  # not tensors, unhashable options: the checks below say what
+            signature = template = None
+        if template is not None and _aligned((q, k, v, out, dout)):
+            return _bwd_from_template(template, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    given = (q, k, v, out, dout, lse)
     device = _check_tensors(
         [
             ("dout", dout),
@@ -596,23 +695,53 @@ def _bwd(
         window_size_right=int(right),
     )
     host = device is None or device.type != "cuda"
+    method = prepare or ("sync" if host and not p.group else "auto")
+    if method != "sync" and method not in _PREPARE_METHODS:
+        raise ValueError(f"fmha: prepare must be None, 'sync', 'auto', 'host' or 'device', got {method!r}")
+    _bwd_launch(traits, _traits_key(traits, device), args, device, method, cu_seqlens_q, cu_seqlens_k)
+    # As the forward's: a template serves calls whose tensors need no copy and whose gradients fmha allocates.
+    if signature is not None and all(a is b and a.numel() for a, b in zip((q, k, v, out, dout, lse), given)):
+        _bwd_templates.put(signature, (traits, _traits_key(traits, device), _copy(args), device, method))
+    return dq, dk, dv
+
+
+def _bwd_from_template(template, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k):
+    traits, key, args, device, method = template
+    dq, dk, dv, d = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(lse)
+    args = _copy(args)
+    for field, t in (("q", q), ("k", k), ("v", v), ("o", out), ("lse", lse), ("d_o", dout), ("d", d), ("dq", dq),
+                     ("dk", dk), ("dv", dv)):
+        getattr(args, field).data = t.data_ptr()
+    args.seqstart_q, args.seqstart_k = _ptr(cu_seqlens_q), _ptr(cu_seqlens_k)
+    _bwd_launch(traits, key, args, device, method, cu_seqlens_q, cu_seqlens_k)
+    return dq, dk, dv
+
+
+def _bwd_launch(traits, key, args, device, prepare, cu_seqlens_q, cu_seqlens_k):
+    """Prepares a workspace (``prepare``: "sync" or an async method) and runs the backward through the
+    cached launcher for ``traits`` (cache key ``key``).
+
+    A batch-mode workspace depends only on the launcher (no sequence starts), and ``run`` initializes its
+    dq_acc region itself, so on a GPU the launcher keeps the one it prepared per stream and later runs on
+    that stream reuse it (stream order keeps them apart): no allocation and no prepare per step."""
+    host = device is None or device.type != "cuda"
+    reuse = not host and cu_seqlens_q is None and prepare != "sync"
     with _device_guard(device):
         stream = _stream_handle(device)
-        if prepare is None:
-            prepare = os.environ.get("FMHA_PREPARE_METHOD") or ("sync" if host and not p.group else "auto")
         host_starts = None
-        if prepare == "sync" and p.group:
+        if prepare == "sync" and cu_seqlens_q is not None:
             host_starts = (cu_seqlens_q.cpu(), cu_seqlens_k.cpu())  # host copies (synchronizes)
-        elif prepare != "sync" and prepare not in _PREPARE_METHODS:
-            raise ValueError(f"fmha: prepare must be None, 'sync', 'auto', 'host' or 'device', got {prepare!r}")
         while True:
-            key, entry = _launcher(traits, device)
-            workspace = torch.empty(max(entry.workspace_size, 1), dtype=torch.uint8, device=q.device)
+            key, entry = _launcher(traits, device, key)
+            workspace = entry.prepared.get(stream) if reuse else None
+            fresh = workspace is None
+            if fresh:
+                workspace = torch.empty(max(entry.workspace_size, 1), dtype=torch.uint8, device=device)
             try:
                 with entry.lock:
                     if entry.handle is None:  # evicted and destroyed by another thread in between: retry
                         continue
-                    if prepare == "sync":
+                    if fresh and prepare == "sync":
                         L.call(
                             "fmha_bwd_launcher_prepare_workspace",
                             entry.handle,
@@ -621,7 +750,7 @@ def _bwd(
                             _ptr(host_starts[0]) if host_starts else None,
                             _ptr(host_starts[1]) if host_starts else None,
                         )
-                    else:
+                    elif fresh:
                         L.call(
                             "fmha_bwd_launcher_prepare_workspace_async",
                             entry.handle,
@@ -639,6 +768,8 @@ def _bwd(
                             L.stream_synchronize(None)
                     args.workspace = workspace.data_ptr()
                     L.call("fmha_bwd_launcher_run", entry.handle, byref(args), stream)
+                    if reuse and fresh:
+                        entry.prepared[stream] = workspace
                 _finish(device)
             except L.FmhaError:
                 # A launcher whose queued work failed keeps reporting it (FMHA_ERR_ASYNC_FAILURE) to its next
@@ -646,7 +777,6 @@ def _bwd(
                 _evict(key, entry)
                 raise
             break
-    return dq, dk, dv
 
 
 # --- autograd ----------------------------------------------------------------------------------------
@@ -657,9 +787,8 @@ class FmhaAttnFunc(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mask_type,
-                left, right, deterministic):
-        q, k, v = (_prepare_input(t) for t in (q, k, v))
-        out, lse = _fwd(
+                left, right, deterministic, with_lse):
+        out, lse, (q, k, v) = _forward(
             q,
             k,
             v,
@@ -673,17 +802,20 @@ class FmhaAttnFunc(torch.autograd.Function):
         )
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
         ctx.params = (max_seqlen_q, max_seqlen_k, softmax_scale, mask_type, left, right, deterministic)
-        ctx.mark_non_differentiable(lse)
-        # lse has no gradient: autograd would otherwise fill a zero tensor for it at every backward (on an
-        # H200 host, ~100 µs of a training step's forward + backward).
+        # Only callers that asked for the LSE get it as an output (each output costs the autograd engine a
+        # slot); it has no gradient, and without materialized grads autograd fills no zero tensor for it at
+        # every backward (on an H200 host, ~100 µs of a training step's forward + backward).
         ctx.set_materialize_grads(False)
+        if not with_lse:
+            return out
+        ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, dout, _dlse):
+    def backward(ctx, dout, _dlse=None):
         if dout is None:  # out took no part in the loss
-            return (None,) * 12
+            return (None,) * 13
         q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
         max_seqlen_q, max_seqlen_k, softmax_scale, mask_type, left, right, deterministic = ctx.params
         dq, dk, dv = _bwd(
@@ -702,7 +834,7 @@ class FmhaAttnFunc(torch.autograd.Function):
             max_seqlen_q=max_seqlen_q,
             max_seqlen_k=max_seqlen_k,
         )
-        return dq, dk, dv, None, None, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
 def attention(
@@ -729,7 +861,7 @@ def attention(
     left, right = (int(w) for w in window_size)
     return FmhaAttnFunc.apply(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, _mask_type(mask), left,
-        right, bool(deterministic)
+        right, bool(deterministic), True
     )
 
 
@@ -824,9 +956,13 @@ def flash_attn_func(
             q, k, v, (q_descale, k_descale, v_descale), softmax_scale=softmax_scale, mask_type=mask_type,
             window=(left, right)
         )
-    else:
+    elif return_attn_probs:
         out, lse = FmhaAttnFunc.apply(
-            q, k, v, None, None, None, None, softmax_scale, mask_type, left, right, bool(deterministic)
+            q, k, v, None, None, None, None, softmax_scale, mask_type, left, right, bool(deterministic), True
+        )
+    else:
+        return FmhaAttnFunc.apply(
+            q, k, v, None, None, None, None, softmax_scale, mask_type, left, right, bool(deterministic), False
         )
     return _flash_result(out, lse, q, return_attn_probs)
 
@@ -874,10 +1010,13 @@ def flash_attn_varlen_func(
             max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k)
         )
     else:
-        out, lse = FmhaAttnFunc.apply(
+        res = FmhaAttnFunc.apply(
             q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), softmax_scale, mask_type,
-            left, right, bool(deterministic)
+            left, right, bool(deterministic), bool(return_attn_probs)
         )
+        if not return_attn_probs:
+            return res
+        out, lse = res
     return _flash_result(out, lse, q, return_attn_probs)
 
 

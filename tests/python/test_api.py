@@ -294,3 +294,63 @@ def test_misaligned_inputs_are_copied_when_kernels_need_alignment(monkeypatch):
     out = call_or_skip(lambda: fmha.flash_attn_func(q, q, q, causal=True), op="fwd", dtype=dtype, hdim_q=64,
                        hdim_v=64, masked=True)
     assert torch.equal(out, fmha.flash_attn_func(q.contiguous(), q.contiguous(), q.contiguous(), causal=True))
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["batch", "varlen"])
+def test_repeated_signatures_reuse_the_call_structs_with_new_data(varlen):
+    """A second call with the same shapes, strides and options takes the signature's template (the structs
+    the first call built and checked) and only sets the data pointers, and on a GPU a batch-mode backward
+    reuses its launcher's prepared workspace: the results equal what a cold call (no templates, a new
+    launcher and workspace) gives on the same new data, forward and gradients, bit for bit."""
+    dtype = torch.bfloat16
+    lengths = [7, 0, 12]
+    cu = cu_seqlens(lengths)
+
+    def step(seed):
+        g = torch.Generator().manual_seed(seed)
+        shape = (sum(lengths), 4, 64) if varlen else (2, 19, 4, 64)
+        q, k, v = (torch.randn(*shape, generator=g).to(DEVICE, dtype).requires_grad_() for _ in range(3))
+        if varlen:
+            out = fmha.flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=True)
+        else:
+            out = fmha.flash_attn_func(q, k, v, causal=True)
+        out.backward(torch.randn(out.shape, generator=g).to(DEVICE, dtype))
+        return [t.detach().clone() for t in (out, q.grad, k.grad, v.grad)]
+
+    call_or_skip(lambda: step(1), op="bwd", dtype=dtype, hdim_q=64, hdim_v=64, masked=True)
+    ops._fwd_templates.clear()
+    ops._bwd_templates.clear()
+    ops.clear_launcher_cache()
+    step(2)  # builds the templates
+    assert len(ops._fwd_templates) == 1 and len(ops._bwd_templates) == 1
+    warm = step(3)  # served by them
+    assert len(ops._fwd_templates) == 1 and len(ops._bwd_templates) == 1
+    # On a GPU a batch-mode launcher keeps the workspace it prepared (one per stream) for later steps.
+    prepared = [len(e.prepared) for e in ops._cache.values()]
+    assert prepared == [1 if GPU and not varlen else 0], prepared
+    ops._fwd_templates.clear()
+    ops._bwd_templates.clear()
+    ops.clear_launcher_cache()  # and a fresh workspace
+    cold = step(3)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), warm, cold):
+        assert torch.equal(a, b), name
+
+
+def test_calls_that_copy_or_pass_outputs_get_no_template(monkeypatch):
+    """A template holds the caller's strides: an input the call had to copy (misaligned for the kernels)
+    or an output the caller passed leaves none behind."""
+    monkeypatch.setattr(ops, "_vector_bytes_cache", 16)
+    ops._fwd_templates.clear()
+    buf = randn(20 * 2 * 64 + 1, dtype=torch.bfloat16)
+    q = buf[1:].view(1, 20, 2, 64)
+    call_or_skip(lambda: ops._fwd(q, q, q), op="fwd", dtype=q.dtype, hdim_q=64, hdim_v=64, masked=False)
+    assert len(ops._fwd_templates) == 0
+    q = q.clone()  # aligned
+    out = torch.empty_like(q)
+    ops._fwd(q, q, q, out=out)
+    assert len(ops._fwd_templates) == 0
+    ops._fwd(q, q, q)
+    assert len(ops._fwd_templates) == 1
+    # The same signature with a misaligned pointer takes the checked path again (and copies).
+    shifted = buf[1:].view(1, 20, 2, 64)
+    assert torch.equal(ops._fwd(shifted, shifted, shifted)[0], ops._fwd(q, q, q)[0])
