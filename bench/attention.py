@@ -51,9 +51,16 @@ import fmha  # noqa: E402
 TOKENS = 16 * 1024
 HIDDEN = 2048
 SEQLENS = [512, 1024, 2048, 4096, 8192, 16384]
-IMPLS_FWD = ["fmha", "sdpa_flash", "sdpa_cudnn"]
+IMPLS_FWD = ["fmha", "fa3", "sdpa_flash", "sdpa_cudnn"]
 IMPLS_BWD = ["fmha", "fmha_det", "sdpa_flash", "sdpa_cudnn"]
-LABELS = {"fmha": "fmha", "fmha_det": "fmha det.", "sdpa_flash": "SDPA flash", "sdpa_cudnn": "SDPA cuDNN"}
+LABELS = {"fmha": "fmha", "fmha_det": "fmha det.", "fa3": "FA3", "sdpa_flash": "SDPA flash",
+          "sdpa_cudnn": "SDPA cuDNN"}
+# FlashAttention-3's forward (tokenspeed-fa3's `flash_attn_interface`, built without a backward), where
+# installed (../shared/peers/README.md: the GPU machine gets it as an uploaded wheel).
+try:
+    import flash_attn_interface as fa3
+except ImportError:
+    fa3 = None
 # max |fmha - SDPA| relative to max |SDPA| above which a result is flagged (bf16/fp16 both sides)
 MISMATCH_REL = {"fwd": 2e-2, "bwd": 5e-2}
 
@@ -216,6 +223,13 @@ def runner(impl, sh, q, k, v, cu):
             return lambda: fmha.flash_attn_varlen_func(q, k, v, cu, cu, sh.s, sh.s, causal=sh.causal,
                                                        deterministic=det)
         return lambda: fmha.flash_attn_func(q, k, v, causal=sh.causal, deterministic=det)
+    if impl == "fa3":
+        if fa3 is None:
+            raise Unsupported("FA3 is not installed (tokenspeed-fa3's flash_attn_interface)")
+        first = lambda r: r[0] if isinstance(r, tuple) else r  # noqa: E731 - some builds also return the LSE
+        if sh.lengths is not None:
+            return lambda: first(fa3.flash_attn_varlen_func(q, k, v, cu, cu, sh.s, sh.s, causal=sh.causal))
+        return lambda: first(fa3.flash_attn_func(q, k, v, causal=sh.causal))
     if sh.lengths is not None:
         # SDPA on the padded batch; the padding copies are outside the timed region for the forward
         qp, kp, vp = (pad(t.detach(), sh.lengths).requires_grad_(t.requires_grad) for t in (q, k, v))
@@ -330,7 +344,7 @@ def run(args):
                 except Exception:  # noqa: BLE001
                     ref_impl = None
             row["reference"] = ref_impl
-            for impl in ("fmha", "fmha_det"):
+            for impl in ("fmha", "fmha_det", "fa3"):  # every result checked, the rival's too
                 if impl in outputs and ref_impl is not None:
                     diff, rel = max_diff(outputs[impl], outputs[ref_impl])
                     row["results"][impl].update(max_abs_diff=diff, rel_diff=rel,
@@ -367,9 +381,9 @@ def ratio(row, a, b):
     return "–"
 
 
-HEADER = ("| shape | causal | pass | fmha | fmha det. | SDPA flash | SDPA cuDNN | fmha / flash | fmha / cuDNN | "
-          "fmha max abs diff |")
-RULE = "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+HEADER = ("| shape | causal | pass | fmha | fmha det. | FA3 | SDPA flash | SDPA cuDNN | fmha / FA3 | fmha / flash | "
+          "fmha / cuDNN | fmha max abs diff |")
+RULE = "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 
 
 def format_row(row):
@@ -378,9 +392,10 @@ def format_row(row):
     diffs = " / ".join(f"{r[i]['max_abs_diff']:.1e}" for i in ("fmha", "fmha_det") if "max_abs_diff" in r.get(i, {}))
     if "sdpa_cudnn_vs_flash_max_abs_diff" in row:
         diffs += f" (cuDNN vs flash {row['sdpa_cudnn_vs_flash_max_abs_diff']:.1e})"
+    fa3_cell = cell(r["fa3"]) if "fa3" in r else "–"
     return (f"| {row['describe']} | {'yes' if row['shape']['causal'] else 'no'} | {row['pass']} | {cell(r['fmha'])} "
-            f"| {det} | {cell(r['sdpa_flash'])} | {cell(r['sdpa_cudnn'])} | {ratio(row, 'fmha', 'sdpa_flash')} | "
-            f"{ratio(row, 'fmha', 'sdpa_cudnn')} | {diffs.strip() or '–'} |")
+            f"| {det} | {fa3_cell} | {cell(r['sdpa_flash'])} | {cell(r['sdpa_cudnn'])} | {ratio(row, 'fmha', 'fa3')} | "
+            f"{ratio(row, 'fmha', 'sdpa_flash')} | {ratio(row, 'fmha', 'sdpa_cudnn')} | {diffs.strip() or '–'} |")
 
 
 def git_commit():

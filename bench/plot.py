@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """TFLOPS against sequence length, one line per implementation, one panel per (pass, head dim, mask): the
 FlashAttention README's figures, from an `fmha-bench` JSON and (optionally) a `bench/attention.py` JSON
-of the same run for the rivals (PyTorch SDPA's flash = FlashAttention-2, and cuDNN).
+of the same run for the rivals (FlashAttention-3's forward where installed, PyTorch SDPA's flash =
+FlashAttention-2, and cuDNN).
 
     python3 bench/plot.py --fmha full.json [--rivals bench-attention.json] --out docs/perf/full.png
 
@@ -21,7 +22,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-RIVALS = {"sdpa_flash": "FlashAttention-2 (SDPA flash)", "sdpa_cudnn": "cuDNN (SDPA)"}
+RIVALS = {"fa3": "FlashAttention-3", "sdpa_flash": "FlashAttention-2 (SDPA flash)", "sdpa_cudnn": "cuDNN (SDPA)"}
 
 
 def fmha_points(report):
