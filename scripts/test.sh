@@ -24,7 +24,8 @@
 #                 FetchContent, 00_version.c linked to fmha::shared, fmha::static and fmha::fmha
 #   Python wheel  pip wheel . (setuptools-rust, libfmha inside), installed into a fresh venv under build/;
 #                 there, without FMHA_LIBRARY and without PyTorch (not installable here): the package
-#                 finds its library, version and backend, and the flash-attn signature tests
+#                 finds its library, version and backend, the flash-attn signature tests, and
+#                 python -m fmha.bench's matrices (shipped in the wheel) and counts
 #   cuda build    --features cuda into target/cuda: clippy, install into build/prefix-cuda, artifact
 #                 checks (sm_90a cubin, exports, soname), C examples and tests/c against it (no GPU here:
 #                 the device tests are skipped, the no-device paths are tested)
@@ -337,7 +338,7 @@ note "$(basename "$wheel"):"
     "$venv_python" -c 'import fmha; assert fmha.backend_name() == "host", fmha.backend_name(); print(
         f"--- fmha {fmha.version()}, backend {fmha.backend_name()}, library {fmha.library_path()}")'
     "$venv_python" -m pytest -q -p no:cacheprovider "$repo/tests/python/test_package.py" \
-        "$repo/tests/python/test_signatures.py"
+        "$repo/tests/python/test_signatures.py" "$repo/tests/python/test_bench.py"
 )
 
 if [[ $skip_gpu -eq 0 ]]; then

@@ -29,7 +29,7 @@ use std::path::PathBuf;
 #[derive(Parser, Debug)]
 #[command(version, about = "Benchmarks fmha's forward, backward and kv-cache attention through its C ABI")]
 struct Cli {
-    /// A built-in matrix (smoke, full, nightly) or a TOML file of groups (see matrices/smoke.toml).
+    /// A built-in matrix (smoke, full, nightly) or a TOML file of groups (see python/fmha/matrices/smoke.toml).
     #[arg(long, default_value = "smoke")]
     matrix: String,
     /// Keep only cases (and instances) whose FIELD equals VALUE (FIELD=VALUE) or contains TEXT

@@ -23,9 +23,9 @@ use std::path::Path;
 
 /// The matrices shipped with the tool (`--matrix NAME`); any other value is a path.
 pub const BUILT_IN: [(&str, &str); 3] = [
-    ("smoke", include_str!("../matrices/smoke.toml")),
-    ("full", include_str!("../matrices/full.toml")),
-    ("nightly", include_str!("../matrices/nightly.toml")),
+    ("smoke", include_str!("../../../python/fmha/matrices/smoke.toml")),
+    ("full", include_str!("../../../python/fmha/matrices/full.toml")),
+    ("nightly", include_str!("../../../python/fmha/matrices/nightly.toml")),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
