@@ -260,10 +260,10 @@ def run_impl(impl, sh, q, k, v, cu, dout, direction, device, args):
         with torch.no_grad():
             ms = bench_ms(fn, device, args.warmup_ms, args.rep_ms)
             out = fn().detach()
-        if sh.lengths is not None and not impl.startswith("fmha"):
+        if sh.lengths is not None and impl.startswith("sdpa"):
             out = unpad(out, sh.lengths)
         return ms, [out]
-    if sh.lengths is not None and not impl.startswith("fmha"):
+    if sh.lengths is not None and impl.startswith("sdpa"):
         dout = pad(dout, sh.lengths)
     try:
         grads = torch.autograd.grad(out, inputs, dout, retain_graph=True)
@@ -277,7 +277,7 @@ def run_impl(impl, sh, q, k, v, cu, dout, direction, device, args):
         raise Unsupported(str(e).splitlines()[0][:200]) from None
     ms = bench_ms(lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True), device, args.warmup_ms,
                   args.rep_ms)
-    if sh.lengths is not None and not impl.startswith("fmha"):
+    if sh.lengths is not None and impl.startswith("sdpa"):
         grads = [unpad(g, sh.lengths) for g in grads]
     return ms, [g.detach() for g in grads]
 

@@ -39,6 +39,10 @@ from . import _lib as L
 MATRICES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "matrices")
 IMPLS = ("fmha", "fa3", "sdpa_flash", "sdpa_cudnn", "sdpa_math")
 MISMATCH_REL = {"fwd": 2e-2, "bwd": 5e-2, "kvcache": 2e-2}
+# Two fp8 kernels each round P to e4m3 (3 mantissa bits) before P·V, in their own way: their outputs
+# differ by several percent of the output's magnitude (spec/inference.md's fp8 rule allows 4x the
+# rounding baseline).
+MISMATCH_REL_FP8 = 1e-1
 FIELDS = ("op", "dtype", "batch", "nhead_q", "nhead_k", "hdim_q", "hdim_v", "seqlen_q", "seqlen_k", "mask",
           "varlen", "deterministic", "page_size", "table")
 COLUMNS = FIELDS + ("impl", "status", "message", "latency_ms", "tflops", "gb_per_s", "flops", "bytes",
@@ -443,7 +447,8 @@ def run_case(case, impls, device, warmup, repeat, seed):
                 reference = outputs  # fmha's, listed first
             else:
                 diff, rel = _max_diff(outputs, reference)
-                row.update(max_abs_diff=diff, mismatch=rel > MISMATCH_REL[case["op"]])
+                limit = MISMATCH_REL_FP8 if case["dtype"].startswith("fp8") else MISMATCH_REL[case["op"]]
+                row.update(max_abs_diff=diff, mismatch=rel > limit)
         except Unsupported as e:
             row.update(status="unsupported", message=str(e))
         except L.FmhaError as e:
