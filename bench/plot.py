@@ -23,6 +23,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 RIVALS = {"fa3": "FlashAttention-3", "sdpa_flash": "FlashAttention-2 (SDPA flash)", "sdpa_cudnn": "cuDNN (SDPA)"}
+# One colour per implementation in every panel (a panel without FA3 keeps the others' colours).
+COLORS = dict(zip(["fmha", *RIVALS.values()], ["tab:blue", "tab:orange", "tab:green", "tab:red"]))
 
 
 def fmha_points(report):
@@ -80,7 +82,7 @@ def main():
             lines = points.get((direction, d, causal), {})
             for label, pts in sorted(lines.items(), key=lambda kv: kv[0] != "fmha"):
                 pts = sorted(pts)
-                ax.plot([s for s, _ in pts], [t for _, t in pts], marker="o", label=label,
+                ax.plot([s for s, _ in pts], [t for _, t in pts], marker="o", label=label, color=COLORS.get(label),
                         linewidth=2.4 if label == "fmha" else 1.4)
             ax.set_xscale("log", base=2)
             ax.set_title(f"{direction}, D = {d}, {'causal' if causal else 'no mask'}", fontsize=10)
