@@ -88,9 +88,8 @@ fn run(cli: Cli) -> Result<bool> {
     }
     let cases = matrix::load(&cli.matrix)?;
     let case_fields = cases.first().map(Case::fields).unwrap_or_default();
-    let instance_fields = report::instance_fields();
     for f in &cli.filter {
-        if !case_fields.contains_key(f.field.as_str()) && !instance_fields.contains(&f.field.as_str()) {
+        if !case_fields.contains_key(f.field.as_str()) && !report::INSTANCE_FIELDS.contains(&f.field.as_str()) {
             bail!("--filter: {:?} is neither a case field nor an instance field", f.field);
         }
     }

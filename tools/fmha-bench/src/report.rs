@@ -51,10 +51,9 @@ pub struct Row {
     pub plan: String,
 }
 
-/// The fields of a plan's instance that `--filter` may name (besides the case's).
-pub fn instance_fields() -> Vec<&'static str> {
-    vec!["instance", "pipeline", "arch", "m0", "n0", "masked", "packed_gqa", "stages"]
-}
+/// The fields of a row's kernel that `--filter` may name (besides the case's): the plan's attention
+/// instance (`instance` is its name) and `stages`.
+pub const INSTANCE_FIELDS: [&str; 8] = ["instance", "pipeline", "arch", "m0", "n0", "masked", "packed_gqa", "stages"];
 
 impl Row {
     pub fn new(case: &Case) -> Row {
@@ -121,17 +120,18 @@ impl Row {
         let plan: serde_json::Value = serde_json::from_str(&self.plan).unwrap_or_default();
         let instance =
             plan["stages"].as_array().and_then(|s| s.iter().find_map(|s| s["instance"].as_object().cloned()));
-        let field = |name: &str| instance.as_ref().map(|i| text(&i[name])).unwrap_or_default();
-        BTreeMap::from([
-            ("instance", self.instance.clone()),
-            ("pipeline", self.pipeline.clone()),
-            ("arch", self.arch.clone()),
-            ("m0", field("m0")),
-            ("n0", field("n0")),
-            ("masked", field("masked")),
-            ("packed_gqa", field("packed_gqa")),
-            ("stages", self.stages.clone()),
-        ])
+        INSTANCE_FIELDS
+            .into_iter()
+            .map(|name| {
+                let value = match name {
+                    "instance" => self.instance.clone(),
+                    "arch" => self.arch.clone(),
+                    "stages" => self.stages.clone(),
+                    _ => instance.as_ref().map(|i| text(&i[name])).unwrap_or_default(),
+                };
+                (name, value)
+            })
+            .collect()
     }
 
     pub fn set_work(&mut self, flops: f64, bytes: f64) {
