@@ -462,7 +462,7 @@ def _fwd_from_template(template, q, k, v, cu_seqlens_q, cu_seqlens_k):
 class _Launcher:
     """A cached ``fmha_bwd_launcher``. Its lock keeps a call from using the handle while another thread's
     eviction destroys it (the library would refuse the stale handle; the lock makes the retry cheap).
-    Varlen calls prepare a workspace of their own; batch-mode calls on a GPU share one per stream."""
+    On a GPU, calls share one workspace per stream (_bwd_launch)."""
 
     __slots__ = ("handle", "lock", "workspace_size", "prepared")
 
@@ -470,7 +470,7 @@ class _Launcher:
         self.handle = handle
         self.workspace_size = workspace_size
         self.lock = threading.Lock()
-        self.prepared = {}  # stream handle → a workspace prepared for batch mode (see _bwd_launch)
+        self.prepared = {}  # stream handle → its workspace (see _bwd_launch)
 
     def destroy(self):
         with self.lock:
@@ -721,11 +721,12 @@ def _bwd_launch(traits, key, args, device, prepare, cu_seqlens_q, cu_seqlens_k):
     """Prepares a workspace (``prepare``: "sync" or an async method) and runs the backward through the
     cached launcher for ``traits`` (cache key ``key``).
 
-    A batch-mode workspace depends only on the launcher (no sequence starts), and ``run`` initializes its
-    dq_acc region itself, so on a GPU the launcher keeps the one it prepared per stream and later runs on
-    that stream reuse it (stream order keeps them apart): no allocation and no prepare per step."""
+    On a GPU the launcher keeps one workspace per stream, which later calls on that stream reuse (stream
+    order keeps them apart): no allocation per step. A batch-mode workspace depends only on the launcher
+    (no sequence starts) and ``run`` initializes its dq_acc region itself, so it is prepared once; a
+    varlen one is prepared again for every call's cu_seqlens."""
     host = device is None or device.type != "cuda"
-    reuse = not host and cu_seqlens_q is None and prepare != "sync"
+    reuse = not host and prepare != "sync"
     with _device_guard(device):
         stream = _stream_handle(device)
         host_starts = None
@@ -737,11 +738,12 @@ def _bwd_launch(traits, key, args, device, prepare, cu_seqlens_q, cu_seqlens_k):
             fresh = workspace is None
             if fresh:
                 workspace = torch.empty(max(entry.workspace_size, 1), dtype=torch.uint8, device=device)
+            prepare_now = fresh or cu_seqlens_q is not None
             try:
                 with entry.lock:
                     if entry.handle is None:  # evicted and destroyed by another thread in between: retry
                         continue
-                    if fresh and prepare == "sync":
+                    if prepare_now and prepare == "sync":
                         L.call(
                             "fmha_bwd_launcher_prepare_workspace",
                             entry.handle,
@@ -750,7 +752,7 @@ def _bwd_launch(traits, key, args, device, prepare, cu_seqlens_q, cu_seqlens_k):
                             _ptr(host_starts[0]) if host_starts else None,
                             _ptr(host_starts[1]) if host_starts else None,
                         )
-                    elif fresh:
+                    elif prepare_now:
                         L.call(
                             "fmha_bwd_launcher_prepare_workspace_async",
                             entry.handle,

@@ -299,8 +299,8 @@ def test_misaligned_inputs_are_copied_when_kernels_need_alignment(monkeypatch):
 @pytest.mark.parametrize("varlen", [False, True], ids=["batch", "varlen"])
 def test_repeated_signatures_reuse_the_call_structs_with_new_data(varlen):
     """A second call with the same shapes, strides and options takes the signature's template (the structs
-    the first call built and checked) and only sets the data pointers, and on a GPU a batch-mode backward
-    reuses its launcher's prepared workspace: the results equal what a cold call (no templates, a new
+    the first call built and checked) and only sets the data pointers, and on a GPU a backward reuses its
+    launcher's workspace (batch mode without preparing it again): the results equal what a cold call (no templates, a new
     launcher and workspace) gives on the same new data, forward and gradients, bit for bit."""
     dtype = torch.bfloat16
     lengths = [7, 0, 12]
@@ -325,9 +325,9 @@ def test_repeated_signatures_reuse_the_call_structs_with_new_data(varlen):
     assert len(ops._fwd_templates) == 1 and len(ops._bwd_templates) == 1
     warm = step(3)  # served by them
     assert len(ops._fwd_templates) == 1 and len(ops._bwd_templates) == 1
-    # On a GPU a batch-mode launcher keeps the workspace it prepared (one per stream) for later steps.
+    # On a GPU the launcher keeps its workspace (one per stream) for later steps (varlen: prepared again).
     prepared = [len(e.prepared) for e in ops._cache.values()]
-    assert prepared == [1 if GPU and not varlen else 0], prepared
+    assert prepared == [1 if GPU else 0], prepared
     ops._fwd_templates.clear()
     ops._bwd_templates.clear()
     ops.clear_launcher_cache()  # and a fresh workspace
