@@ -28,7 +28,8 @@ stream; on the host backend (``fmha.backend() == fmha.BACKEND_HOST``) CPU tensor
 returns when its work is done. Every failed C call raises :class:`FmhaError` with fmha's status and message.
 
 Environment: ``FMHA_LIBRARY`` (the library to load), ``FMHA_LAUNCHER_CACHE_SIZE`` (backward launchers kept,
-least recently used dropped; default 32), ``FMHA_PREPARE_METHOD`` (``auto``/``host``/``device``/``sync``: how
+least recently used dropped; default 32; on a GPU each keeps its workspace, one per stream, for the next
+call: ``fmha.clear_launcher_cache()`` frees them), ``FMHA_PREPARE_METHOD`` (``auto``/``host``/``device``/``sync``: how
 the backward prepares its workspace; default ``auto``, i.e. on the stream with no host synchronization,
 and ``sync`` for batch mode on the host backend).
 """
