@@ -340,7 +340,7 @@ _bwd_templates = _Templates()
 
 def _fwd(q, k, v, **kwargs):
     """One ``fmha_fwd`` call with fmha's own mask semantics; returns ``(out, lse)`` (see :func:`_forward`)."""
-    out, lse, _ = _forward(q, k, v, **kwargs)
+    out, lse, _, _ = _forward(q, k, v, **kwargs)
     return out, lse
 
 
@@ -362,8 +362,10 @@ def _forward(
     k_descale=None,
     v_descale=None,
 ):
-    """One ``fmha_fwd`` call with fmha's own mask semantics; returns ``(out, lse, (q, k, v))``, the last the
-    inputs the call read (copies where the kernels could not read the given ones: what a backward needs).
+    """One ``fmha_fwd`` call with fmha's own mask semantics; returns ``(out, lse, (q, k, v), signature)``:
+    the inputs the call read (copies where the kernels could not read the given ones: what a backward
+    needs) and the call's template signature (None when the call has no template), which determines
+    everything a backward of it reads but dO.
 
     ``out`` / ``lse`` may be given (preallocated, e.g. poisoned by a test); otherwise ``out`` is allocated
     like q (bf16 for fp8 inputs) and ``lse`` as fp32 ``[b, h, s]`` (``[h, total]`` in varlen mode).
@@ -379,7 +381,7 @@ def _forward(
         except (AttributeError, TypeError):  # not tensors, unhashable options: the checks below say what
             signature = template = None
         if template is not None and _aligned((q, k, v)):
-            return _fwd_from_template(template, q, k, v, cu_seqlens_q, cu_seqlens_k) + ((q, k, v),)
+            return _fwd_from_template(template, q, k, v, cu_seqlens_q, cu_seqlens_k) + ((q, k, v), signature)
     given = (q, k, v)
     device = _check_tensors(
         [("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("out", out)]
@@ -439,7 +441,9 @@ def _forward(
     # whose outputs fmha allocates.
     if signature is not None and not p.fp8 and all(a is b and a.numel() for a, b in zip((q, k, v), given)):
         _fwd_templates.put(signature, (traits, _copy(args), p.out_shape(q), p.lse_shape(), out.dtype, device))
-    return out, lse, (q, k, v)
+    else:
+        signature = None
+    return out, lse, (q, k, v), signature
 
 
 def _fwd_from_template(template, q, k, v, cu_seqlens_q, cu_seqlens_k):
@@ -580,6 +584,7 @@ def _bwd(
     dk=None,
     dv=None,
     prepare=None,
+    forward_signature=None,
 ):
     """The backward through a cached launcher; returns ``(dq, dk, dv)`` (dk/dv with k's heads).
 
@@ -597,7 +602,17 @@ def _bwd(
     if prepare is None:
         prepare = os.environ.get("FMHA_PREPARE_METHOD")
     signature = None
-    if dq is None and dk is None and dv is None:
+    if forward_signature is not None and dq is None and dk is None and dv is None:
+        # The backward of a templated forward (autograd): q, k, v, the cu_seqlens and the options are the
+        # forward's, out and lse its outputs, so its signature stands for them (and for their alignment).
+        try:
+            signature = (forward_signature, _sig(dout), bool(deterministic), prepare)
+            template = _bwd_templates.get(signature)
+        except (AttributeError, TypeError):
+            signature = template = None
+        if template is not None and _aligned((dout,)):
+            return _bwd_from_template(template, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    elif dq is None and dk is None and dv is None:
         try:
             signature = (_sig(dout), _sig(q), _sig(k), _sig(v), _sig(out), _sig(lse), _sig(cu_seqlens_q),
                          _sig(cu_seqlens_k), max_seqlen_q, max_seqlen_k, softmax_scale, mask_type, tuple(window),
@@ -790,7 +805,7 @@ class FmhaAttnFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mask_type,
                 left, right, deterministic, with_lse):
-        out, lse, (q, k, v) = _forward(
+        out, lse, (q, k, v), signature = _forward(
             q,
             k,
             v,
@@ -804,6 +819,7 @@ class FmhaAttnFunc(torch.autograd.Function):
         )
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
         ctx.params = (max_seqlen_q, max_seqlen_k, softmax_scale, mask_type, left, right, deterministic)
+        ctx.forward_signature = signature  # the backward's template key (no signature work on autograd's thread)
         # Only callers that asked for the LSE get it as an output (each output costs the autograd engine a
         # slot); it has no gradient, and without materialized grads autograd fills no zero tensor for it at
         # every backward (on an H200 host, ~100 µs of a training step's forward + backward).
@@ -835,6 +851,7 @@ class FmhaAttnFunc(torch.autograd.Function):
             cu_seqlens_k=cu_seqlens_k,
             max_seqlen_q=max_seqlen_q,
             max_seqlen_k=max_seqlen_k,
+            forward_signature=ctx.forward_signature,
         )
         return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 

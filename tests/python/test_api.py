@@ -354,3 +354,22 @@ def test_calls_that_copy_or_pass_outputs_get_no_template(monkeypatch):
     # The same signature with a misaligned pointer takes the checked path again (and copies).
     shifted = buf[1:].view(1, 20, 2, 64)
     assert torch.equal(ops._fwd(shifted, shifted, shifted)[0], ops._fwd(q, q, q)[0])
+
+
+def test_deterministic_backward_of_a_templated_shape_uses_a_deterministic_launcher():
+    """The backward's template key holds what the forward's does not: `deterministic` (and the prepare
+    method). A deterministic step after non-deterministic ones of the same shapes runs the deterministic
+    launcher."""
+    q, k, v = (randn(2, 24, 4, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+
+    def step(deterministic):
+        out = fmha.flash_attn_func(q, k, v, causal=True, deterministic=deterministic)
+        out.backward(torch.ones_like(out))
+
+    call_or_skip(lambda: step(False), op="bwd", dtype=q.dtype, hdim_q=64, hdim_v=64, masked=True)
+    ops.clear_launcher_cache()
+    step(False)
+    step(False)
+    step(True)
+    traits = [dict(zip([n for n, _ in _lib.fmha_bwd_traits._fields_[1:]], key[1:])) for key in ops._cache]
+    assert sorted(t["is_deterministic"] for t in traits) == [0, 1], traits
