@@ -496,7 +496,10 @@ def main(argv=None):
         ap.error(f"--impl: fmha first, then any of {', '.join(IMPLS[1:])} (got {args.impl!r})")
     if args.repeat < 1:
         ap.error("--repeat: must be at least 1")
-    import torch
+    try:
+        import torch
+    except ModuleNotFoundError:
+        raise SystemExit("python -m fmha.bench needs PyTorch: pip install torch (or fmha[torch])") from None
 
     host = L.backend() == L.BACKEND_HOST
     device = torch.device("cpu") if host else torch.device("cuda")
