@@ -44,7 +44,7 @@ MISMATCH_REL = {"fwd": 2e-2, "bwd": 5e-2, "kvcache": 2e-2}
 # rounding baseline).
 MISMATCH_REL_FP8 = 1e-1
 FIELDS = ("op", "dtype", "batch", "nhead_q", "nhead_k", "hdim_q", "hdim_v", "seqlen_q", "seqlen_k", "mask",
-          "varlen", "deterministic", "page_size", "table")
+          "varlen", "deterministic", "page_size", "table", "splits")
 COLUMNS = FIELDS + ("impl", "status", "message", "latency_ms", "tflops", "gb_per_s", "flops", "bytes",
                     "max_abs_diff", "mismatch")
 
@@ -120,16 +120,16 @@ def load_matrix(name_or_path):
 
 def _expand(g):
     known = {"op", "dtype", "heads", "hdim", "seqlen", "batch", "tokens", "mask", "varlen", "deterministic",
-             "page_size", "table"}
+             "page_size", "table", "splits"}
     unknown = set(g) - known
     if unknown:
         raise ValueError(f"unknown field(s) {', '.join(sorted(unknown))}")
     if bool(g.get("batch")) == bool(g.get("tokens")):
         raise ValueError("give exactly one of batch and tokens")
     out = []
-    for op, dtype, heads, hdim, seqlen, mask, varlen, det, page, table in itertools.product(
+    for op, dtype, heads, hdim, seqlen, mask, varlen, det, page, table, splits in itertools.product(
         g["op"], g["dtype"], g["heads"], g["hdim"], g["seqlen"], g.get("mask", ["0"]), g.get("varlen", [False]),
-        g.get("deterministic", [False]), g.get("page_size", [16]), g.get("table", ["block"]),
+        g.get("deterministic", [False]), g.get("page_size", [16]), g.get("table", ["block"]), g.get("splits", [0]),
     ):
         if op not in ("fwd", "bwd", "kvcache"):
             raise ValueError(f"op: {op!r} is not fwd, bwd or kvcache")
@@ -145,7 +145,8 @@ def _expand(g):
             dq, dv = _pair("hdim", hdim)
             case = dict(op=op, dtype=dtype, batch=batch, nhead_q=hq, nhead_k=hk, hdim_q=dq, hdim_v=dv, seqlen_q=sq,
                         seqlen_k=sk, mask=mask, varlen=bool(varlen), deterministic=bool(det) and op == "bwd",
-                        page_size=page if op == "kvcache" else 0, table=table if op == "kvcache" else "")
+                        page_size=page if op == "kvcache" else 0, table=table if op == "kvcache" else "",
+                        splits=splits if op == "kvcache" else 0)
             if case not in out:
                 out.append(case)
     return out
@@ -354,7 +355,7 @@ class Problem:
                 raise Unsupported("a CSR page list: flashinfer's interface (fmha's BatchPrefillWithPagedKVCacheWrapper)")
             return self._csr()
         kw = dict(cache_seqlens=self.cache_seqlens, page_table=self.page_table, cu_seqlens_q=self.cu_q,
-                  max_seqlen_q=max(s[0] for s in self.lens), causal=self.kind != "none",
+                  max_seqlen_q=max(s[0] for s in self.lens), causal=self.kind != "none", num_splits=c["splits"],
                   window_size=(self.left, -1) if self.kind != "none" else (-1, -1))
         if impl == "fmha":
             return lambda: fmha.flash_attn_with_kvcache(self.q, self.k_cache, self.v_cache, **kw)
@@ -380,7 +381,7 @@ class Problem:
         wrapper = fmha.BatchPrefillWithPagedKVCacheWrapper(kv_layout="NHD")
         wrapper.plan(self.cu_q, indptr, indices, last, c["nhead_q"], c["nhead_k"], c["hdim_q"], p,
                      causal=self.kind != "none", window_left=self.left if self.kind != "none" else -1,
-                     q_data_type=self.dtype, kv_data_type=self.dtype)
+                     q_data_type=self.dtype, kv_data_type=self.dtype, num_splits=c["splits"])
         return lambda: wrapper.run(self.q, (self.k_cache, self.v_cache))
 
 

@@ -13,6 +13,7 @@
 //! deterministic = [false]      # bwd
 //! page_size = [16]             # kvcache: tokens per page
 //! table = ["block"]            # kvcache: block | csr
+//! splits = [0]                 # kvcache: max_splits of the launcher (0: the library's heuristic)
 //! ```
 
 use anyhow::{bail, Context, Result};
@@ -94,6 +95,8 @@ pub struct Case {
     pub deterministic: bool,
     pub page_size: usize,
     pub table: String,
+    /// kvcache: the launcher's `max_splits` (0: the library's heuristic).
+    pub splits: usize,
 }
 
 impl Case {
@@ -129,6 +132,7 @@ impl Case {
             ("deterministic", self.deterministic.to_string()),
             ("page_size", self.page_size.to_string()),
             ("table", self.table.clone()),
+            ("splits", self.splits.to_string()),
         ])
     }
 }
@@ -161,6 +165,8 @@ struct Group {
     page_size: Vec<usize>,
     #[serde(default = "default_table")]
     table: Vec<String>,
+    #[serde(default = "default_splits")]
+    splits: Vec<usize>,
 }
 
 fn default_mask() -> Vec<String> {
@@ -171,6 +177,9 @@ fn default_false() -> Vec<bool> {
 }
 fn default_page() -> Vec<usize> {
     vec![16]
+}
+fn default_splits() -> Vec<usize> {
+    vec![0]
 }
 fn default_table() -> Vec<String> {
     vec!["block".into()]
@@ -225,67 +234,103 @@ pub fn load(name_or_path: &str) -> Result<Vec<Case>> {
     Ok(cases)
 }
 
+/// `cases` × `values`, each copy updated by `set` (the product's order: earlier fields vary slowest).
+fn times<T>(cases: Vec<Case>, values: &[T], set: impl Fn(&mut Case, &T) -> Result<()>) -> Result<Vec<Case>> {
+    let mut out = Vec::with_capacity(cases.len() * values.len());
+    for case in cases {
+        for value in values {
+            let mut c = case.clone();
+            set(&mut c, value)?;
+            out.push(c);
+        }
+    }
+    Ok(out)
+}
+
 fn expand(g: &Group, out: &mut Vec<Case>) -> Result<()> {
     if g.batch.is_empty() == g.tokens.is_empty() {
         bail!("give exactly one of batch and tokens");
     }
-    for op_text in &g.op {
-        for dtype_text in &g.dtype {
-            for heads in &g.heads {
-                for hdim in &g.hdim {
-                    for seqlen in &g.seqlen {
-                        for mask_text in &g.mask {
-                            for &varlen in &g.varlen {
-                                for &deterministic in &g.deterministic {
-                                    for &page_size in &g.page_size {
-                                        for table in &g.table {
-                                            let (seqlen_q, seqlen_k) = pair("seqlen", seqlen)?;
-                                            let batches: Vec<usize> = if g.tokens.is_empty() {
-                                                g.batch.clone()
-                                            } else {
-                                                g.tokens.iter().map(|t| (t / seqlen_q.max(1)).max(1)).collect()
-                                            };
-                                            for batch in batches {
-                                                let (nhead_q, nhead_k) = pair("heads", heads)?;
-                                                let (hdim_q, hdim_v) = pair("hdim", hdim)?;
-                                                let op = op(op_text)?;
-                                                if !matches!(table.as_str(), "block" | "csr") {
-                                                    bail!("table: {table:?} is not block or csr");
-                                                }
-                                                out.push(Case {
-                                                    op,
-                                                    dtype: dtype(dtype_text)?,
-                                                    batch,
-                                                    nhead_q,
-                                                    nhead_k,
-                                                    hdim_q,
-                                                    hdim_v,
-                                                    seqlen_q,
-                                                    seqlen_k,
-                                                    mask_text: mask_text.clone(),
-                                                    mask: mask::parse(mask_text)
-                                                        .map_err(|e| anyhow::anyhow!("{}", e.message))?,
-                                                    varlen,
-                                                    deterministic: deterministic && op == Op::Bwd,
-                                                    page_size: if op == Op::Kvcache { page_size } else { 0 },
-                                                    table: if op == Op::Kvcache {
-                                                        table.clone()
-                                                    } else {
-                                                        String::new()
-                                                    },
-                                                });
-                                            }
-                                        }
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
+    let start = Case {
+        op: Op::Fwd,
+        dtype: DtypeName::Bf16,
+        batch: 0,
+        nhead_q: 0,
+        nhead_k: 0,
+        hdim_q: 0,
+        hdim_v: 0,
+        seqlen_q: 0,
+        seqlen_k: 0,
+        mask_text: String::new(),
+        mask: Mask::NONE,
+        varlen: false,
+        deterministic: false,
+        page_size: 0,
+        table: String::new(),
+        splits: 0,
+    };
+    let mut cases = times(vec![start], &g.op, |c, t| {
+        c.op = op(t)?;
+        Ok(())
+    })?;
+    cases = times(cases, &g.dtype, |c, t| {
+        c.dtype = dtype(t)?;
+        Ok(())
+    })?;
+    cases = times(cases, &g.heads, |c, t| {
+        (c.nhead_q, c.nhead_k) = pair("heads", t)?;
+        Ok(())
+    })?;
+    cases = times(cases, &g.hdim, |c, t| {
+        (c.hdim_q, c.hdim_v) = pair("hdim", t)?;
+        Ok(())
+    })?;
+    cases = times(cases, &g.seqlen, |c, t| {
+        (c.seqlen_q, c.seqlen_k) = pair("seqlen", t)?;
+        Ok(())
+    })?;
+    cases = times(cases, &g.mask, |c, t| {
+        c.mask = mask::parse(t).map_err(|e| anyhow::anyhow!("{}", e.message))?;
+        c.mask_text = t.clone();
+        Ok(())
+    })?;
+    cases = times(cases, &g.varlen, |c, &v| {
+        c.varlen = v;
+        Ok(())
+    })?;
+    // Fields of one operation only stay at their neutral value on the others.
+    cases = times(cases, &g.deterministic, |c, &v| {
+        c.deterministic = v && c.op == Op::Bwd;
+        Ok(())
+    })?;
+    cases = times(cases, &g.page_size, |c, &v| {
+        c.page_size = if c.op == Op::Kvcache { v } else { 0 };
+        Ok(())
+    })?;
+    cases = times(cases, &g.table, |c, t| {
+        if !matches!(t.as_str(), "block" | "csr") {
+            bail!("table: {t:?} is not block or csr");
+        }
+        c.table = if c.op == Op::Kvcache { t.clone() } else { String::new() };
+        Ok(())
+    })?;
+    cases = times(cases, &g.splits, |c, &v| {
+        c.splits = if c.op == Op::Kvcache { v } else { 0 };
+        Ok(())
+    })?;
+    for case in cases {
+        let batches: Vec<usize> = if g.tokens.is_empty() {
+            g.batch.clone()
+        } else {
+            g.tokens.iter().map(|t| (t / case.seqlen_q.max(1)).max(1)).collect()
+        };
+        for batch in batches {
+            let case = Case { batch, ..case.clone() };
+            if !out.contains(&case) {
+                out.push(case);
             }
         }
     }
-    out.dedup();
     Ok(())
 }
 

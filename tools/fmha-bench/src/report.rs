@@ -27,6 +27,7 @@ pub struct Row {
     pub deterministic: bool,
     pub page_size: usize,
     pub table: String,
+    pub splits: usize,
     /// `ok`, `unsupported` (this build has no kernel for it) or `error`.
     pub status: String,
     pub message: String,
@@ -72,6 +73,7 @@ impl Row {
             deterministic: case.deterministic,
             page_size: case.page_size,
             table: case.table.clone(),
+            splits: case.splits,
             status: "ok".into(),
             message: String::new(),
             arch: String::new(),
@@ -182,7 +184,16 @@ impl Row {
             self.mask,
             if self.varlen { " varlen" } else { "" },
             if self.deterministic { " det" } else { "" },
-            if self.page_size > 0 { format!(" page {} {}", self.page_size, self.table) } else { String::new() },
+            if self.page_size > 0 {
+                format!(
+                    " page {} {}{}",
+                    self.page_size,
+                    self.table,
+                    if self.splits > 0 { format!(" splits {}", self.splits) } else { String::new() }
+                )
+            } else {
+                String::new()
+            },
         );
         match (self.status.as_str(), self.latency_ms) {
             ("ok", Some(ms)) => format!(

@@ -83,7 +83,7 @@ impl KvCache {
             total_q: total_q as i32,
             max_seqlen_q: max_q as i32,
             max_seqlen_k: max_k as i32,
-            max_splits: 0,
+            max_splits: c.splits as i32,
             kv_split_tokens: 0,
             check_tables: 1,
         };
