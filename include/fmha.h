@@ -369,13 +369,17 @@ typedef struct fmha_kvcache_traits {
   // Split-KV (decode: few query rows against long caches). A splitting launcher cuts each
   // sequence's keys into chunks attended in parallel into partial results in the workspace, then
   // combines them in chunk order (bitwise reproducible for the same call). `max_splits` (0..=256)
-  // bounds the chunks per sequence: 1 never splits; 0 lets the library choose the bound from the
-  // traits and the device's CU count (FA3's rule, with `batch` for the batch: no split when the
-  // tiles of batch × heads × max_seqlen_q query rows fill 80 % of the CUs, or when max_seqlen_k spans
-  // at most 4 key tiles; otherwise the smallest count whose wave efficiency is within 85 % of the
-  // best). A launcher whose calls have far fewer sequences than `batch` should set max_splits.
-  // Within the bound, the prepare picks the chunk length of each call from its lengths (the
-  // call's work over the CUs, plus 10 %). `kv_split_tokens` > 0 fixes the chunk length instead
+  // bounds the chunks per sequence: 1 never splits; 0 lets the library choose from the traits and
+  // the device's CU count, with `batch` for the batch. Decode (every sequence's query rows of one
+  // kv head fit the packed decode tile): no split when batch × nhead_k reaches 3 CTAs per CU or
+  // max_seqlen_k spans fewer than 64 key tiles; otherwise fixed chunks of max_seqlen_k's tiles, as
+  // many as bring the grid to 3 CTAs per CU (at most 128, none shorter than 32 tiles). Prefill:
+  // FA3's rule (no split when the tiles of batch × heads × max_seqlen_q query rows fill 80 % of the
+  // CUs, or when max_seqlen_k spans at most 4 key tiles; otherwise the smallest count whose wave
+  // efficiency is within 85 % of the best),
+  // and the prepare picks the chunk length of each call from its lengths (the call's work over the
+  // CUs, plus 10 %); so does an explicit max_splits. A launcher whose calls have far fewer sequences
+  // than `batch` should set max_splits. `kv_split_tokens` > 0 fixes the chunk length instead
   // (rounded up to whole key tiles), so that a sequence's result depends on its own length only
   // (batch invariance); max_seqlen_k must then fit in max_splits (or 256) chunks.
   int32_t max_splits;

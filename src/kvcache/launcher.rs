@@ -13,7 +13,7 @@ use crate::launch::abi::KvCacheFault;
 use crate::launch::KvCacheKargs;
 use crate::problem::paged::PoolLayout;
 use crate::problem::scale::ScaleGranularity;
-use crate::problem::split::{ceil_div, heuristic_max_splits, SplitPolicy};
+use crate::problem::split::{ceil_div, decode_split, heuristic_max_splits, SplitPolicy};
 use crate::problem::MaskType;
 use crate::registry::{Instance, Operation, Plan, Request, Stage};
 use crate::runtime::{self, Arch, CopyKind, DevicePtr, Stream};
@@ -52,8 +52,9 @@ fn select(traits: &KvCacheTraits) -> Result<Instance> {
 
 /// How a launcher for `traits` splits the KV on a device of `cu_count` CUs (spec/inference.md §3.3):
 /// `kv_split_tokens > 0` fixes the chunks (rounded up to whole key tiles) and so their count for the
-/// longest sequence; otherwise `max_splits`, or when it is 0 FA3's static rule on the traits' bounds
-/// (every CTA of a grid sized for more chunks than a sequence has returns at once, but is launched).
+/// longest sequence; otherwise `max_splits`, or when it is 0 the library's rule on the traits' bounds:
+/// `decode_split` for the decode tile, FA3's static rule for the prefill tile (every CTA of a grid sized
+/// for more chunks than a sequence has returns at once, but is launched).
 fn split_policy(traits: &KvCacheTraits, instance: &Instance, cu_count: i64) -> Result<SplitPolicy> {
     let n0 = instance.n0;
     let policy = if traits.kv_split_tokens > 0 {
@@ -73,11 +74,19 @@ fn split_policy(traits: &KvCacheTraits, instance: &Instance, cu_count: i64) -> R
         SplitPolicy { max_splits: needed, split_tiles }
     } else if traits.max_splits > 0 {
         SplitPolicy { max_splits: traits.max_splits, split_tiles: 0 }
+    } else if instance.packed_gqa {
+        // Decode: a packed tile serves every query head of its kv head, one tile per sequence and kv head.
+        decode_split(traits.batch, traits.nhead_k, traits.max_seqlen_k, n0, cu_count)
     } else {
-        // A packed tile serves every query head of its kv head.
-        let pack = if instance.packed_gqa { traits.nhead_q / traits.nhead_k } else { 1 };
-        let (heads, rows) = (traits.nhead_q / pack, traits.max_seqlen_q * pack);
-        let bound = heuristic_max_splits(traits.batch, heads, rows, traits.max_seqlen_k, instance.m0, n0, cu_count);
+        let bound = heuristic_max_splits(
+            traits.batch,
+            traits.nhead_q,
+            traits.max_seqlen_q,
+            traits.max_seqlen_k,
+            instance.m0,
+            n0,
+            cu_count,
+        );
         SplitPolicy { max_splits: bound, split_tiles: 0 }
     };
     Ok(policy)

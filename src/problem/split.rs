@@ -115,6 +115,33 @@ pub fn heuristic_max_splits(
     (1..=most).find(|&s| efficiency(s) >= 0.85 * best).unwrap_or(1)
 }
 
+/// CTAs per CU the decode kernel (the packed-GQA tile) needs in flight to stream K/V near the memory's
+/// rate: on an H200 (docs/perf.md, 2026-11-26) 128 CTAs of 32k keys each reached 1.9 TB/s and 512 of the
+/// same length 3.5 TB/s.
+pub const DECODE_CTAS_PER_CU: i64 = 3;
+
+/// The shortest chunk `decode_split` makes, in key tiles: shorter chunks cost more in each CTA's start
+/// and in partial results than their parallelism gains.
+pub const DECODE_MIN_CHUNK_TILES: i64 = 32;
+
+/// How the library splits a decode call when the caller leaves it to it (the packed-GQA tile; one tile
+/// row set per sequence and kv head): a grid of fewer than `DECODE_CTAS_PER_CU` CTAs per CU is cut into
+/// fixed chunks of the longest sequence's key tiles, as many as bring it there (at most 128, and none
+/// shorter than `DECODE_MIN_CHUNK_TILES`). Fixed chunks depend on a sequence's own length only, so results do not depend
+/// on the rest of the batch.
+pub fn decode_split(batch: i64, heads: i64, max_seqlen_k: i64, n0: i64, cu_count: i64) -> SplitPolicy {
+    let tiles = batch.max(1) * heads.max(1);
+    let n_blocks = ceil_div(max_seqlen_k.max(0), n0);
+    let target = DECODE_CTAS_PER_CU * cu_count.max(1);
+    let most = (n_blocks / DECODE_MIN_CHUNK_TILES).min(128);
+    if most < 2 || tiles >= target {
+        return SplitPolicy::UNSPLIT;
+    }
+    let splits = ceil_div(target, tiles).min(most);
+    let split_tiles = ceil_div(n_blocks, splits);
+    SplitPolicy { max_splits: ceil_div(n_blocks, split_tiles), split_tiles }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,6 +204,30 @@ mod tests {
         assert_eq!(heuristic_max_splits(1, 8, 1, 32768, 64, 64, 132), 15);
         // A batch of 64 sequences' kv heads fills the GPU unsplit.
         assert_eq!(heuristic_max_splits(64, 8, 1, 32768, 64, 64, 132), 1);
+    }
+
+    #[test]
+    fn decode_splits_until_the_grid_has_three_ctas_per_cu() {
+        // 64 sequences × 8 kv heads = 512 CTAs ≥ 3 × 132: unsplit (the B64 decode rows).
+        assert_eq!(decode_split(64, 8, 32768, 64, 132), SplitPolicy::UNSPLIT);
+        // 16 × 8 = 128 CTAs: 4 chunks of 128 tiles (8k keys), 512 CTAs.
+        assert_eq!(decode_split(16, 8, 32768, 64, 132), SplitPolicy { max_splits: 4, split_tiles: 128 });
+        // 4 × 8 = 32 CTAs: 13 chunks of 40 tiles, 416 CTAs.
+        assert_eq!(decode_split(4, 8, 32768, 64, 132), SplitPolicy { max_splits: 13, split_tiles: 40 });
+        // One sequence: chunks no shorter than 32 tiles, 16 of them, 128 CTAs.
+        assert_eq!(decode_split(1, 8, 32768, 64, 132), SplitPolicy { max_splits: 16, split_tiles: 32 });
+        // Keys for fewer than two shortest chunks, and the 128-chunk bound.
+        assert_eq!(decode_split(1, 1, 63 * 64, 64, 132), SplitPolicy::UNSPLIT);
+        assert_eq!(decode_split(1, 1, 64 * 64, 64, 132), SplitPolicy { max_splits: 2, split_tiles: 32 });
+        assert_eq!(decode_split(1, 1, 1 << 20, 64, 132).max_splits, 128);
+        // Every chunking covers the longest sequence within max_splits.
+        for (b, h, k) in [(1, 1, 1000), (3, 8, 5000), (20, 4, 100000), (130, 1, 9000)] {
+            let p = decode_split(b, h, k, 64, 132);
+            assert!(
+                ceil_div(ceil_div(k, 64), p.split_tiles.max(1)) <= p.max_splits || !p.splits(),
+                "{b} {h} {k} {p:?}"
+            );
+        }
     }
 
     #[test]
