@@ -69,6 +69,11 @@ pub fn decode(dtype: DtypeName, bytes: &[u8], index: usize) -> f64 {
     }
 }
 
+/// Element `index` of little-endian fp32 `bytes` (the LSE a call wrote).
+pub fn f32_at(bytes: &[u8], index: usize) -> f64 {
+    f64::from(f32::from_le_bytes(bytes[4 * index..4 * index + 4].try_into().unwrap()))
+}
+
 /// Rows `[token][head][dim]` of a (possibly varlen) tensor: the element of (sequence b, head h, row i,
 /// column d) for sequences starting at `starts[b]` tokens.
 #[derive(Clone, Copy)]

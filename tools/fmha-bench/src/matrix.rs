@@ -115,6 +115,33 @@ impl Case {
             .collect()
     }
 
+    /// Kept (query, key) pairs over every sequence: the attention's work.
+    pub fn kept_pairs(&self) -> f64 {
+        self.seqlens()
+            .iter()
+            .map(|&(sq, sk)| {
+                let m = self.mask.resolve(sq as i64, sk as i64);
+                (0..sq as i64).map(|i| m.key_range(i, i + 1)).map(|(a, b)| (b - a) as f64).sum::<f64>()
+            })
+            .sum()
+    }
+
+    /// Operations of the forward's two matrix products over the kept pairs.
+    pub fn attention_flops(&self) -> f64 {
+        2.0 * self.kept_pairs() * (self.nhead_q * (self.hdim_q + self.hdim_v)) as f64
+    }
+
+    /// Bytes of q and of every sequence's k and v read, and of o written, once each.
+    pub fn io_bytes(&self) -> f64 {
+        let lens = self.seqlens();
+        let tq = lens.iter().map(|s| s.0).sum::<usize>() as f64;
+        let tk = lens.iter().map(|s| s.1).sum::<usize>() as f64;
+        let e = self.dtype.bytes() as f64;
+        tq * (self.nhead_q * self.hdim_q) as f64 * e
+            + tk * (self.nhead_k * (self.hdim_q + self.hdim_v)) as f64 * e
+            + tq * (self.nhead_q * self.hdim_v * self.dtype.output().bytes()) as f64
+    }
+
     /// The case's fields by name, as `--filter` and the report see them.
     pub fn fields(&self) -> BTreeMap<&'static str, String> {
         BTreeMap::from([

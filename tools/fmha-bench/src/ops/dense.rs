@@ -2,7 +2,7 @@
 //! tensors `[token][head][dim]`: batch mode is the varlen layout with sequences `seqlen` tokens apart.
 
 use super::{Bench, Work};
-use crate::data::{decode, Encoded, TokenMajor};
+use crate::data::{decode, f32_at, Encoded, TokenMajor};
 use crate::device::{check, Buffer};
 use crate::matrix::{Case, DtypeName};
 use crate::verify::{self, Sequence, Verdict};
@@ -151,34 +151,9 @@ impl Tensors {
         }
     }
 
-    /// Kept (query, key) pairs of the whole problem: the attention's work.
-    fn kept_pairs(&self) -> f64 {
-        self.seqlens
-            .iter()
-            .map(|&(sq, sk)| {
-                let m = self.case.mask.resolve(sq as i64, sk as i64);
-                (0..sq as i64).map(|i| m.key_range(i, i + 1)).map(|(a, b)| (b - a) as f64).sum::<f64>()
-            })
-            .sum()
-    }
-
-    /// Bytes of q, k, v read and o written once.
-    fn io_bytes(&self) -> f64 {
-        let c = &self.case;
-        let (tq, tk) = (self.total_q() as f64, *self.starts_k.last().unwrap() as f64);
-        let e = c.dtype.bytes() as f64;
-        tq * (c.nhead_q * c.hdim_q) as f64 * e
-            + tk * (c.nhead_k * (c.hdim_q + c.hdim_v)) as f64 * e
-            + tq * (c.nhead_q * c.hdim_v * c.dtype.output().bytes()) as f64
-    }
-
     fn run_forward(&self) -> Result<()> {
         check(fmha_fwd(&self.traits(), &self.args(), null_mut()), "fmha_fwd")
     }
-}
-
-fn f32_at(bytes: &[u8], index: usize) -> f64 {
-    f64::from(f32::from_le_bytes(bytes[4 * index..4 * index + 4].try_into().unwrap()))
 }
 
 pub struct Forward {
@@ -202,7 +177,7 @@ impl Bench for Forward {
 
     fn work(&self) -> Work {
         let c = &self.t.case;
-        Work { flops: 2.0 * self.t.kept_pairs() * (c.nhead_q * (c.hdim_q + c.hdim_v)) as f64, bytes: self.t.io_bytes() }
+        Work { flops: c.attention_flops(), bytes: c.io_bytes() }
     }
 
     fn verify(&mut self) -> Result<Verdict> {
@@ -341,9 +316,8 @@ impl Bench for Backward {
     /// FlashAttention's count: the backward does 2.5× the forward's matrix products.
     fn work(&self) -> Work {
         let c = &self.t.case;
-        let fwd = 2.0 * self.t.kept_pairs() * (c.nhead_q * (c.hdim_q + c.hdim_v)) as f64;
         // q, k, v, o, dO read; dQ, dK, dV written.
-        Work { flops: 2.5 * fwd, bytes: 2.0 * self.t.io_bytes() }
+        Work { flops: 2.5 * c.attention_flops(), bytes: 2.0 * c.io_bytes() }
     }
 
     fn verify(&mut self) -> Result<Verdict> {

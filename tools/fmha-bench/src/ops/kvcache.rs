@@ -3,7 +3,7 @@
 //! from a shuffled pool, found through a block table or a CSR page list.
 
 use super::{Bench, Work};
-use crate::data::{decode, Encoded, TokenMajor};
+use crate::data::{decode, f32_at, Encoded, TokenMajor};
 use crate::device::{check, Buffer};
 use crate::matrix::Case;
 use crate::verify::{self, Sequence, Verdict};
@@ -268,22 +268,7 @@ impl Bench for KvCache {
     /// The matrix products over the kept (query, key) pairs; the bytes of q, the sequences' K/V tokens
     /// and o (decode is bound by the K/V reads: GB/s is its figure).
     fn work(&self) -> Work {
-        let c = &self.case;
-        let mut pairs = 0.0;
-        let mut kv_tokens = 0.0;
-        for &(sq, sk) in &self.seqlens {
-            let m = c.mask.resolve(sq as i64, sk as i64);
-            pairs += (0..sq as i64).map(|i| m.key_range(i, i + 1)).map(|(a, b)| (b - a) as f64).sum::<f64>();
-            kv_tokens += sk as f64;
-        }
-        let total_q = *self.starts_q.last().unwrap() as f64;
-        let e = c.dtype.bytes() as f64;
-        Work {
-            flops: 2.0 * pairs * (c.nhead_q * (c.hdim_q + c.hdim_v)) as f64,
-            bytes: total_q * (c.nhead_q * c.hdim_q) as f64 * e
-                + kv_tokens * (c.nhead_k * (c.hdim_q + c.hdim_v)) as f64 * e
-                + total_q * (c.nhead_q * c.hdim_v * c.dtype.output().bytes()) as f64,
-        }
+        Work { flops: self.case.attention_flops(), bytes: self.case.io_bytes() }
     }
 
     fn verify(&mut self) -> Result<Verdict> {
@@ -298,10 +283,7 @@ impl Bench for KvCache {
         let o_at = |b: usize, h: usize, i: usize, d: usize| {
             decode(c.dtype.output(), &o, out.index(self.starts_q[b] + i, h, d))
         };
-        let lse_at = |b: usize, h: usize, i: usize| {
-            let at = 4 * (h * total_q + self.starts_q[b] + i);
-            f64::from(f32::from_le_bytes(lse[at..at + 4].try_into().unwrap()))
-        };
+        let lse_at = |b: usize, h: usize, i: usize| f32_at(&lse, h * total_q + self.starts_q[b] + i);
         Ok(verify::forward(c, &|b| self.sequence(b), &o_at, Some(&lse_at)))
     }
 }
