@@ -602,25 +602,23 @@ def _bwd(
     if prepare is None:
         prepare = os.environ.get("FMHA_PREPARE_METHOD")
     signature = None
-    if forward_signature is not None and dq is None and dk is None and dv is None:
-        # The backward of a templated forward (autograd): q, k, v, the cu_seqlens and the options are the
-        # forward's, out and lse its outputs, so its signature stands for them (and for their alignment).
+    if dq is None and dk is None and dv is None:
         try:
-            signature = (forward_signature, _sig(dout), bool(deterministic), prepare)
-            template = _bwd_templates.get(signature)
-        except (AttributeError, TypeError):
-            signature = template = None
-        if template is not None and _aligned((dout,)):
-            return _bwd_from_template(template, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-    elif dq is None and dk is None and dv is None:
-        try:
-            signature = (_sig(dout), _sig(q), _sig(k), _sig(v), _sig(out), _sig(lse), _sig(cu_seqlens_q),
-                         _sig(cu_seqlens_k), max_seqlen_q, max_seqlen_k, softmax_scale, mask_type, tuple(window),
-                         bool(deterministic), prepare)
+            if forward_signature is not None:
+                # The backward of a templated forward (autograd): q, k, v, the cu_seqlens and the options
+                # are the forward's, out and lse its outputs, so its signature stands for them (and for
+                # their alignment).
+                signature = (forward_signature, _sig(dout), bool(deterministic), prepare)
+                read = (dout,)
+            else:
+                signature = (_sig(dout), _sig(q), _sig(k), _sig(v), _sig(out), _sig(lse), _sig(cu_seqlens_q),
+                             _sig(cu_seqlens_k), max_seqlen_q, max_seqlen_k, softmax_scale, mask_type,
+                             tuple(window), bool(deterministic), prepare)
+                read = (q, k, v, out, dout)
             template = _bwd_templates.get(signature)
         except (AttributeError, TypeError):  # not tensors, unhashable options: the checks below say what
             signature = template = None
-        if template is not None and _aligned((q, k, v, out, dout)):
+        if template is not None and _aligned(read):
             return _bwd_from_template(template, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
     given = (q, k, v, out, dout, lse)
     device = _check_tensors(
