@@ -193,7 +193,11 @@ const BACKWARD_TILES: [(i64, i64, i64); 4] = [(32, 32, 128), (64, 32, 128), (128
 const FORWARD_TILES: [(i64, i64, i64); 4] = [(32, 64, 64), (64, 64, 64), (128, 64, 64), (256, 64, 32)];
 
 /// Forward tiles of the GPU kernels (`hip/fwd/forward.hip`): head-dim bucket, q rows, k rows.
-/// sm_90a: warpgroups of 64 q rows (one at D = 64, two at D = 128).
+/// sm_90a's dense 16-bit forward: the warp-specialized kernel (`hip/fwd/sm90/specialized_kernel.h`), two
+/// consumer warpgroups of 64 q rows and 128 keys per tile.
+const SM90_DENSE_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 128, 128), (128, 128, 128)];
+/// sm_90a's kv-cache forward and dense fp8 forward (`hip/fwd/sm90/kernel.h`): warpgroups of 64 q rows
+/// (one at D = 64, two at D = 128).
 const SM90_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 64, 128), (128, 128, 128)];
 /// sm_90a's decode tiles (packed GQA): one warpgroup of 64 (query row, query head) pairs; 64 keys for
 /// 16-bit types, 128 for fp8.
@@ -273,7 +277,8 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
             list
         }
         Arch::Sm90 if cfg!(feature = "cuda") => {
-            let mut list = gpu_instances(arch, Operation::Forward, &HALF_DTYPES, &SM90_FORWARD_TILES, "wgmma_cp_async");
+            let mut list =
+                gpu_instances(arch, Operation::Forward, &HALF_DTYPES, &SM90_DENSE_FORWARD_TILES, "wgmma_cp_async_ws");
             // fp8 (OCP, the format Hopper's tensor cores take) with the D = 128 shape only, as the
             // kv cache's; V transposed in shared memory (hip/fwd/sm90/transpose_v.h).
             list.extend(gpu_instances(
@@ -562,16 +567,26 @@ mod tests {
         let e = amd.check_input_rows("do", &tensor(1 << 24)).unwrap_err();
         assert_eq!(e.status, crate::Status::Unsupported);
         assert!(e.message.starts_with("do.row_stride: 16777216 elements; the gfx950"), "{}", e.message);
-        let sm90 =
-            &gpu_instances(Arch::Sm90, Operation::Forward, &HALF_DTYPES, &SM90_FORWARD_TILES, "wgmma_cp_async")[0];
+        let sm90 = &gpu_instances(
+            Arch::Sm90,
+            Operation::Forward,
+            &HALF_DTYPES,
+            &SM90_DENSE_FORWARD_TILES,
+            "wgmma_cp_async_ws",
+        )[0];
         sm90.check_input_rows("q", &tensor(1 << 40)).unwrap();
     }
 
     #[test]
     fn gpu_instances_check_vector_strides_and_grids_naming_the_field() {
         use crate::problem::{Mode, Tensor};
-        let sm90 =
-            &gpu_instances(Arch::Sm90, Operation::Forward, &HALF_DTYPES, &SM90_FORWARD_TILES, "wgmma_cp_async")[0];
+        let sm90 = &gpu_instances(
+            Arch::Sm90,
+            Operation::Forward,
+            &HALF_DTYPES,
+            &SM90_DENSE_FORWARD_TILES,
+            "wgmma_cp_async_ws",
+        )[0];
         let t = Tensor {
             ptr: crate::runtime::DeviceAddr(1 << 20),
             batch_stride: -12345,

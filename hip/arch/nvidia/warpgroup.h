@@ -64,6 +64,16 @@ __device__ inline void hold_registers(float (&d)[kRows][4]) {
   }
 }
 
+// The same for A-fragment registers a wgmma reads asynchronously: placed after the wait that retires
+// it, they stay live (not reused for other values) until the product has read them.
+template <int kSteps>
+__device__ inline void hold_registers(uint32_t (&a)[kSteps][4]) {
+#pragma unroll
+  for (int i = 0; i < kSteps; ++i) {
+    asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3])::"memory");
+  }
+}
+
 // Shared-memory operands make a copy of every thread's shared writes visible to the tensor cores'
 // (async) proxy: each writing thread fences before the barrier that publishes them.
 __device__ inline void fence_shared_for_async_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }

@@ -33,9 +33,18 @@ struct KeyValueTiles<fmha_fwd_params, Tile, T> {
 
   template <typename KCopy, typename VCopy>
   __device__ void issue(const KCopy& k_copy, const VCopy& v_copy, uint32_t sK, uint32_t sV, int64_t j0) const {
-    const int valid = static_cast<int>(rows.sk - j0);
-    k_copy.issue(sK, k + j0 * k_row_stride, k_row_stride, valid, hdim_q);
-    v_copy.issue(sV, v + j0 * v_row_stride, v_row_stride, valid, hdim_v);
+    issue_keys(k_copy, sK, j0);
+    issue_values(v_copy, sV, j0);
+  }
+
+  // The K or the V tile alone (the warp-specialized kernel's producer has a pipeline for each).
+  template <typename Copy>
+  __device__ void issue_keys(const Copy& copy, uint32_t sK, int64_t j0) const {
+    copy.issue(sK, k + j0 * k_row_stride, k_row_stride, static_cast<int>(rows.sk - j0), hdim_q);
+  }
+  template <typename Copy>
+  __device__ void issue_values(const Copy& copy, uint32_t sV, int64_t j0) const {
+    copy.issue(sV, v + j0 * v_row_stride, v_row_stride, static_cast<int>(rows.sk - j0), hdim_v);
   }
 };
 

@@ -4,6 +4,8 @@
 #pragma once
 
 #include "fwd/sm90/kernel.h"
+#include "fwd/sm90/specialized_kernel.h"
+#include "fwd/sm90/specialized_tile.h"
 #include "fwd/sm90/tile.h"
 
 namespace fmha {
@@ -24,6 +26,20 @@ int32_t launch_forward(const Params& p, hipStream_t stream) {
   const int64_t rows = static_cast<int64_t>(p.max_seqlen_q) * group;
   const dim3 grid(static_cast<uint32_t>((rows + Tile::kBlockM - 1) / Tile::kBlockM * splits),
                   kPackGqa ? p.nhead_k : p.nhead_q, p.batch);
+  kernel<<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(p);
+  return static_cast<int32_t>(cudaGetLastError());
+}
+
+// The dense forward's 16-bit instances: the warp-specialized kernel (fwd/sm90/specialized_kernel.h),
+// 128 query rows and 128 keys per tile; D = 128 keeps two stages of K and V (160 KiB), D = 64 three.
+template <typename T, int kHeadDim, bool kMasked>
+int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream) {
+  using Tile = SpecializedTile<T, kHeadDim, 128, 3, kMasked>;
+  auto kernel = specialized_forward_kernel<Tile, T, fmha_fwd_params>;
+  static const cudaError_t configured =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes);
+  if (configured != cudaSuccess) return static_cast<int32_t>(configured);
+  const dim3 grid(static_cast<uint32_t>((p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM), p.nhead_q, p.batch);
   kernel<<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(p);
   return static_cast<int32_t>(cudaGetLastError());
 }
@@ -64,6 +80,16 @@ template <typename T, bool kPageScales = false, typename Params>
 int32_t dispatch_forward(const Params& p, hipStream_t stream) {
   if constexpr (std::is_same_v<Params, fmha_kvcache_params>) {
     if (p.pack_gqa != 0) return dispatch_packed<T, kPageScales>(p, stream);
+  }
+  if constexpr (std::is_same_v<Params, fmha_fwd_params> && sizeof(T) == 2) {
+    switch (p.hdim_bucket) {
+      case 64:
+        return p.masked ? launch_specialized<T, 64, true>(p, stream) : launch_specialized<T, 64, false>(p, stream);
+      case 128:
+        return p.masked ? launch_specialized<T, 128, true>(p, stream) : launch_specialized<T, 128, false>(p, stream);
+      default:
+        return static_cast<int32_t>(cudaErrorInvalidValue);
+    }
   }
   switch (p.hdim_bucket) {
     case 64:

@@ -27,6 +27,8 @@
 #include "common/descale.h"
 #include "common/sequence.h"
 #include "launch.h"
+#include "fwd/sm90/epilogue.h"
+#include "fwd/sm90/key_range.h"
 #include "fwd/sm90/mainloop.h"
 #include "kvcache/split.h"
 
@@ -43,7 +45,6 @@ struct KeyValueTiles;
 
 template <typename Tile, typename T, typename Params>
 __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
-  using O = typename Tile::Output;
   constexpr int M = Tile::kBlockM, N = Tile::kBlockN;
   constexpr int kDTiles = Tile::kDim / 8;
   constexpr uint32_t kKVBytes = Tile::kKVBytes;
@@ -82,16 +83,9 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
   const T* q_sequence = reinterpret_cast<const T*>(p.q) + batch * p.q_batch_stride + rows.q_start * p.q_row_stride;
   const auto q_row = [&](int64_t r) { return q_sequence + head_of(r) * p.q_head_stride + (r / group) * p.q_row_stride; };
 
-  // Keys that any row of this tile keeps: [key_lo, key_hi); tiles outside are never visited.
-  const ResolvedMask mask = resolve_mask(p.mask_type, p.window_left, p.window_right, rows.sq, rows.sk);
-  int64_t key_lo = 0, key_hi = rows.sk;
-  if (Tile::kMasked) {
-    const int64_t lo = first_query + mask.off - mask.left, hi = last_query + mask.off + mask.right + 1;
-    key_lo = lo > 0 ? lo : 0;
-    key_hi = hi < rows.sk ? hi : rows.sk;
-  }
-  int first_tile = static_cast<int>(key_lo / N);
-  int end_tile = key_hi > key_lo ? static_cast<int>((key_hi + N - 1) / N) : first_tile;
+  const KeyRange keys = key_range<N, Tile::kMasked>(p, rows, first_query, last_query);
+  const ResolvedMask& mask = keys.mask;
+  int first_tile = keys.first, end_tile = keys.end;
   // A split sequence's CTA attends to its chunk's tiles only and leaves a partial state
   // (kvcache/split.h); an empty chunk leaves O = 0, LSE = -inf.
   bool partial = false;
@@ -143,9 +137,6 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
     v_tile = arch::mn_major_descriptor(sV, Tile::VLayout::kBlockBytes);
   }
   const float scale_log2 = p.scale_log2 * kv.qk_descale;
-  // Tiles whose every element the mask keeps and that end before sk need no per-element checks.
-  const int64_t interior_lo = last_query + mask.off - mask.left, interior_hi = first_query + mask.off + mask.right;
-
   float tile_v = 1.f;  // per-page descales: the V descale O is in units of
   for (int jt = first_tile; jt < end_tile; ++jt) {
     const uint32_t stage = static_cast<uint32_t>((jt - first_tile) & 1) * kKVBytes;
@@ -167,7 +158,7 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
     arch::block_barrier();
 
     const int64_t j0 = static_cast<int64_t>(jt) * N;
-    const bool edge = j0 + N > rows.sk || (Tile::kMasked && (j0 < interior_lo || j0 + N - 1 > interior_hi));
+    const bool edge = keys.edge<N, Tile::kMasked>(j0, rows.sk);
     // 8-bit inputs: one Vᵀ tile, rewritten each step (every warpgroup's P·V of the previous step is
     // waited for before the barrier that ends it).
     const uint64_t v_step = Tile::kTransposeV ? v_tile : arch::descriptor_plus(v_tile, stage);
@@ -188,49 +179,10 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
     arch::block_barrier();  // this stage is overwritten by the copy issued next iteration
   }
 
-  // Normalise and store O (rows past the batch's length are not written) and the natural-log LSE; a
-  // partial state goes to the workspace in fp32.
-  O* out = reinterpret_cast<O*>(p.o) + batch * p.o_batch_stride;
-  float* lse = reinterpret_cast<float*>(p.lse);
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float sum = arch::quad_sum(st.row_sum[r]);
-    if (row_of[r] >= tile_rows) continue;
-    const int64_t i = query_of[r];
-    const int h = head_of(row_of[r]);
-    const float inverse = sum > 0.f ? kv.v_descale * tile_v / sum : 0.f;
-    // LSE = ln(Σ exp(scale · S)) = (scale_log2 · max + log2 Σ) · ln 2, Σ in units of 2^-kPShift
-    // (one explicit FMA: the dense and the paged kernels must round it alike)
-    const float natural =
-        sum > 0.f ? fmaf(st.row_max[r], scale_log2, log2f(sum) - Tile::kPShift) * 0.69314718055994531f : -INFINITY;
-    if constexpr (kCanSplit) {
-      if (partial) {
-        const int64_t state = kvcache::partial_state(p, split, h, kvcache::partial_row(p, kv.seq.q_start, b, i));
-        float* o_state = reinterpret_cast<float*>(p.partial_o) + state * p.hdim_v;
-#pragma unroll
-        for (int n = 0; n < kDTiles; ++n) {
-          const int col = n * 8 + 2 * t;
-          if (col < p.hdim_v) {
-            *reinterpret_cast<float2*>(o_state + col) = make_float2(st.o[n][2 * r] * inverse, st.o[n][2 * r + 1] * inverse);
-          }
-        }
-        if (t == 0) reinterpret_cast<float*>(p.partial_lse)[state] = natural;
-        continue;
-      }
-    }
-    O* out_row = out + h * p.o_head_stride + (rows.q_start + i) * p.o_row_stride;
-#pragma unroll
-    for (int n = 0; n < kDTiles; ++n) {
-      const int col = n * 8 + 2 * t;
-      if (col < p.hdim_v) {
-        *reinterpret_cast<uint32_t*>(out_row + col) =
-            arch::Element<O>::pack(st.o[n][2 * r] * inverse, st.o[n][2 * r + 1] * inverse);
-      }
-    }
-    if (lse != nullptr && t == 0) {
-      lse[(p.group_mode ? 0 : b * p.lse_batch_stride) + h * p.lse_head_stride + rows.q_start + i] = natural;
-    }
-  }
+  int64_t seq_q_start = 0;
+  if constexpr (kCanSplit) seq_q_start = kv.seq.q_start;
+  store_output<Tile>(p, st, scale_log2, kv.v_descale * tile_v, row_of, query_of, tile_rows, head_of, rows, b, batch, t,
+                     partial, split, seq_q_start);
 }
 
 }  // namespace fmha

@@ -19,39 +19,31 @@ struct RowState {
   float row_sum[2];
 };
 
-// One K/V tile for one warpgroup: S = Q·Kᵀ, mask (edge tiles only: the masks are compiled out of the
-// interior path), online softmax, O += P·V. `q`, `k`, `v`: the descriptors of the warpgroup's Q rows
-// and of this stage's K and V (8-bit inputs: Vᵀ) tiles; `under_s()` runs while S is computed (8-bit
-// inputs: the CTA's transpose of V into the Vᵀ tile, with the barrier that publishes it). Per-page
-// descales (Tile::kPageScales): `tile_dk`, this tile's K descale, and `o_rescale`, the previous tile's
-// V descale over this one's (O is kept in units of the current tile's V descale).
-template <typename Tile, typename T, bool kEdge, typename UnderS>
-__device__ inline void attend_tile(RowState<Tile>& st, uint64_t q, uint64_t k, uint64_t v, float scale_log2,
-                                   float tile_dk, float o_rescale, const ResolvedMask& mask, int64_t j0, int64_t sk, const int64_t (&row_of)[2], int t,
-                                   const UnderS& under_s) {
-  constexpr int N = Tile::kBlockN, D = Tile::kDim, kNTiles = N / 8, kDTiles = D / 8;
-
-  float s[kNTiles][4];
-  arch::warpgroup_fence();
-  arch::mma_rows_by_rows<T, D, Tile::QLayout::kBlockBytes, Tile::KLayout::kBlockBytes>(s, q, k);
-  arch::warpgroup_commit();
-  under_s();
-  arch::warpgroup_wait<0>();
-  arch::hold_registers(s);
-  if (kEdge) {
+// Edge tiles: scores of keys the mask drops (or past sk) become -inf (the interior path compiles this out).
+template <typename Tile, int kNTiles>
+__device__ inline void mask_scores(float (&s)[kNTiles][4], const ResolvedMask& mask, int64_t j0, int64_t sk,
+                                   const int64_t (&row_of)[2], int t) {
 #pragma unroll
-    for (int n = 0; n < kNTiles; ++n) {
+  for (int n = 0; n < kNTiles; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t i = row_of[e / 2], j = j0 + n * 8 + 2 * t + (e & 1);
-        const bool keep = Tile::kMasked ? mask.kept(i, j, sk) : j < sk;
-        if (!keep) s[n][e] = -INFINITY;
-      }
+    for (int e = 0; e < 4; ++e) {
+      const int64_t i = row_of[e / 2], j = j0 + n * 8 + 2 * t + (e & 1);
+      const bool keep = Tile::kMasked ? mask.kept(i, j, sk) : j < sk;
+      if (!keep) s[n][e] = -INFINITY;
     }
   }
+}
 
-  // Online softmax on raw scores: P = 2^(scale_log2 · (S - max)), one FFMA and one EX2 per element.
+// The online softmax of one tile of raw scores: P = 2^(scale_log2 · (S - max)) in place of S (one FFMA
+// and one EX2 per element), the running max and sum updated. Returns, per row, the factor the O
+// accumulator must be multiplied by before this tile's P·V is added to it. Per-page descales
+// (Tile::kPageScales): `tile_dk`, this tile's K descale, and `o_rescale`, the previous tile's V descale
+// over this one's (O is kept in units of the current tile's V descale).
+template <typename Tile, int kNTiles>
+__device__ inline float2 online_softmax(RowState<Tile>& st, float (&s)[kNTiles][4], float scale_log2, float tile_dk,
+                                        float o_rescale) {
   const float coefficient = Tile::kPageScales ? scale_log2 * tile_dk : scale_log2;
+  float o_correction[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float tile_max = -INFINITY;
@@ -68,12 +60,7 @@ __device__ inline void attend_tile(RowState<Tile>& st, uint64_t q, uint64_t k, u
     const float p_base = base - Tile::kPShift;  // P in units of 2^-kPShift
     st.row_max[r] = new_max;
     st.row_sum[r] *= correction;
-    const float o_correction = Tile::kPageScales ? correction * o_rescale : correction;
-#pragma unroll
-    for (int n = 0; n < kDTiles; ++n) {
-      st.o[n][2 * r] *= o_correction;
-      st.o[n][2 * r + 1] *= o_correction;
-    }
+    o_correction[r] = Tile::kPageScales ? correction * o_rescale : correction;
     // The tile's sum first, then one add into the running sum: thousands of keys would otherwise
     // accumulate one rounding each.
     float tile_sum = 0.f;
@@ -85,6 +72,40 @@ __device__ inline void attend_tile(RowState<Tile>& st, uint64_t q, uint64_t k, u
     }
     st.row_sum[r] += tile_sum;
   }
+  return make_float2(o_correction[0], o_correction[1]);
+}
+
+template <typename Tile>
+__device__ inline void rescale_output(RowState<Tile>& st, float2 correction) {
+#pragma unroll
+  for (int n = 0; n < Tile::kDim / 8; ++n) {
+    st.o[n][0] *= correction.x;
+    st.o[n][1] *= correction.x;
+    st.o[n][2] *= correction.y;
+    st.o[n][3] *= correction.y;
+  }
+}
+
+// One K/V tile for one warpgroup: S = Q·Kᵀ, mask (edge tiles only: the masks are compiled out of the
+// interior path), online softmax, O += P·V. `q`, `k`, `v`: the descriptors of the warpgroup's Q rows
+// and of this stage's K and V (8-bit inputs: Vᵀ) tiles; `under_s()` runs while S is computed (8-bit
+// inputs: the CTA's transpose of V into the Vᵀ tile, with the barrier that publishes it). Per-page
+// descales: as online_softmax.
+template <typename Tile, typename T, bool kEdge, typename UnderS>
+__device__ inline void attend_tile(RowState<Tile>& st, uint64_t q, uint64_t k, uint64_t v, float scale_log2,
+                                   float tile_dk, float o_rescale, const ResolvedMask& mask, int64_t j0, int64_t sk, const int64_t (&row_of)[2], int t,
+                                   const UnderS& under_s) {
+  constexpr int N = Tile::kBlockN, D = Tile::kDim, kNTiles = N / 8;
+
+  float s[kNTiles][4];
+  arch::warpgroup_fence();
+  arch::mma_rows_by_rows<T, D, Tile::QLayout::kBlockBytes, Tile::KLayout::kBlockBytes>(s, q, k);
+  arch::warpgroup_commit();
+  under_s();
+  arch::warpgroup_wait<0>();
+  arch::hold_registers(s);
+  if (kEdge) mask_scores<Tile>(s, mask, j0, sk, row_of, t);
+  rescale_output(st, online_softmax(st, s, scale_log2, tile_dk, o_rescale));
 
   // O += P·V: P's accumulator layout is (up to a permutation of the keys, for 8-bit types) the
   // A-fragment layout of a wgmma step.

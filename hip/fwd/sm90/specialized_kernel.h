@@ -1,0 +1,227 @@
+// The warp-specialized attention forward on Hopper (sm_90a): FlashAttention-3's structure on cp.async.
+//
+// A CTA computes kBlockM = 128 query rows of one (batch, query head) with three warpgroups:
+// - the producer (warpgroup 0, few registers) copies Q once and the K and V tiles through two rings of
+//   kStages stages, each stage handed over by mbarriers: it waits for a stage's `empty` barrier,
+//   queues the cp.async copies, and once they have landed (a group behind, so two tiles stay in flight)
+//   fences them for the tensor cores and arrives on the stage's `full` barrier;
+// - two consumers (warpgroups 1 and 2, 64 rows each, the registers the producer gave up) run the
+//   mainloop with intra-warpgroup overlap: S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} are issued together,
+//   the softmax of S_j runs while the tensor cores finish P_{j-1}·V_{j-1}, and each stage is released
+//   as soon as the product reading it has retired. V lags K by one tile.
+// - ping-pong: the consumers take turns issuing their products (two named barriers), so one's softmax
+//   runs under the other's GEMMs.
+// No CTA-wide barrier after the setup. The epilogue is the forward's (fwd/sm90/epilogue.h).
+#pragma once
+
+#include "arch/nvidia/pipeline.h"
+#include "arch/nvidia/shared_tile.h"
+#include "arch/nvidia/tensor_core.h"
+#include "arch/nvidia/warpgroup.h"
+#include "arch/thread.h"
+#include "common/sequence.h"
+#include "fwd/sm90/epilogue.h"
+#include "fwd/sm90/kernel.h"
+#include "fwd/sm90/key_range.h"
+#include "fwd/sm90/mainloop.h"
+#include "kvcache/split.h"
+#include "launch.h"
+
+namespace fmha {
+
+// The shared-memory layout of a SpecializedTile from its 1024-aligned base: tiles, then barriers.
+template <typename Tile>
+struct SpecializedShared {
+  uint32_t q, k, v, barriers;
+  __device__ explicit SpecializedShared(uint32_t base)
+      : q(base), k(base + Tile::kQBytes), v(k + Tile::kStages * Tile::kKVBytes),
+        barriers(v + Tile::kStages * Tile::kKVBytes) {}
+  __device__ uint32_t k_stage(int s) const { return k + s * Tile::kKVBytes; }
+  __device__ uint32_t v_stage(int s) const { return v + s * Tile::kKVBytes; }
+  __device__ uint32_t full_q() const { return barriers; }
+  __device__ uint32_t full_k(int s) const { return barriers + 8 * (1 + s); }
+  __device__ uint32_t empty_k(int s) const { return barriers + 8 * (1 + Tile::kStages + s); }
+  __device__ uint32_t full_v(int s) const { return barriers + 8 * (1 + 2 * Tile::kStages + s); }
+  __device__ uint32_t empty_v(int s) const { return barriers + 8 * (1 + 3 * Tile::kStages + s); }
+};
+
+// Named barriers of the ping-pong: consumer c syncs on kPingPong + c before issuing its products and
+// arrives on the other's after.
+constexpr uint32_t kPingPong = 1;
+
+template <typename Tile, typename T, typename Params>
+__global__ void __launch_bounds__(Tile::kThreads, 1) specialized_forward_kernel(const __grid_constant__ Params p) {
+  constexpr int M = Tile::kBlockM, N = Tile::kBlockN, S = Tile::kStages, D = Tile::kDim;
+  constexpr int kNTiles = N / 8, kSteps = N * Tile::kElementBytes / arch::kStepBytes;
+  extern __shared__ __align__(1024) unsigned char shared_bytes[];
+  const SpecializedShared<Tile> smem(swizzle128_base(shared_bytes));
+
+  const int tile = kvcache::grid_tile(static_cast<int>(arch::block_index_x()), static_cast<int>(arch::grid_blocks_x()),
+                                      1, Tile::kMasked)
+                       .tile;
+  const int y = static_cast<int>(arch::block_index_y());  // the query head
+  const int b = static_cast<int>(arch::block_index_z());
+  const int hk = y / (p.nhead_q / p.nhead_k);
+  KeyValueTiles<Params, Tile, T> kv(p, b, hk);
+  const BatchRows rows = kv.rows;
+  const int i0 = tile * M;
+  if (i0 >= rows.sq) return;  // the whole CTA, before any barrier
+  const int i1 = min(i0 + M, rows.sq);
+  const int64_t batch = p.group_mode ? 0 : b;
+  const KeyRange keys = key_range<N, Tile::kMasked>(p, rows, i0, i1 - 1);
+  const int steps = keys.end - keys.first;
+
+  const int thread = static_cast<int>(arch::thread_index());
+  if (thread == 0) {
+    arch::mbarrier_init(smem.full_q(), Tile::Producer::kThreads);
+    for (int s = 0; s < S; ++s) {
+      arch::mbarrier_init(smem.full_k(s), Tile::Producer::kThreads);
+      arch::mbarrier_init(smem.full_v(s), Tile::Producer::kThreads);
+      arch::mbarrier_init(smem.empty_k(s), Tile::kConsumers);
+      arch::mbarrier_init(smem.empty_v(s), Tile::kConsumers);
+    }
+    arch::mbarrier_init_fence();
+  }
+  arch::block_barrier();
+
+  const int warpgroup = arch::warpgroup_index();
+  if (warpgroup == 0) {  // the producer
+    arch::release_registers<Tile::kProducerRegisters>();
+    const TileCopy<typename Tile::Producer, M, typename Tile::QLayout> q_copy;
+    const TileCopy<typename Tile::Producer, N, typename Tile::KLayout> k_copy;
+    const TileCopy<typename Tile::Producer, N, typename Tile::VLayout> v_copy;
+    // Copy group g is the K (even g) or V (odd g) tile of step g / 2; group 0 carries Q too. A group is
+    // published kLag groups later, when the wait for it rarely waits.
+    constexpr int kLag = 2;
+    const auto publish = [&](int g) {
+      arch::fence_shared_for_async_proxy();
+      const int s = (g >> 1) % S;
+      if (g == 0) arch::mbarrier_arrive(smem.full_q());
+      arch::mbarrier_arrive((g & 1) ? smem.full_v(s) : smem.full_k(s));
+    };
+    for (int i = 0; i < steps; ++i) {
+      const int s = i % S;
+      const uint32_t parity = ((i / S) & 1) ^ 1;  // the first lap passes
+      const int64_t j0 = static_cast<int64_t>(keys.first + i) * N;
+      arch::mbarrier_wait(smem.empty_k(s), parity);
+      if (i == 0) {
+        const T* q = reinterpret_cast<const T*>(p.q) + batch * p.q_batch_stride + y * p.q_head_stride +
+                     (rows.q_start + i0) * p.q_row_stride;
+        q_copy.issue(smem.q, q, p.q_row_stride, i1 - i0, p.hdim_q);
+      }
+      kv.issue_keys(k_copy, smem.k_stage(s), j0);
+      arch::copy_async_commit();
+      if (2 * i >= kLag) {
+        arch::copy_async_wait<kLag>();
+        publish(2 * i - kLag);
+      }
+      arch::mbarrier_wait(smem.empty_v(s), parity);
+      kv.issue_values(v_copy, smem.v_stage(s), j0);
+      arch::copy_async_commit();
+      if (2 * i + 1 >= kLag) {
+        arch::copy_async_wait<kLag>();
+        publish(2 * i + 1 - kLag);
+      }
+    }
+    arch::copy_async_wait<0>();
+    for (int g = max(0, 2 * steps - kLag); g < 2 * steps; ++g) publish(g);
+    return;
+  }
+
+  // A consumer: warpgroup c of the consumers, rows c · 64 .. of the tile.
+  arch::claim_registers<Tile::kConsumerRegisters>();
+  const int c = warpgroup - 1;
+  const int lane = thread % arch::kWarpSize, warp = (thread / arch::kWarpSize) % 4;
+  const int g = lane / 4, t = lane % 4;
+  const bool leader = thread % 128 == 0;  // releases the warpgroup's stages
+  RowState<Tile> st;
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) st.o[n][0] = st.o[n][1] = st.o[n][2] = st.o[n][3] = 0.f;
+  st.row_max[0] = st.row_max[1] = -INFINITY;
+  st.row_sum[0] = st.row_sum[1] = 0.f;
+  const int64_t row_of[2] = {i0 + c * 64 + warp * 16 + g, i0 + c * 64 + warp * 16 + g + 8};
+  const float scale_log2 = p.scale_log2 * kv.qk_descale;
+
+  if (steps > 0) {
+    const uint64_t q_rows = arch::k_major_descriptor(smem.q + c * 64 * 128);
+    const uint64_t k_tile = arch::k_major_descriptor(smem.k);
+    const uint64_t v_tile = arch::mn_major_descriptor(smem.v, Tile::VLayout::kBlockBytes);
+    // Ping-pong: consumer 0 issues first; consumer 1 does not arrive after its last products (every
+    // sync has exactly one arrival to match).
+    const auto turn_begin = [&] { arch::named_barrier_sync(kPingPong + c, 2 * 128); };
+    const auto turn_end = [&](bool last) {
+      if (c == 0 || !last) arch::named_barrier_arrive(kPingPong + (c ^ 1), 2 * 128);
+    };
+    if (c == 0) arch::named_barrier_arrive(kPingPong, 2 * 128);
+
+    float s[kNTiles][4];
+    uint32_t p_frag[kSteps][4];
+    // The scores of step i in `s` (retired), masked where the tile needs it, through the softmax;
+    // returns the factor O takes before P_i·V_i is added to it.
+    const auto softmax_step = [&](int i) {
+      const int64_t j0 = static_cast<int64_t>(keys.first + i) * N;
+      if (keys.edge<N, Tile::kMasked>(j0, rows.sk)) mask_scores<Tile>(s, keys.mask, j0, rows.sk, row_of, t);
+      return online_softmax(st, s, scale_log2, 1.f, 1.f);
+    };
+    const auto to_fragments = [&] {
+#pragma unroll
+      for (int kk = 0; kk < kSteps; ++kk) arch::a_fragment<T>(p_frag[kk], s, kk);
+    };
+
+    arch::mbarrier_wait(smem.full_q(), 0);
+    arch::mbarrier_wait(smem.full_k(0), 0);
+    turn_begin();
+    arch::warpgroup_fence();
+    arch::mma_rows_by_rows<T, D, Tile::QLayout::kBlockBytes, Tile::KLayout::kBlockBytes>(s, q_rows, k_tile);
+    arch::warpgroup_commit();
+    turn_end(steps == 1);
+    arch::warpgroup_wait<0>();
+    arch::hold_registers(s);
+    if (leader) arch::mbarrier_arrive(smem.empty_k(0));
+    float2 correction = softmax_step(0);  // O is 0: its factor is irrelevant
+    to_fragments();
+
+    // Step i: S_i and P_{i-1}·V_{i-1} are issued together (O takes the factor of step i - 1 under
+    // S_i, as FA3 does), then the softmax of S_i runs under P_{i-1}·V_{i-1}.
+    for (int i = 1; i < steps; ++i) {
+      const int sk_stage = i % S, sv_stage = (i - 1) % S;
+      arch::mbarrier_wait(smem.full_k(sk_stage), (i / S) & 1);
+      turn_begin();
+      arch::warpgroup_fence();
+      arch::mma_rows_by_rows<T, D, Tile::QLayout::kBlockBytes, Tile::KLayout::kBlockBytes>(
+          s, q_rows, arch::descriptor_plus(k_tile, sk_stage * Tile::kKVBytes));
+      arch::warpgroup_commit();
+      rescale_output(st, correction);
+      arch::mbarrier_wait(smem.full_v(sv_stage), ((i - 1) / S) & 1);
+      arch::warpgroup_fence();
+      arch::mma_registers_by_columns<T>(st.o, p_frag, arch::descriptor_plus(v_tile, sv_stage * Tile::kKVBytes));
+      arch::warpgroup_commit();
+      turn_end(i == steps - 1);
+      arch::warpgroup_wait<1>();  // S_i (issued first) has retired; P_{i-1}·V_{i-1} may still run
+      arch::hold_registers(s);
+      if (leader) arch::mbarrier_arrive(smem.empty_k(sk_stage));
+      correction = softmax_step(i);
+      arch::hold_registers(s);
+      arch::warpgroup_wait<0>();  // P_{i-1}·V_{i-1} has retired: its fragments may be rewritten
+      arch::hold_registers(st.o);
+      arch::hold_registers(p_frag);
+      if (leader) arch::mbarrier_arrive(smem.empty_v(sv_stage));
+      to_fragments();
+    }
+
+    const int last = (steps - 1) % S;
+    rescale_output(st, correction);
+    arch::mbarrier_wait(smem.full_v(last), ((steps - 1) / S) & 1);
+    arch::warpgroup_fence();
+    arch::mma_registers_by_columns<T>(st.o, p_frag, arch::descriptor_plus(v_tile, last * Tile::kKVBytes));
+    arch::warpgroup_commit();
+    arch::warpgroup_wait<0>();
+    arch::hold_registers(st.o);
+    arch::hold_registers(p_frag);
+  }
+
+  store_output<Tile>(p, st, scale_log2, kv.v_descale, row_of, row_of, rows.sq, [&](int64_t) { return y; }, rows, b,
+                     batch, t, false, 0, 0);
+}
+
+}  // namespace fmha

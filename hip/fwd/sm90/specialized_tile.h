@@ -1,0 +1,50 @@
+// The warp-specialized forward's tile on Hopper (sm_90a): one producer warpgroup that copies, two
+// consumer warpgroups of 64 query rows each that compute, and the shared memory between them: Q, then
+// kStages stages of K and of V (the wgmma 128-byte swizzle), then the pipeline's mbarriers.
+#pragma once
+
+#include "arch/nvidia/shared_tile.h"
+
+namespace fmha {
+
+template <typename T, int kHeadDim, int kBlockN_, int kStages_, bool kMasked_>
+struct SpecializedTile {
+  static constexpr int kConsumers = 2;
+  static constexpr int kBlockM = 64 * kConsumers;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kStages = kStages_;
+  static constexpr bool kMasked = kMasked_;
+  static constexpr bool kPageScales = false;
+  static constexpr bool kPackGqa = false;
+  static constexpr bool kTransposeV = false;
+  static constexpr float kPShift = 0.f;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kDim = kHeadDim;
+  static constexpr int kElementBytes = static_cast<int>(sizeof(T));
+  static constexpr int kChunks = kHeadDim * kElementBytes / 16;  // 16-byte chunks per row
+  using Output = T;
+  static_assert(kElementBytes == 2, "16-bit inputs (8-bit ones take the V transpose of ForwardTile)");
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
+  static_assert(kBlockN == 64 || kBlockN == 128, "64 or 128 keys per tile");
+  using QLayout = Swizzle128<kChunks, kBlockM>;
+  using KLayout = Swizzle128<kChunks, kBlockN>;
+  using VLayout = Swizzle128<kChunks, kBlockN>;
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * kElementBytes;
+  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * kElementBytes;
+  // mbarriers: Q full; K full and empty per stage; V full and empty per stage.
+  static constexpr int kBarriers = 1 + 4 * kStages;
+  static constexpr int kSharedBytes = kQBytes + 2 * kStages * kKVBytes + 8 * kBarriers + kSwizzle128Slack;
+  static_assert(kSharedBytes <= 227 * 1024, "Hopper's shared memory per CTA");
+
+  // The producer warpgroup's shape for TileCopy: its 128 threads copy every tile.
+  struct Producer {
+    static constexpr int kThreads = 128;
+    static constexpr int kChunks = SpecializedTile::kChunks;
+  };
+  // setmaxnreg: the producer keeps what its address arithmetic needs, the consumers take the rest of
+  // the 168 per thread a 384-thread CTA starts with (56 + 2 · 224 = 3 · 168).
+  static constexpr int kProducerRegisters = 56;
+  static constexpr int kConsumerRegisters = 224;
+};
+
+}  // namespace fmha
