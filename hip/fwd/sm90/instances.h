@@ -31,16 +31,28 @@ int32_t launch_forward(const Params& p, hipStream_t stream) {
 }
 
 // The dense forward's 16-bit instances: the warp-specialized kernel (fwd/sm90/specialized_kernel.h),
-// 128 query rows and 128 keys per tile; D = 128 keeps two stages of K and V (160 KiB), D = 64 three.
-template <typename T, int kHeadDim, bool kMasked>
-int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream) {
+// 128 query rows and 128 keys per tile, three stages of K and V (224 KiB at D = 128). Tensors TMA
+// cannot describe (fmha_fwd_params allows strides and bases TMA does not) take `fallback`, the
+// cp.async kernel.
+template <typename T, int kHeadDim, bool kMasked, typename Fallback>
+int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const Fallback& fallback) {
   using Tile = SpecializedTile<T, kHeadDim, 128, 3, kMasked>;
+  ForwardMaps maps;
+  const int64_t q_batch = p.group_mode ? 1 : p.batch;
+  const bool described =
+      arch::encode_rows_map(&maps.q, reinterpret_cast<const void*>(p.q), p.hdim_q, p.seqlen_q, p.nhead_q, q_batch,
+                            p.q_row_stride, p.q_head_stride, p.q_batch_stride, Tile::kBlockM) &&
+      arch::encode_rows_map(&maps.k, reinterpret_cast<const void*>(p.k), p.hdim_q, p.seqlen_k, p.nhead_k, q_batch,
+                            p.k_row_stride, p.k_head_stride, p.k_batch_stride, Tile::kBlockN) &&
+      arch::encode_rows_map(&maps.v, reinterpret_cast<const void*>(p.v), p.hdim_v, p.seqlen_k, p.nhead_k, q_batch,
+                            p.v_row_stride, p.v_head_stride, p.v_batch_stride, Tile::kBlockN);
+  if (!described) return fallback();
   auto kernel = specialized_forward_kernel<Tile, T, fmha_fwd_params>;
   static const cudaError_t configured =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes);
   if (configured != cudaSuccess) return static_cast<int32_t>(configured);
   const dim3 grid(static_cast<uint32_t>((p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM), p.nhead_q, p.batch);
-  kernel<<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(p);
+  kernel<<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(p, maps);
   return static_cast<int32_t>(cudaGetLastError());
 }
 
@@ -84,9 +96,15 @@ int32_t dispatch_forward(const Params& p, hipStream_t stream) {
   if constexpr (std::is_same_v<Params, fmha_fwd_params> && sizeof(T) == 2) {
     switch (p.hdim_bucket) {
       case 64:
-        return p.masked ? launch_specialized<T, 64, true>(p, stream) : launch_specialized<T, 64, false>(p, stream);
+        return p.masked ? launch_specialized<T, 64, true>(
+                              p, stream, [&] { return launch_forward<T, 64, 1, 128, true, false>(p, stream); })
+                        : launch_specialized<T, 64, false>(
+                              p, stream, [&] { return launch_forward<T, 64, 1, 128, false, false>(p, stream); });
       case 128:
-        return p.masked ? launch_specialized<T, 128, true>(p, stream) : launch_specialized<T, 128, false>(p, stream);
+        return p.masked ? launch_specialized<T, 128, true>(
+                              p, stream, [&] { return launch_forward<T, 128, 2, 128, true, false>(p, stream); })
+                        : launch_specialized<T, 128, false>(
+                              p, stream, [&] { return launch_forward<T, 128, 2, 128, false, false>(p, stream); });
       default:
         return static_cast<int32_t>(cudaErrorInvalidValue);
     }

@@ -84,7 +84,6 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
   const auto q_row = [&](int64_t r) { return q_sequence + head_of(r) * p.q_head_stride + (r / group) * p.q_row_stride; };
 
   const KeyRange keys = key_range<N, Tile::kMasked>(p, rows, first_query, last_query);
-  const ResolvedMask& mask = keys.mask;
   int first_tile = keys.first, end_tile = keys.end;
   // A split sequence's CTA attends to its chunk's tiles only and leaves a partial state
   // (kvcache/split.h); an empty chunk leaves O = 0, LSE = -inf.
@@ -127,6 +126,7 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
   st.row_sum[0] = st.row_sum[1] = 0.f;
   const int64_t row_of[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};  // tile rows
   const int64_t query_of[2] = {row_of[0] / group, row_of[1] / group};      // their query rows
+  const KeptKeys kept = KeptKeys::of<Tile::kMasked>(keys.mask, query_of, rows.sk);
   // This warpgroup's 64 Q rows; K and V tiles of stage 0 (a stage is kKVBytes further).
   const uint64_t q_rows = arch::k_major_descriptor(sQ + (warp / 4) * 64 * 128);
   const uint64_t k_tile = arch::k_major_descriptor(sK);
@@ -171,10 +171,10 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
     };
     if (edge) {
       attend_tile<Tile, T, true>(st, q_rows, arch::descriptor_plus(k_tile, stage), v_step, scale_log2, tile_dk,
-                                 o_rescale, mask, j0, rows.sk, query_of, t, under_s);
+                                 o_rescale, kept, j0, t, under_s);
     } else {
       attend_tile<Tile, T, false>(st, q_rows, arch::descriptor_plus(k_tile, stage), v_step, scale_log2, tile_dk,
-                                  o_rescale, mask, j0, rows.sk, query_of, t, under_s);
+                                  o_rescale, kept, j0, t, under_s);
     }
     arch::block_barrier();  // this stage is overwritten by the copy issued next iteration
   }

@@ -19,17 +19,39 @@ struct RowState {
   float row_sum[2];
 };
 
-// Edge tiles: scores of keys the mask drops (or past sk) become -inf (the interior path compiles this out).
+// The keys each of a thread's two fragment rows keeps: positions [lo, hi] of the sequence (hi < sk).
+// Computed once per CTA, so that an edge tile's mask is two 32-bit compares per element.
+struct KeptKeys {
+  int64_t lo[2], hi[2];
+
+  template <bool kMasked>
+  __device__ static KeptKeys of(const ResolvedMask& mask, const int64_t (&query)[2], int64_t sk) {
+    KeptKeys k;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      k.lo[r] = kMasked ? query[r] + mask.off - mask.left : 0;
+      k.hi[r] = kMasked ? min(query[r] + mask.off + mask.right, sk - 1) : sk - 1;
+    }
+    return k;
+  }
+};
+
+// Edge tiles: scores of keys the rows do not keep become -inf (the interior path compiles this out).
 template <typename Tile, int kNTiles>
-__device__ inline void mask_scores(float (&s)[kNTiles][4], const ResolvedMask& mask, int64_t j0, int64_t sk,
-                                   const int64_t (&row_of)[2], int t) {
+__device__ inline void mask_scores(float (&s)[kNTiles][4], const KeptKeys& kept, int64_t j0, int t) {
+  constexpr int64_t N = kNTiles * 8;
 #pragma unroll
-  for (int n = 0; n < kNTiles; ++n) {
+  for (int r = 0; r < 2; ++r) {
+    // The row's kept columns of this tile, [lo, hi] (empty when lo > hi).
+    const int lo = static_cast<int>(max(min(kept.lo[r] - j0, N), int64_t{0}));
+    const int hi = static_cast<int>(max(min(kept.hi[r] - j0, N - 1), int64_t{-1}));
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t i = row_of[e / 2], j = j0 + n * 8 + 2 * t + (e & 1);
-      const bool keep = Tile::kMasked ? mask.kept(i, j, sk) : j < sk;
-      if (!keep) s[n][e] = -INFINITY;
+    for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int c = n * 8 + 2 * t + e;
+        if (c < lo || c > hi) s[n][2 * r + e] = -INFINITY;
+      }
     }
   }
 }
@@ -93,7 +115,7 @@ __device__ inline void rescale_output(RowState<Tile>& st, float2 correction) {
 // descales: as online_softmax.
 template <typename Tile, typename T, bool kEdge, typename UnderS>
 __device__ inline void attend_tile(RowState<Tile>& st, uint64_t q, uint64_t k, uint64_t v, float scale_log2,
-                                   float tile_dk, float o_rescale, const ResolvedMask& mask, int64_t j0, int64_t sk, const int64_t (&row_of)[2], int t,
+                                   float tile_dk, float o_rescale, const KeptKeys& kept, int64_t j0, int t,
                                    const UnderS& under_s) {
   constexpr int N = Tile::kBlockN, D = Tile::kDim, kNTiles = N / 8;
 
@@ -104,7 +126,7 @@ __device__ inline void attend_tile(RowState<Tile>& st, uint64_t q, uint64_t k, u
   under_s();
   arch::warpgroup_wait<0>();
   arch::hold_registers(s);
-  if (kEdge) mask_scores<Tile>(s, mask, j0, sk, row_of, t);
+  if (kEdge) mask_scores<Tile>(s, kept, j0, t);
   rescale_output(st, online_softmax(st, s, scale_log2, tile_dk, o_rescale));
 
   // O += P·V: P's accumulator layout is (up to a permutation of the keys, for 8-bit types) the

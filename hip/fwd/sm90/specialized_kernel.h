@@ -1,10 +1,11 @@
-// The warp-specialized attention forward on Hopper (sm_90a): FlashAttention-3's structure on cp.async.
+// The warp-specialized attention forward on Hopper (sm_90a): FlashAttention-3's structure.
 //
 // A CTA computes kBlockM = 128 query rows of one (batch, query head) with three warpgroups:
-// - the producer (warpgroup 0, few registers) copies Q once and the K and V tiles through two rings of
-//   kStages stages, each stage handed over by mbarriers: it waits for a stage's `empty` barrier,
-//   queues the cp.async copies, and once they have landed (a group behind, so two tiles stay in flight)
-//   fences them for the tensor cores and arrives on the stage's `full` barrier;
+// - the producer (one warp of warpgroup 0, few registers) loads Q once and the K and V tiles through
+//   two rings of kStages stages with TMA (arch/nvidia/tensor_map.h), each stage handed over by
+//   mbarriers: it waits for a stage's `empty` barrier and arms its `full` barrier with the tile's
+//   bytes. A V tile that reaches past the sequence is copied with cp.async instead (zeros past the
+//   end, where TMA would bring the next rows of the tensor, whose values P·V must not see);
 // - two consumers (warpgroups 1 and 2, 64 rows each, the registers the producer gave up) run the
 //   mainloop with intra-warpgroup overlap: S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} are issued together,
 //   the softmax of S_j runs while the tensor cores finish P_{j-1}·V_{j-1}, and each stage is released
@@ -16,6 +17,7 @@
 
 #include "arch/nvidia/pipeline.h"
 #include "arch/nvidia/shared_tile.h"
+#include "arch/nvidia/tensor_map.h"
 #include "arch/nvidia/tensor_core.h"
 #include "arch/nvidia/warpgroup.h"
 #include "arch/thread.h"
@@ -43,14 +45,24 @@ struct SpecializedShared {
   __device__ uint32_t empty_k(int s) const { return barriers + 8 * (1 + Tile::kStages + s); }
   __device__ uint32_t full_v(int s) const { return barriers + 8 * (1 + 2 * Tile::kStages + s); }
   __device__ uint32_t empty_v(int s) const { return barriers + 8 * (1 + 3 * Tile::kStages + s); }
+  __device__ uint32_t scratch(int consumer_thread) const { return barriers + 8 * Tile::kBarriers + 4 * consumer_thread; }
 };
 
 // Named barriers of the ping-pong: consumer c syncs on kPingPong + c before issuing its products and
 // arrives on the other's after.
 constexpr uint32_t kPingPong = 1;
+// Named barriers that keep consumer c's softmax ahead of its wait for the previous P·V: kSoftmaxDone + c.
+constexpr uint32_t kSoftmaxDone = 3;
+
+// The TMA maps of a dense forward's Q, K and V (fmha_fwd_params' tensors; boxes of kBlockM or kBlockN
+// rows), encoded by the launch.
+struct ForwardMaps {
+  CUtensorMap q, k, v;
+};
 
 template <typename Tile, typename T, typename Params>
-__global__ void __launch_bounds__(Tile::kThreads, 1) specialized_forward_kernel(const __grid_constant__ Params p) {
+__global__ void __launch_bounds__(Tile::kThreads, 1)
+    specialized_forward_kernel(const __grid_constant__ Params p, const __grid_constant__ ForwardMaps maps) {
   constexpr int M = Tile::kBlockM, N = Tile::kBlockN, S = Tile::kStages, D = Tile::kDim;
   constexpr int kNTiles = N / 8, kSteps = N * Tile::kElementBytes / arch::kStepBytes;
   extern __shared__ __align__(1024) unsigned char shared_bytes[];
@@ -73,6 +85,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) specialized_forward_kernel(
 
   const int thread = static_cast<int>(arch::thread_index());
   if (thread == 0) {
+    // A full barrier completes on its bytes and one arrival per producer lane (lane 0's arms it).
     arch::mbarrier_init(smem.full_q(), Tile::Producer::kThreads);
     for (int s = 0; s < S; ++s) {
       arch::mbarrier_init(smem.full_k(s), Tile::Producer::kThreads);
@@ -87,44 +100,41 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) specialized_forward_kernel(
   const int warpgroup = arch::warpgroup_index();
   if (warpgroup == 0) {  // the producer
     arch::release_registers<Tile::kProducerRegisters>();
-    const TileCopy<typename Tile::Producer, M, typename Tile::QLayout> q_copy;
-    const TileCopy<typename Tile::Producer, N, typename Tile::KLayout> k_copy;
-    const TileCopy<typename Tile::Producer, N, typename Tile::VLayout> v_copy;
-    // Copy group g is the K (even g) or V (odd g) tile of step g / 2; group 0 carries Q too. A group is
-    // published kLag groups later, when the wait for it rarely waits.
-    constexpr int kLag = 2;
-    const auto publish = [&](int g) {
-      arch::fence_shared_for_async_proxy();
-      const int s = (g >> 1) % S;
-      if (g == 0) arch::mbarrier_arrive(smem.full_q());
-      arch::mbarrier_arrive((g & 1) ? smem.full_v(s) : smem.full_k(s));
+    if (thread >= Tile::Producer::kThreads) return;
+    const bool elected = thread == 0;
+    // Arms `bar` with a tile of `rows` rows (every box counts in full) and loads it from `map`: lane 0
+    // issues, every lane arrives.
+    const auto load = [&](const CUtensorMap& map, uint32_t shared, uint32_t bar, uint32_t bytes, int64_t row, int head) {
+      if (elected) {
+        arch::mbarrier_arrive_expect_bytes(bar, bytes);
+#pragma unroll
+        for (int col = 0; col < D; col += 64) {
+          arch::tma_load(shared + (col / 64) * (bytes / (D / 64)), map, bar, col, static_cast<int>(row), head,
+                         static_cast<int>(batch));
+        }
+      } else {
+        arch::mbarrier_arrive(bar);
+      }
     };
+    const TileCopy<typename Tile::Producer, N, typename Tile::VLayout> v_copy;
     for (int i = 0; i < steps; ++i) {
       const int s = i % S;
       const uint32_t parity = ((i / S) & 1) ^ 1;  // the first lap passes
       const int64_t j0 = static_cast<int64_t>(keys.first + i) * N;
       arch::mbarrier_wait(smem.empty_k(s), parity);
-      if (i == 0) {
-        const T* q = reinterpret_cast<const T*>(p.q) + batch * p.q_batch_stride + y * p.q_head_stride +
-                     (rows.q_start + i0) * p.q_row_stride;
-        q_copy.issue(smem.q, q, p.q_row_stride, i1 - i0, p.hdim_q);
-      }
-      kv.issue_keys(k_copy, smem.k_stage(s), j0);
-      arch::copy_async_commit();
-      if (2 * i >= kLag) {
-        arch::copy_async_wait<kLag>();
-        publish(2 * i - kLag);
-      }
+      if (i == 0) load(maps.q, smem.q, smem.full_q(), Tile::kQBytes, rows.q_start + i0, y);
+      load(maps.k, smem.k_stage(s), smem.full_k(s), Tile::kKVBytes, rows.k_start + j0, hk);
       arch::mbarrier_wait(smem.empty_v(s), parity);
-      kv.issue_values(v_copy, smem.v_stage(s), j0);
-      arch::copy_async_commit();
-      if (2 * i + 1 >= kLag) {
-        arch::copy_async_wait<kLag>();
-        publish(2 * i + 1 - kLag);
+      if (j0 + N <= rows.sk) {
+        load(maps.v, smem.v_stage(s), smem.full_v(s), Tile::kKVBytes, rows.k_start + j0, hk);
+      } else {
+        kv.issue_values(v_copy, smem.v_stage(s), j0);
+        arch::copy_async_commit();
+        arch::copy_async_wait<0>();
+        arch::fence_shared_for_async_proxy();
+        arch::mbarrier_arrive(smem.full_v(s));
       }
     }
-    arch::copy_async_wait<0>();
-    for (int g = max(0, 2 * steps - kLag); g < 2 * steps; ++g) publish(g);
     return;
   }
 
@@ -141,6 +151,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) specialized_forward_kernel(
   st.row_sum[0] = st.row_sum[1] = 0.f;
   const int64_t row_of[2] = {i0 + c * 64 + warp * 16 + g, i0 + c * 64 + warp * 16 + g + 8};
   const float scale_log2 = p.scale_log2 * kv.qk_descale;
+  const KeptKeys kept = KeptKeys::of<Tile::kMasked>(keys.mask, row_of, rows.sk);
 
   if (steps > 0) {
     const uint64_t q_rows = arch::k_major_descriptor(smem.q + c * 64 * 128);
@@ -160,7 +171,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) specialized_forward_kernel(
     // returns the factor O takes before P_i·V_i is added to it.
     const auto softmax_step = [&](int i) {
       const int64_t j0 = static_cast<int64_t>(keys.first + i) * N;
-      if (keys.edge<N, Tile::kMasked>(j0, rows.sk)) mask_scores<Tile>(s, keys.mask, j0, rows.sk, row_of, t);
+      if (keys.edge<N, Tile::kMasked>(j0, rows.sk)) mask_scores<Tile>(s, kept, j0, t);
       return online_softmax(st, s, scale_log2, 1.f, 1.f);
     };
     const auto to_fragments = [&] {
@@ -201,7 +212,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) specialized_forward_kernel(
       arch::hold_registers(s);
       if (leader) arch::mbarrier_arrive(smem.empty_k(sk_stage));
       correction = softmax_step(i);
-      arch::hold_registers(s);
+      arch::complete_before(st.row_sum[0] + st.row_sum[1], smem.scratch(thread - 128), kSoftmaxDone + c, 128);
       arch::warpgroup_wait<0>();  // P_{i-1}·V_{i-1} has retired: its fragments may be rewritten
       arch::hold_registers(st.o);
       arch::hold_registers(p_frag);

@@ -1,4 +1,4 @@
-// The warp-specialized forward's tile on Hopper (sm_90a): one producer warpgroup that copies, two
+// The warp-specialized forward's tile on Hopper (sm_90a): one producer warp that copies, two
 // consumer warpgroups of 64 query rows each that compute, and the shared memory between them: Q, then
 // kStages stages of K and of V (the wgmma 128-byte swizzle), then the pipeline's mbarriers.
 #pragma once
@@ -33,18 +33,24 @@ struct SpecializedTile {
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * kElementBytes;
   // mbarriers: Q full; K full and empty per stage; V full and empty per stage.
   static constexpr int kBarriers = 1 + 4 * kStages;
-  static constexpr int kSharedBytes = kQBytes + 2 * kStages * kKVBytes + 8 * kBarriers + kSwizzle128Slack;
+  // A float per consumer thread: the softmax's sums, stored to keep the softmax ahead of the wait for
+  // the previous P·V (arch::complete_before).
+  static constexpr int kScratchBytes = 4 * 128 * kConsumers;
+  static constexpr int kSharedBytes =
+      kQBytes + 2 * kStages * kKVBytes + 8 * kBarriers + kScratchBytes + kSwizzle128Slack;
   static_assert(kSharedBytes <= 227 * 1024, "Hopper's shared memory per CTA");
 
-  // The producer warpgroup's shape for TileCopy: its 128 threads copy every tile.
+  // The producer: one warp of warpgroup 0 (the others leave). It loads Q, K and V with TMA; a V tile
+  // that reaches past the sequence is copied by the warp with cp.async instead (TileCopy with this
+  // shape), which writes zeros there rather than the next rows of the tensor.
   struct Producer {
-    static constexpr int kThreads = 128;
+    static constexpr int kThreads = 32;
     static constexpr int kChunks = SpecializedTile::kChunks;
   };
-  // setmaxnreg: the producer keeps what its address arithmetic needs, the consumers take the rest of
-  // the 168 per thread a 384-thread CTA starts with (56 + 2 · 224 = 3 · 168).
-  static constexpr int kProducerRegisters = 56;
-  static constexpr int kConsumerRegisters = 224;
+  // setmaxnreg: the producer warpgroup keeps little, the consumers take the rest of the 168 per
+  // thread a 384-thread CTA starts with (24 + 2 · 240 = 3 · 168).
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
 };
 
 }  // namespace fmha

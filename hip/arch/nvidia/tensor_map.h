@@ -1,0 +1,79 @@
+// The Tensor Memory Accelerator (TMA) on Hopper (sm_90a): tensor maps encoded on the host, and the
+// device's tile copies into shared memory that complete on an mbarrier's transaction count.
+//
+// A map describes a [batch, rows, heads, dim] tensor of 16-bit elements (any strides that are whole
+// 16-byte multiples) as 4-D with a box of 64 columns by `box_rows` rows in the 128-byte swizzle, which
+// is exactly Swizzle128's layout (arch/nvidia/shared_tile.h): a tile of D columns is D / 64 boxes into
+// consecutive 64-column blocks. Elements outside the tensor land as zeros (and count toward the
+// transaction bytes).
+#pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include "arch/platform.h"
+
+namespace fmha {
+namespace arch {
+
+// The driver's encoder, fetched once through the runtime (nothing more to link); null when the driver
+// has none (the caller then takes a kernel without TMA).
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
+    return e == cudaSuccess && found == cudaDriverEntryPointSuccess
+               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)
+               : nullptr;
+  }();
+  return encoder;
+}
+
+// Encodes `map` for a 16-bit tensor at `base` with `cols` columns (the head dim: columns past it read
+// as zeros), `rows` rows, `heads` heads and `batch` batches, strides in elements. False where TMA cannot
+// describe it (alignment, strides, sizes, no encoder).
+inline bool encode_rows_map(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, int64_t heads,
+                            int64_t batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride,
+                            uint32_t box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr || base == nullptr || reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
+  const int64_t sizes[4] = {cols, rows, heads, batch};
+  for (const int64_t n : sizes) {
+    if (n < 1 || n > (int64_t{1} << 32)) return false;
+  }
+  const int64_t strides[3] = {row_stride * 2, head_stride * 2, batch > 1 ? batch_stride * 2 : 16};
+  for (const int64_t s : strides) {
+    if (s <= 0 || s % 16 != 0 || s >= (int64_t{1} << 40)) return false;
+  }
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows),
+                              static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
+  const cuuint64_t byte_strides[3] = {static_cast<cuuint64_t>(strides[0]), static_cast<cuuint64_t>(strides[1]),
+                                      static_cast<cuuint64_t>(strides[2])};
+  const cuuint32_t box[4] = {64, box_rows, 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, const_cast<void*>(base), dims, byte_strides, box,
+                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// Adds `bytes` to the transactions the current phase of `bar` waits for, and arrives once.
+__device__ inline void mbarrier_arrive_expect_bytes(uint32_t bar, uint32_t bytes) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(bar),
+               "r"(bytes)
+               : "memory");
+}
+
+// Copies the box at (column, row, head, batch) of `map` (a __grid_constant__ parameter) to `shared`
+// (1024-aligned for the swizzle), completing its bytes on `bar`.
+__device__ inline void tma_load(uint32_t shared, const CUtensorMap& map, uint32_t bar, int column, int row, int head,
+                                int batch) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
+      "[%2];\n" ::"r"(shared),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(bar), "r"(column), "r"(row), "r"(head), "r"(batch)
+      : "memory");
+}
+}  // namespace arch
+}  // namespace fmha
