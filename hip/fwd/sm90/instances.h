@@ -3,6 +3,8 @@
 // bucket (which fixes the tile shapes) and masked or not are compiled per instance.
 #pragma once
 
+#include <atomic>
+
 #include "fwd/sm90/kernel.h"
 #include "fwd/sm90/specialized_kernel.h"
 #include "fwd/sm90/specialized_tile.h"
@@ -30,10 +32,23 @@ int32_t launch_forward(const Params& p, hipStream_t stream) {
   return static_cast<int32_t>(cudaGetLastError());
 }
 
+// The current device's SM count (the persistent grid's size), looked up once per device.
+inline int multiprocessor_count() {
+  static std::atomic<int> counts[64];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return 1;
+  int n = counts[device].load(std::memory_order_relaxed);
+  if (n == 0) {
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n < 1) n = 1;
+    counts[device].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
 // The dense forward's 16-bit instances: the warp-specialized kernel (fwd/sm90/specialized_kernel.h),
-// 128 query rows and 128 keys per tile, three stages of K and V (224 KiB at D = 128). Tensors TMA
-// cannot describe (fmha_fwd_params allows strides and bases TMA does not) take `fallback`, the
-// cp.async kernel.
+// 128 query rows and 128 keys per tile, three stages of K and V (224 KiB at D = 128).
+// Tensors TMA cannot describe (fmha_fwd_params allows strides and bases TMA does not) take `fallback`,
+// the cp.async kernel.
 template <typename T, int kHeadDim, bool kMasked, typename Fallback>
 int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const Fallback& fallback) {
   using Tile = SpecializedTile<T, kHeadDim, 128, 3, kMasked>;
@@ -51,8 +66,13 @@ int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const F
   static const cudaError_t configured =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes);
   if (configured != cudaSuccess) return static_cast<int32_t>(configured);
-  const dim3 grid(static_cast<uint32_t>((p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM), p.nhead_q, p.batch);
-  kernel<<<grid, Tile::kThreads, Tile::kSharedBytes, stream>>>(p, maps);
+  // Unmasked batch-mode tiles all cost the same: a persistent grid of one CTA per SM walks them (a CTA's
+  // epilogue runs under its next tile's loads). Masked or varlen tiles differ, and one CTA per tile lets
+  // the hardware hand the next tile to whichever SM frees first.
+  const int64_t tiles = (p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM * static_cast<int64_t>(p.nhead_q) * p.batch;
+  const bool persistent = (!kMasked && p.group_mode == 0) || tiles > INT32_MAX;  // (a grid's x is below 2^31)
+  const int64_t ctas = persistent && tiles > multiprocessor_count() ? multiprocessor_count() : tiles;
+  kernel<<<static_cast<uint32_t>(ctas), Tile::kThreads, Tile::kSharedBytes, stream>>>(p, maps);
   return static_cast<int32_t>(cudaGetLastError());
 }
 

@@ -41,6 +41,7 @@ struct SpecializedShared {
   __device__ uint32_t k_stage(int s) const { return k + s * Tile::kKVBytes; }
   __device__ uint32_t v_stage(int s) const { return v + s * Tile::kKVBytes; }
   __device__ uint32_t full_q() const { return barriers; }
+  __device__ uint32_t empty_q() const { return barriers + 8 * (1 + 4 * Tile::kStages); }
   __device__ uint32_t full_k(int s) const { return barriers + 8 * (1 + s); }
   __device__ uint32_t empty_k(int s) const { return barriers + 8 * (1 + Tile::kStages + s); }
   __device__ uint32_t full_v(int s) const { return barriers + 8 * (1 + 2 * Tile::kStages + s); }
@@ -68,25 +69,12 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   extern __shared__ __align__(1024) unsigned char shared_bytes[];
   const SpecializedShared<Tile> smem(swizzle128_base(shared_bytes));
 
-  const int tile = kvcache::grid_tile(static_cast<int>(arch::block_index_x()), static_cast<int>(arch::grid_blocks_x()),
-                                      1, Tile::kMasked)
-                       .tile;
-  const int y = static_cast<int>(arch::block_index_y());  // the query head
-  const int b = static_cast<int>(arch::block_index_z());
-  const int hk = y / (p.nhead_q / p.nhead_k);
-  KeyValueTiles<Params, Tile, T> kv(p, b, hk);
-  const BatchRows rows = kv.rows;
-  const int i0 = tile * M;
-  if (i0 >= rows.sq) return;  // the whole CTA, before any barrier
-  const int i1 = min(i0 + M, rows.sq);
-  const int64_t batch = p.group_mode ? 0 : b;
-  const KeyRange keys = key_range<N, Tile::kMasked>(p, rows, i0, i1 - 1);
-  const int steps = keys.end - keys.first;
-
   const int thread = static_cast<int>(arch::thread_index());
   if (thread == 0) {
-    // A full barrier completes on its bytes and one arrival per producer lane (lane 0's arms it).
+    // A full barrier completes on its bytes and one arrival per producer lane (lane 0's arms it); an
+    // empty one on an arrival per consumer warpgroup.
     arch::mbarrier_init(smem.full_q(), Tile::Producer::kThreads);
+    arch::mbarrier_init(smem.empty_q(), Tile::kConsumers);
     for (int s = 0; s < S; ++s) {
       arch::mbarrier_init(smem.full_k(s), Tile::Producer::kThreads);
       arch::mbarrier_init(smem.full_v(s), Tile::Producer::kThreads);
@@ -97,142 +85,200 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   }
   arch::block_barrier();
 
+  // The grid's tiles; a tile's rows, keys and steps, computed alike by the producer and the consumers.
+  const int m_blocks = (p.max_seqlen_q + M - 1) / M;
+  const int64_t tiles = static_cast<int64_t>(m_blocks) * p.nhead_q * p.batch;
+  // CTA c's k-th tile is tile k · gridDim.x + c: a persistent grid walks the tiles (uniform ones: the
+  // launch picks it for unmasked batch-mode calls), any other grid has one CTA per tile.
+  const int64_t ctas = arch::grid_blocks_x(), cta = arch::block_index_x();
+  struct Work {
+    int b, y, hk, i0, i1, steps;
+    int64_t batch;
+    BatchRows rows;
+    KeyRange keys;
+  };
+  const auto work_of = [&](int64_t t) {
+    Work w;
+    // q blocks fastest, so that the CTAs running together share a head's K and V in L2; masked calls
+    // take the last ones (for causal masks the heaviest) first.
+    const int m = static_cast<int>(t % m_blocks);
+    w.i0 = (Tile::kMasked ? m_blocks - 1 - m : m) * M;
+    const int64_t rest = t / m_blocks;
+    w.y = static_cast<int>(rest % p.nhead_q);
+    w.b = static_cast<int>(rest / p.nhead_q);
+    w.hk = w.y / (p.nhead_q / p.nhead_k);
+    w.batch = p.group_mode ? 0 : w.b;
+    w.rows = batch_rows(p, w.b);
+    w.i1 = min(w.i0 + M, w.rows.sq);
+    w.keys = key_range<N, Tile::kMasked>(p, w.rows, w.i0, w.i1 - 1);
+    w.steps = w.i0 < w.rows.sq ? w.keys.end - w.keys.first : 0;
+    return w;
+  };
+
   const int warpgroup = arch::warpgroup_index();
   if (warpgroup == 0) {  // the producer
     arch::release_registers<Tile::kProducerRegisters>();
     if (thread >= Tile::Producer::kThreads) return;
     const bool elected = thread == 0;
-    // Arms `bar` with a tile of `rows` rows (every box counts in full) and loads it from `map`: lane 0
-    // issues, every lane arrives.
-    const auto load = [&](const CUtensorMap& map, uint32_t shared, uint32_t bar, uint32_t bytes, int64_t row, int head) {
-      if (elected) {
-        arch::mbarrier_arrive_expect_bytes(bar, bytes);
+    int ring = 0, queries = 0;  // K/V stages and Q tiles used so far
+    for (int64_t tile = cta; tile < tiles; tile += ctas) {
+      const Work w = work_of(tile);
+      if (w.steps == 0) continue;
+      const KeyValueTiles<Params, Tile, T> kv(p, w.b, w.hk);
+      // Arms `bar` with a tile (every box counts in full) and loads it from `map`: lane 0 issues, every
+      // lane arrives.
+      const auto load = [&](const CUtensorMap& map, uint32_t shared, uint32_t bar, uint32_t bytes, int64_t row,
+                            int head) {
+        if (elected) {
+          arch::mbarrier_arrive_expect_bytes(bar, bytes);
 #pragma unroll
-        for (int col = 0; col < D; col += 64) {
-          arch::tma_load(shared + (col / 64) * (bytes / (D / 64)), map, bar, col, static_cast<int>(row), head,
-                         static_cast<int>(batch));
+          for (int col = 0; col < D; col += 64) {
+            arch::tma_load(shared + (col / 64) * (bytes / (D / 64)), map, bar, col, static_cast<int>(row), head,
+                           static_cast<int>(w.batch));
+          }
+        } else {
+          arch::mbarrier_arrive(bar);
         }
-      } else {
-        arch::mbarrier_arrive(bar);
-      }
-    };
-    const TileCopy<typename Tile::Producer, N, typename Tile::VLayout> v_copy;
-    for (int i = 0; i < steps; ++i) {
-      const int s = i % S;
-      const uint32_t parity = ((i / S) & 1) ^ 1;  // the first lap passes
-      const int64_t j0 = static_cast<int64_t>(keys.first + i) * N;
-      arch::mbarrier_wait(smem.empty_k(s), parity);
-      if (i == 0) load(maps.q, smem.q, smem.full_q(), Tile::kQBytes, rows.q_start + i0, y);
-      load(maps.k, smem.k_stage(s), smem.full_k(s), Tile::kKVBytes, rows.k_start + j0, hk);
-      arch::mbarrier_wait(smem.empty_v(s), parity);
-      if (j0 + N <= rows.sk) {
-        load(maps.v, smem.v_stage(s), smem.full_v(s), Tile::kKVBytes, rows.k_start + j0, hk);
-      } else {
-        kv.issue_values(v_copy, smem.v_stage(s), j0);
-        arch::copy_async_commit();
-        arch::copy_async_wait<0>();
-        arch::fence_shared_for_async_proxy();
-        arch::mbarrier_arrive(smem.full_v(s));
+      };
+      arch::mbarrier_wait(smem.empty_q(), (queries & 1) ^ 1);  // the first tile's passes
+      ++queries;
+      load(maps.q, smem.q, smem.full_q(), Tile::kQBytes, w.rows.q_start + w.i0, w.y);
+      for (int i = 0; i < w.steps; ++i, ++ring) {
+        const int s = ring % S;
+        const uint32_t parity = ((ring / S) & 1) ^ 1;  // the first lap passes
+        const int64_t j0 = static_cast<int64_t>(w.keys.first + i) * N;
+        arch::mbarrier_wait(smem.empty_k(s), parity);
+        load(maps.k, smem.k_stage(s), smem.full_k(s), Tile::kKVBytes, w.rows.k_start + j0, w.hk);
+        arch::mbarrier_wait(smem.empty_v(s), parity);
+        if (j0 + N <= w.rows.sk) {
+          load(maps.v, smem.v_stage(s), smem.full_v(s), Tile::kKVBytes, w.rows.k_start + j0, w.hk);
+        } else {  // the sequence's last tile (its copy's offsets are worked out here, off the loop's registers)
+          const TileCopy<typename Tile::Producer, N, typename Tile::VLayout> v_copy;
+          kv.issue_values(v_copy, smem.v_stage(s), j0);
+          arch::copy_async_commit();
+          arch::copy_async_wait<0>();
+          arch::fence_shared_for_async_proxy();
+          arch::mbarrier_arrive(smem.full_v(s));
+        }
       }
     }
     return;
   }
 
-  // A consumer: warpgroup c of the consumers, rows c · 64 .. of the tile.
+  // A consumer: warpgroup c of the consumers, rows c · 64 .. of each tile.
   arch::claim_registers<Tile::kConsumerRegisters>();
   const int c = warpgroup - 1;
   const int lane = thread % arch::kWarpSize, warp = (thread / arch::kWarpSize) % 4;
   const int g = lane / 4, t = lane % 4;
   const bool leader = thread % 128 == 0;  // releases the warpgroup's stages
-  RowState<Tile> st;
+  const uint64_t q_rows = arch::k_major_descriptor(smem.q + c * 64 * 128);
+  const uint64_t k_tile = arch::k_major_descriptor(smem.k);
+  const uint64_t v_tile = arch::mn_major_descriptor(smem.v, Tile::VLayout::kBlockBytes);
+  // Ping-pong: consumer 0 issues first; every sync has one arrival to match, the last one consumed by
+  // consumer 0 at the end.
+  const auto turn_begin = [&] { arch::named_barrier_sync(kPingPong + c, 2 * 128); };
+  const auto turn_end = [&] { arch::named_barrier_arrive(kPingPong + (c ^ 1), 2 * 128); };
+  if (c == 0) arch::named_barrier_arrive(kPingPong, 2 * 128);
+
+  int ring = 0, queries = 0;
+  for (int64_t tile = cta; tile < tiles; tile += ctas) {
+    const Work w = work_of(tile);
+    if (w.i0 >= w.rows.sq) continue;
+    RowState<Tile> st;
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n) st.o[n][0] = st.o[n][1] = st.o[n][2] = st.o[n][3] = 0.f;
-  st.row_max[0] = st.row_max[1] = -INFINITY;
-  st.row_sum[0] = st.row_sum[1] = 0.f;
-  const int64_t row_of[2] = {i0 + c * 64 + warp * 16 + g, i0 + c * 64 + warp * 16 + g + 8};
-  const float scale_log2 = p.scale_log2 * kv.qk_descale;
-  const KeptKeys kept = KeptKeys::of<Tile::kMasked>(keys.mask, row_of, rows.sk);
+    for (int n = 0; n < D / 8; ++n) st.o[n][0] = st.o[n][1] = st.o[n][2] = st.o[n][3] = 0.f;
+    st.row_max[0] = st.row_max[1] = -INFINITY;
+    st.row_sum[0] = st.row_sum[1] = 0.f;
+    const int64_t row_of[2] = {w.i0 + c * 64 + warp * 16 + g, w.i0 + c * 64 + warp * 16 + g + 8};
+    const KeyValueTiles<Params, Tile, T> kv(p, w.b, w.hk);
+    const float scale_log2 = p.scale_log2 * kv.qk_descale;
 
-  if (steps > 0) {
-    const uint64_t q_rows = arch::k_major_descriptor(smem.q + c * 64 * 128);
-    const uint64_t k_tile = arch::k_major_descriptor(smem.k);
-    const uint64_t v_tile = arch::mn_major_descriptor(smem.v, Tile::VLayout::kBlockBytes);
-    // Ping-pong: consumer 0 issues first; consumer 1 does not arrive after its last products (every
-    // sync has exactly one arrival to match).
-    const auto turn_begin = [&] { arch::named_barrier_sync(kPingPong + c, 2 * 128); };
-    const auto turn_end = [&](bool last) {
-      if (c == 0 || !last) arch::named_barrier_arrive(kPingPong + (c ^ 1), 2 * 128);
-    };
-    if (c == 0) arch::named_barrier_arrive(kPingPong, 2 * 128);
-
-    float s[kNTiles][4];
-    uint32_t p_frag[kSteps][4];
-    // The scores of step i in `s` (retired), masked where the tile needs it, through the softmax;
-    // returns the factor O takes before P_i·V_i is added to it.
-    const auto softmax_step = [&](int i) {
-      const int64_t j0 = static_cast<int64_t>(keys.first + i) * N;
-      if (keys.edge<N, Tile::kMasked>(j0, rows.sk)) mask_scores<Tile>(s, kept, j0, t);
-      return online_softmax(st, s, scale_log2, 1.f, 1.f);
-    };
-    const auto to_fragments = [&] {
+    if (w.steps > 0) {
+      const int steps = w.steps;
+      const KeptKeys kept = KeptKeys::of<Tile::kMasked>(w.keys.mask, row_of, w.rows.sk);
+      float s[kNTiles][4];
+      uint32_t p_frag[kSteps][4];
+      // The scores of step i in `s` (retired), masked where the tile needs it, through the softmax;
+      // returns the factor O takes before P_i·V_i is added to it.
+      const auto softmax_step = [&](int i) {
+        const int64_t j0 = static_cast<int64_t>(w.keys.first + i) * N;
+        if (w.keys.edge<N, Tile::kMasked>(j0, w.rows.sk)) mask_scores<Tile>(s, kept, j0, t);
+        return online_softmax(st, s, scale_log2, 1.f, 1.f);
+      };
+      const auto to_fragments = [&] {
 #pragma unroll
-      for (int kk = 0; kk < kSteps; ++kk) arch::a_fragment<T>(p_frag[kk], s, kk);
-    };
+        for (int kk = 0; kk < kSteps; ++kk) arch::a_fragment<T>(p_frag[kk], s, kk);
+      };
+      // Ring stage and phase of step i.
+      const auto stage = [&](int i) { return (ring + i) % S; };
+      const auto phase = [&](int i) { return static_cast<uint32_t>(((ring + i) / S) & 1); };
 
-    arch::mbarrier_wait(smem.full_q(), 0);
-    arch::mbarrier_wait(smem.full_k(0), 0);
-    turn_begin();
-    arch::warpgroup_fence();
-    arch::mma_rows_by_rows<T, D, Tile::QLayout::kBlockBytes, Tile::KLayout::kBlockBytes>(s, q_rows, k_tile);
-    arch::warpgroup_commit();
-    turn_end(steps == 1);
-    arch::warpgroup_wait<0>();
-    arch::hold_registers(s);
-    if (leader) arch::mbarrier_arrive(smem.empty_k(0));
-    float2 correction = softmax_step(0);  // O is 0: its factor is irrelevant
-    to_fragments();
-
-    // Step i: S_i and P_{i-1}·V_{i-1} are issued together (O takes the factor of step i - 1 under
-    // S_i, as FA3 does), then the softmax of S_i runs under P_{i-1}·V_{i-1}.
-    for (int i = 1; i < steps; ++i) {
-      const int sk_stage = i % S, sv_stage = (i - 1) % S;
-      arch::mbarrier_wait(smem.full_k(sk_stage), (i / S) & 1);
+      arch::mbarrier_wait(smem.full_q(), queries & 1);
+      ++queries;
+      arch::mbarrier_wait(smem.full_k(stage(0)), phase(0));
       turn_begin();
       arch::warpgroup_fence();
       arch::mma_rows_by_rows<T, D, Tile::QLayout::kBlockBytes, Tile::KLayout::kBlockBytes>(
-          s, q_rows, arch::descriptor_plus(k_tile, sk_stage * Tile::kKVBytes));
+          s, q_rows, arch::descriptor_plus(k_tile, stage(0) * Tile::kKVBytes));
       arch::warpgroup_commit();
-      rescale_output(st, correction);
-      arch::mbarrier_wait(smem.full_v(sv_stage), ((i - 1) / S) & 1);
-      arch::warpgroup_fence();
-      arch::mma_registers_by_columns<T>(st.o, p_frag, arch::descriptor_plus(v_tile, sv_stage * Tile::kKVBytes));
-      arch::warpgroup_commit();
-      turn_end(i == steps - 1);
-      arch::warpgroup_wait<1>();  // S_i (issued first) has retired; P_{i-1}·V_{i-1} may still run
+      turn_end();
+      arch::warpgroup_wait<0>();
       arch::hold_registers(s);
-      if (leader) arch::mbarrier_arrive(smem.empty_k(sk_stage));
-      correction = softmax_step(i);
-      arch::complete_before(st.row_sum[0] + st.row_sum[1], smem.scratch(thread - 128), kSoftmaxDone + c, 128);
-      arch::warpgroup_wait<0>();  // P_{i-1}·V_{i-1} has retired: its fragments may be rewritten
+      if (leader) {
+        arch::mbarrier_arrive(smem.empty_k(stage(0)));
+        if (steps == 1) arch::mbarrier_arrive(smem.empty_q());
+      }
+      // O's factor before P_{i-1}·V_{i-1} is added (FA3's order: applied under the next S product).
+      float2 correction = softmax_step(0);  // O is 0: its factor is irrelevant
+      to_fragments();
+
+      // Step i: S_i and P_{i-1}·V_{i-1} are issued together, then the softmax of S_i runs under
+      // P_{i-1}·V_{i-1}.
+      for (int i = 1; i < steps; ++i) {
+        arch::mbarrier_wait(smem.full_k(stage(i)), phase(i));
+        turn_begin();
+        arch::warpgroup_fence();
+        arch::mma_rows_by_rows<T, D, Tile::QLayout::kBlockBytes, Tile::KLayout::kBlockBytes>(
+            s, q_rows, arch::descriptor_plus(k_tile, stage(i) * Tile::kKVBytes));
+        arch::warpgroup_commit();
+        rescale_output(st, correction);
+        arch::mbarrier_wait(smem.full_v(stage(i - 1)), phase(i - 1));
+        arch::warpgroup_fence();
+        arch::mma_registers_by_columns<T>(st.o, p_frag, arch::descriptor_plus(v_tile, stage(i - 1) * Tile::kKVBytes));
+        arch::warpgroup_commit();
+        turn_end();
+        arch::warpgroup_wait<1>();  // S_i (issued first) has retired; P_{i-1}·V_{i-1} may still run
+        arch::hold_registers(s);
+        if (leader) {
+          arch::mbarrier_arrive(smem.empty_k(stage(i)));
+          if (i == steps - 1) arch::mbarrier_arrive(smem.empty_q());  // the tile's last read of Q
+        }
+        correction = softmax_step(i);
+        arch::complete_before(st.row_sum[0] + st.row_sum[1], smem.scratch(thread - 128), kSoftmaxDone + c, 128);
+        arch::warpgroup_wait<0>();  // P_{i-1}·V_{i-1} has retired: its fragments may be rewritten
+        arch::hold_registers(st.o);
+        arch::hold_registers(p_frag);
+        if (leader) arch::mbarrier_arrive(smem.empty_v(stage(i - 1)));
+        to_fragments();
+      }
+
+      rescale_output(st, correction);
+      arch::mbarrier_wait(smem.full_v(stage(steps - 1)), phase(steps - 1));
+      arch::warpgroup_fence();
+      arch::mma_registers_by_columns<T>(st.o, p_frag, arch::descriptor_plus(v_tile, stage(steps - 1) * Tile::kKVBytes));
+      arch::warpgroup_commit();
+      arch::warpgroup_wait<0>();
       arch::hold_registers(st.o);
       arch::hold_registers(p_frag);
-      if (leader) arch::mbarrier_arrive(smem.empty_v(sv_stage));
-      to_fragments();
+      if (leader) arch::mbarrier_arrive(smem.empty_v(stage(steps - 1)));
+      ring += steps;
     }
 
-    const int last = (steps - 1) % S;
-    rescale_output(st, correction);
-    arch::mbarrier_wait(smem.full_v(last), ((steps - 1) / S) & 1);
-    arch::warpgroup_fence();
-    arch::mma_registers_by_columns<T>(st.o, p_frag, arch::descriptor_plus(v_tile, last * Tile::kKVBytes));
-    arch::warpgroup_commit();
-    arch::warpgroup_wait<0>();
-    arch::hold_registers(st.o);
-    arch::hold_registers(p_frag);
+    const int y = w.y;
+    store_output<Tile>(p, st, scale_log2, kv.v_descale, row_of, row_of, w.rows.sq, [&](int64_t) { return y; }, w.rows,
+                       w.b, w.batch, t, false, 0, 0);
   }
-
-  store_output<Tile>(p, st, scale_log2, kv.v_descale, row_of, row_of, rows.sq, [&](int64_t) { return y; }, rows, b,
-                     batch, t, false, 0, 0);
+  if (c == 0) arch::named_barrier_sync(kPingPong, 2 * 128);
 }
 
 }  // namespace fmha

@@ -31,8 +31,8 @@ struct SpecializedTile {
   using VLayout = Swizzle128<kChunks, kBlockN>;
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * kElementBytes;
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * kElementBytes;
-  // mbarriers: Q full; K full and empty per stage; V full and empty per stage.
-  static constexpr int kBarriers = 1 + 4 * kStages;
+  // mbarriers: Q full; K full and empty per stage; V full and empty per stage; Q empty.
+  static constexpr int kBarriers = 2 + 4 * kStages;
   // A float per consumer thread: the softmax's sums, stored to keep the softmax ahead of the wait for
   // the previous P·V (arch::complete_before).
   static constexpr int kScratchBytes = 4 * 128 * kConsumers;
