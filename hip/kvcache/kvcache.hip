@@ -80,6 +80,7 @@ extern "C" int32_t fmha_hip_kvcache_prepare(const fmha_kvcache_params* params, v
 #if defined(FMHA_PLATFORM_NVIDIA)
 #include "fwd/sm90/instances.h"
 #include "kvcache/sm90/paged_tiles.h"
+#include "kvcache/sm90/specialized_paged.h"
 
 namespace fmha {
 

@@ -193,8 +193,9 @@ const BACKWARD_TILES: [(i64, i64, i64); 4] = [(32, 32, 128), (64, 32, 128), (128
 const FORWARD_TILES: [(i64, i64, i64); 4] = [(32, 64, 64), (64, 64, 64), (128, 64, 64), (256, 64, 32)];
 
 /// Forward tiles of the GPU kernels (`hip/fwd/forward.hip`): head-dim bucket, q rows, k rows.
-/// sm_90a's dense 16-bit forward: the warp-specialized kernel (`hip/fwd/sm90/specialized_kernel.h`), two
-/// consumer warpgroups of 64 q rows and 128 keys per tile.
+/// sm_90a's dense 16-bit forward: the warp-specialized kernel (`hip/fwd/sm90/specialized_kernel.h`), a TMA
+/// producer warp and two consumer warpgroups of 64 q rows, 128 keys per tile (tensors TMA cannot describe
+/// take the cp.async kernel).
 const SM90_DENSE_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 128, 128), (128, 128, 128)];
 /// sm_90a's kv-cache forward and dense fp8 forward (`hip/fwd/sm90/kernel.h`): warpgroups of 64 q rows
 /// (one at D = 64, two at D = 128).
@@ -278,7 +279,7 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
         }
         Arch::Sm90 if cfg!(feature = "cuda") => {
             let mut list =
-                gpu_instances(arch, Operation::Forward, &HALF_DTYPES, &SM90_DENSE_FORWARD_TILES, "wgmma_cp_async_ws");
+                gpu_instances(arch, Operation::Forward, &HALF_DTYPES, &SM90_DENSE_FORWARD_TILES, "wgmma_ws_tma");
             // fp8 (OCP, the format Hopper's tensor cores take) with the D = 128 shape only, as the
             // kv cache's; V transposed in shared memory (hip/fwd/sm90/transpose_v.h).
             list.extend(gpu_instances(
@@ -289,14 +290,24 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
                 "wgmma_cp_async_vt",
             ));
             list.extend(gpu_instances(arch, Operation::Backward, &HALF_DTYPES, &SM90_BACKWARD_TILES, "wgmma_cp_async"));
-            // The forward kernel with paged K/V tiles (hip/kvcache/kvcache.hip); fp8 in the OCP format
-            // (the one Hopper's tensor cores take) with the D = 128 shape only.
+            // The forward kernels with paged K/V tiles (hip/kvcache/kvcache.hip): at D = 128 the
+            // warp-specialized one, its TMA boxes one per page piece (pages of whole 128-key tiles, or
+            // pieces of at least 8 rows that divide one; other pages and tensors TMA cannot describe take
+            // the cp.async kernel); at D = 64 the cp.async kernel. fp8 in the OCP format (the one
+            // Hopper's tensor cores take) with the D = 128 shape only.
             list.extend(gpu_instances(
                 arch,
                 Operation::KvCache,
                 &HALF_DTYPES,
-                &SM90_FORWARD_TILES,
+                &SM90_FORWARD_TILES[..1],
                 "wgmma_cp_async_paged",
+            ));
+            list.extend(gpu_instances(
+                arch,
+                Operation::KvCache,
+                &HALF_DTYPES,
+                &SM90_FORWARD_TILES[1..],
+                "wgmma_ws_tma_paged",
             ));
             list.extend(gpu_instances(
                 arch,
@@ -567,26 +578,16 @@ mod tests {
         let e = amd.check_input_rows("do", &tensor(1 << 24)).unwrap_err();
         assert_eq!(e.status, crate::Status::Unsupported);
         assert!(e.message.starts_with("do.row_stride: 16777216 elements; the gfx950"), "{}", e.message);
-        let sm90 = &gpu_instances(
-            Arch::Sm90,
-            Operation::Forward,
-            &HALF_DTYPES,
-            &SM90_DENSE_FORWARD_TILES,
-            "wgmma_cp_async_ws",
-        )[0];
+        let sm90 =
+            &gpu_instances(Arch::Sm90, Operation::Forward, &HALF_DTYPES, &SM90_DENSE_FORWARD_TILES, "wgmma_ws_tma")[0];
         sm90.check_input_rows("q", &tensor(1 << 40)).unwrap();
     }
 
     #[test]
     fn gpu_instances_check_vector_strides_and_grids_naming_the_field() {
         use crate::problem::{Mode, Tensor};
-        let sm90 = &gpu_instances(
-            Arch::Sm90,
-            Operation::Forward,
-            &HALF_DTYPES,
-            &SM90_DENSE_FORWARD_TILES,
-            "wgmma_cp_async_ws",
-        )[0];
+        let sm90 =
+            &gpu_instances(Arch::Sm90, Operation::Forward, &HALF_DTYPES, &SM90_DENSE_FORWARD_TILES, "wgmma_ws_tma")[0];
         let t = Tensor {
             ptr: crate::runtime::DeviceAddr(1 << 20),
             batch_stride: -12345,

@@ -6,6 +6,7 @@
 #include <atomic>
 
 #include "fwd/sm90/kernel.h"
+#include "fwd/sm90/specialized_dense.h"
 #include "fwd/sm90/specialized_kernel.h"
 #include "fwd/sm90/specialized_tile.h"
 #include "fwd/sm90/tile.h"
@@ -76,6 +77,38 @@ int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const F
   return static_cast<int32_t>(cudaGetLastError());
 }
 
+// The kv cache's 16-bit prefill at D = 128 (not the packed decode tile, no per-page descales): the
+// warp-specialized kernel over the paged pool (kvcache/sm90/specialized_paged.h) where TMA can take its
+// pages (whole 128-key tiles, or pieces of at least 8 rows that divide one) and describe its tensors;
+// `fallback` (the cp.async kernel) otherwise. Same grid and splits as the cp.async kernel's.
+template <typename T, bool kMasked, typename Fallback>
+int32_t launch_specialized(const fmha_kvcache_params& p, hipStream_t stream, const Fallback& fallback) {
+  using Tile = SpecializedTile<T, 128, 128, 3, kMasked, 40>;
+  const int64_t page = p.page_size;
+  const bool pages_fit = page > 0 && (page % Tile::kBlockN == 0 || (Tile::kBlockN % page == 0 && page >= 8));
+  if (!pages_fit) return fallback();
+  const uint32_t box = static_cast<uint32_t>(page < Tile::kBlockN ? page : Tile::kBlockN);
+  ForwardMaps maps;
+  const bool described =
+      arch::encode_rows_map(&maps.q, reinterpret_cast<const void*>(p.q), p.hdim_q, p.seqlen_q, p.nhead_q,
+                            p.group_mode ? 1 : p.batch, p.q_row_stride, p.q_head_stride, p.q_batch_stride,
+                            Tile::kBlockM) &&
+      arch::encode_rows_map(&maps.k, reinterpret_cast<const void*>(p.k), p.hdim_q, page, p.nhead_k, p.num_pages,
+                            p.k_row_stride, p.k_head_stride, p.k_batch_stride, box) &&
+      arch::encode_rows_map(&maps.v, reinterpret_cast<const void*>(p.v), p.hdim_v, page, p.nhead_k, p.num_pages,
+                            p.v_row_stride, p.v_head_stride, p.v_batch_stride, box);
+  if (!described) return fallback();
+  auto kernel = specialized_forward_kernel<Tile, T, fmha_kvcache_params>;
+  static const cudaError_t configured =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes);
+  if (configured != cudaSuccess) return static_cast<int32_t>(configured);
+  const int64_t tiles = (p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM * kvcache::grid_splits(p) *
+                        static_cast<int64_t>(p.nhead_q) * p.batch;
+  const int64_t ctas = tiles > INT32_MAX ? multiprocessor_count() : tiles;  // (a grid's x is below 2^31)
+  kernel<<<static_cast<uint32_t>(ctas), Tile::kThreads, Tile::kSharedBytes, stream>>>(p, maps);
+  return static_cast<int32_t>(cudaGetLastError());
+}
+
 // Tile shapes (warpgroups of 64 q rows, keys per tile), measured on an H200 (docs/perf.md, 2026-11-21):
 //   D = 64: one warpgroup, 128 keys (80 KiB): two CTAs per SM interleave their softmax phases with
 //     each other's MMAs (two warpgroups sharing the K/V tiles: 0.88-0.98x of this);
@@ -112,6 +145,14 @@ template <typename T, bool kPageScales = false, typename Params>
 int32_t dispatch_forward(const Params& p, hipStream_t stream) {
   if constexpr (std::is_same_v<Params, fmha_kvcache_params>) {
     if (p.pack_gqa != 0) return dispatch_packed<T, kPageScales>(p, stream);
+    if constexpr (sizeof(T) == 2 && !kPageScales) {
+      if (p.hdim_bucket == 128) {
+        return p.masked ? launch_specialized<T, true>(
+                              p, stream, [&] { return launch_forward<T, 128, 2, 128, true, false>(p, stream); })
+                        : launch_specialized<T, false>(
+                              p, stream, [&] { return launch_forward<T, 128, 2, 128, false, false>(p, stream); });
+      }
+    }
   }
   if constexpr (std::is_same_v<Params, fmha_fwd_params> && sizeof(T) == 2) {
     switch (p.hdim_bucket) {

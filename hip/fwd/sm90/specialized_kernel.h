@@ -26,6 +26,7 @@
 #include "fwd/sm90/kernel.h"
 #include "fwd/sm90/key_range.h"
 #include "fwd/sm90/mainloop.h"
+#include "fwd/sm90/specialized_work.h"
 #include "kvcache/split.h"
 #include "launch.h"
 
@@ -55,12 +56,6 @@ constexpr uint32_t kPingPong = 1;
 // Named barriers that keep consumer c's softmax ahead of its wait for the previous P·V: kSoftmaxDone + c.
 constexpr uint32_t kSoftmaxDone = 3;
 
-// The TMA maps of a dense forward's Q, K and V (fmha_fwd_params' tensors; boxes of kBlockM or kBlockN
-// rows), encoded by the launch.
-struct ForwardMaps {
-  CUtensorMap q, k, v;
-};
-
 template <typename Tile, typename T, typename Params>
 __global__ void __launch_bounds__(Tile::kThreads, 1)
     specialized_forward_kernel(const __grid_constant__ Params p, const __grid_constant__ ForwardMaps maps) {
@@ -85,81 +80,53 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   }
   arch::block_barrier();
 
-  // The grid's tiles; a tile's rows, keys and steps, computed alike by the producer and the consumers.
-  const int m_blocks = (p.max_seqlen_q + M - 1) / M;
-  const int64_t tiles = static_cast<int64_t>(m_blocks) * p.nhead_q * p.batch;
+  // The grid's tiles (the source's work of each, computed alike by the producer and the consumers).
   // CTA c's k-th tile is tile k · gridDim.x + c: a persistent grid walks the tiles (uniform ones: the
   // launch picks it for unmasked batch-mode calls), any other grid has one CTA per tile.
+  using Source = SpecializedSource<Params, Tile, T>;
+  const int64_t tiles = Source::tiles(p);
   const int64_t ctas = arch::grid_blocks_x(), cta = arch::block_index_x();
-  struct Work {
-    int b, y, hk, i0, i1, steps;
-    int64_t batch;
-    BatchRows rows;
-    KeyRange keys;
-  };
-  const auto work_of = [&](int64_t t) {
-    Work w;
-    // q blocks fastest, so that the CTAs running together share a head's K and V in L2; masked calls
-    // take the last ones (for causal masks the heaviest) first.
-    const int m = static_cast<int>(t % m_blocks);
-    w.i0 = (Tile::kMasked ? m_blocks - 1 - m : m) * M;
-    const int64_t rest = t / m_blocks;
-    w.y = static_cast<int>(rest % p.nhead_q);
-    w.b = static_cast<int>(rest / p.nhead_q);
-    w.hk = w.y / (p.nhead_q / p.nhead_k);
-    w.batch = p.group_mode ? 0 : w.b;
-    w.rows = batch_rows(p, w.b);
-    w.i1 = min(w.i0 + M, w.rows.sq);
-    w.keys = key_range<N, Tile::kMasked>(p, w.rows, w.i0, w.i1 - 1);
-    w.steps = w.i0 < w.rows.sq ? w.keys.end - w.keys.first : 0;
-    return w;
-  };
 
   const int warpgroup = arch::warpgroup_index();
   if (warpgroup == 0) {  // the producer
     arch::release_registers<Tile::kProducerRegisters>();
     if (thread >= Tile::Producer::kThreads) return;
-    const bool elected = thread == 0;
+    const int lane = thread;
     int ring = 0, queries = 0;  // K/V stages and Q tiles used so far
     for (int64_t tile = cta; tile < tiles; tile += ctas) {
-      const Work w = work_of(tile);
+      const auto w = Source::work(p, tile);
       if (w.steps == 0) continue;
-      const KeyValueTiles<Params, Tile, T> kv(p, w.b, w.hk);
-      // Arms `bar` with a tile (every box counts in full) and loads it from `map`: lane 0 issues, every
-      // lane arrives.
-      const auto load = [&](const CUtensorMap& map, uint32_t shared, uint32_t bar, uint32_t bytes, int64_t row,
-                            int head) {
-        if (elected) {
-          arch::mbarrier_arrive_expect_bytes(bar, bytes);
-#pragma unroll
-          for (int col = 0; col < D; col += 64) {
-            arch::tma_load(shared + (col / 64) * (bytes / (D / 64)), map, bar, col, static_cast<int>(row), head,
-                           static_cast<int>(w.batch));
-          }
-        } else {
-          arch::mbarrier_arrive(bar);
-        }
-      };
       arch::mbarrier_wait(smem.empty_q(), (queries & 1) ^ 1);  // the first tile's passes
       ++queries;
-      load(maps.q, smem.q, smem.full_q(), Tile::kQBytes, w.rows.q_start + w.i0, w.y);
+      if (lane == 0) {
+        arch::mbarrier_arrive_expect_bytes(smem.full_q(), Tile::kQBytes);
+#pragma unroll
+        for (int col = 0; col < D; col += 64) {
+          arch::tma_load(smem.q + (col / 64) * Tile::QLayout::kBlockBytes, maps.q, smem.full_q(), col,
+                         static_cast<int>(w.rows.q_start + w.i0), w.y, static_cast<int>(w.batch));
+        }
+      } else {
+        arch::mbarrier_arrive(smem.full_q());
+      }
+      int64_t page = Source::page_of(p, w, static_cast<int64_t>(w.first) * N, lane);
       for (int i = 0; i < w.steps; ++i, ++ring) {
         const int s = ring % S;
         const uint32_t parity = ((ring / S) & 1) ^ 1;  // the first lap passes
-        const int64_t j0 = static_cast<int64_t>(w.keys.first + i) * N;
+        const int64_t j0 = static_cast<int64_t>(w.first + i) * N;
+        const int64_t next_page = i + 1 < w.steps ? Source::page_of(p, w, j0 + N, lane) : 0;
         arch::mbarrier_wait(smem.empty_k(s), parity);
-        load(maps.k, smem.k_stage(s), smem.full_k(s), Tile::kKVBytes, w.rows.k_start + j0, w.hk);
+        Source::load(p, maps.k, smem.k_stage(s), smem.full_k(s), w, j0, lane, page);
         arch::mbarrier_wait(smem.empty_v(s), parity);
         if (j0 + N <= w.rows.sk) {
-          load(maps.v, smem.v_stage(s), smem.full_v(s), Tile::kKVBytes, w.rows.k_start + j0, w.hk);
-        } else {  // the sequence's last tile (its copy's offsets are worked out here, off the loop's registers)
-          const TileCopy<typename Tile::Producer, N, typename Tile::VLayout> v_copy;
-          kv.issue_values(v_copy, smem.v_stage(s), j0);
+          Source::load(p, maps.v, smem.v_stage(s), smem.full_v(s), w, j0, lane, page);
+        } else {  // the sequence's last tile
+          Source::copy_values(p, smem.v_stage(s), w, j0);
           arch::copy_async_commit();
           arch::copy_async_wait<0>();
           arch::fence_shared_for_async_proxy();
           arch::mbarrier_arrive(smem.full_v(s));
         }
+        page = next_page;
       }
     }
     return;
@@ -182,16 +149,15 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
 
   int ring = 0, queries = 0;
   for (int64_t tile = cta; tile < tiles; tile += ctas) {
-    const Work w = work_of(tile);
-    if (w.i0 >= w.rows.sq) continue;
+    const auto w = Source::work(p, tile);
+    if (!w.live) continue;
     RowState<Tile> st;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) st.o[n][0] = st.o[n][1] = st.o[n][2] = st.o[n][3] = 0.f;
     st.row_max[0] = st.row_max[1] = -INFINITY;
     st.row_sum[0] = st.row_sum[1] = 0.f;
     const int64_t row_of[2] = {w.i0 + c * 64 + warp * 16 + g, w.i0 + c * 64 + warp * 16 + g + 8};
-    const KeyValueTiles<Params, Tile, T> kv(p, w.b, w.hk);
-    const float scale_log2 = p.scale_log2 * kv.qk_descale;
+    const float scale_log2 = p.scale_log2;  // 16-bit inputs: no descales
 
     if (w.steps > 0) {
       const int steps = w.steps;
@@ -201,7 +167,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       // The scores of step i in `s` (retired), masked where the tile needs it, through the softmax;
       // returns the factor O takes before P_i·V_i is added to it.
       const auto softmax_step = [&](int i) {
-        const int64_t j0 = static_cast<int64_t>(w.keys.first + i) * N;
+        const int64_t j0 = static_cast<int64_t>(w.first + i) * N;
         if (w.keys.edge<N, Tile::kMasked>(j0, w.rows.sk)) mask_scores<Tile>(s, kept, j0, t);
         return online_softmax(st, s, scale_log2, 1.f, 1.f);
       };
@@ -275,8 +241,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     }
 
     const int y = w.y;
-    store_output<Tile>(p, st, scale_log2, kv.v_descale, row_of, row_of, w.rows.sq, [&](int64_t) { return y; }, w.rows,
-                       w.b, w.batch, t, false, 0, 0);
+    store_output<Tile>(p, st, scale_log2, 1.f, row_of, row_of, w.rows.sq, [&](int64_t) { return y; }, w.rows, w.b,
+                       w.batch, t, w.partial, w.split, w.seq_q_start);
   }
   if (c == 0) arch::named_barrier_sync(kPingPong, 2 * 128);
 }

@@ -7,7 +7,7 @@
 
 namespace fmha {
 
-template <typename T, int kHeadDim, int kBlockN_, int kStages_, bool kMasked_>
+template <typename T, int kHeadDim, int kBlockN_, int kStages_, bool kMasked_, int kProducerRegisters_ = 24>
 struct SpecializedTile {
   static constexpr int kConsumers = 2;
   static constexpr int kBlockM = 64 * kConsumers;
@@ -47,10 +47,13 @@ struct SpecializedTile {
     static constexpr int kThreads = 32;
     static constexpr int kChunks = SpecializedTile::kChunks;
   };
-  // setmaxnreg: the producer warpgroup keeps little, the consumers take the rest of the 168 per
-  // thread a 384-thread CTA starts with (24 + 2 · 240 = 3 · 168).
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = 240;
+  // setmaxnreg: the producer warpgroup keeps what its loads need (24 for dense tensors, more for the
+  // page-table arithmetic of a paged pool), the consumers take the rest of the 168 per thread a
+  // 384-thread CTA starts with (e.g. 24 + 2 · 240 = 3 · 168).
+  static constexpr int kProducerRegisters = kProducerRegisters_;
+  static constexpr int kConsumerRegisters = (3 * 168 - kProducerRegisters) / 2 / 8 * 8;
+  static_assert(kProducerRegisters % 8 == 0 && kProducerRegisters + 2 * kConsumerRegisters <= 3 * 168,
+                "setmaxnreg counts are multiples of 8 within the CTA's pool");
 };
 
 }  // namespace fmha

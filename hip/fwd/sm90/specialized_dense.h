@@ -1,0 +1,73 @@
+// The warp-specialized forward's source for the dense forward (fmha_fwd_params): tiles of 128 query
+// rows, K and V tiles as TMA boxes of the tensors, the sequence's last V tile copied with cp.async.
+#pragma once
+
+#include "arch/nvidia/pipeline.h"
+#include "arch/nvidia/shared_tile.h"
+#include "arch/nvidia/tensor_map.h"
+#include "fwd/sm90/dense_tiles.h"
+#include "fwd/sm90/specialized_work.h"
+#include "launch.h"
+
+namespace fmha {
+
+template <typename Tile, typename T>
+struct SpecializedSource<fmha_fwd_params, Tile, T> {
+  static constexpr int M = Tile::kBlockM, N = Tile::kBlockN, D = Tile::kDim;
+
+  // Tile t: q blocks fastest, so that the CTAs running together share a head's K and V in L2; masked
+  // calls take the last ones (for causal masks the heaviest) first.
+  __device__ static int64_t tiles(const fmha_fwd_params& p) {
+    return static_cast<int64_t>((p.max_seqlen_q + M - 1) / M) * p.nhead_q * p.batch;
+  }
+  using Work = SpecializedWork;
+  __device__ static Work work(const fmha_fwd_params& p, int64_t t) {
+    Work w;
+    const int m_blocks = (p.max_seqlen_q + M - 1) / M;
+    const int m = static_cast<int>(t % m_blocks);
+    w.i0 = (Tile::kMasked ? m_blocks - 1 - m : m) * M;
+    const int64_t rest = t / m_blocks;
+    w.y = static_cast<int>(rest % p.nhead_q);
+    w.b = static_cast<int>(rest / p.nhead_q);
+    w.hk = w.y / (p.nhead_q / p.nhead_k);
+    w.batch = p.group_mode ? 0 : w.b;
+    w.rows = batch_rows(p, w.b);
+    w.live = w.i0 < w.rows.sq;
+    w.i1 = min(w.i0 + M, w.rows.sq);
+    w.keys = key_range<N, Tile::kMasked>(p, w.rows, w.i0, w.i1 - 1);
+    w.first = w.keys.first;
+    w.steps = w.live ? w.keys.end - w.keys.first : 0;
+    w.split = 0;
+    w.partial = false;
+    w.seq_q_start = 0;
+    return w;
+  }
+
+  // Dense tensors have no pages (the paged source's `page_of` looks its pages up a tile ahead).
+  __device__ static int64_t page_of(const fmha_fwd_params&, const Work&, int64_t, int) { return 0; }
+
+  // The K or V tile of keys j0.. from `map` into `shared`, completing on `bar`: lane 0 arms the barrier
+  // with the tile's bytes and issues its boxes, every lane arrives.
+  __device__ static void load(const fmha_fwd_params&, const CUtensorMap& map, uint32_t shared, uint32_t bar,
+                              const Work& w, int64_t j0, int lane, int64_t) {
+    if (lane == 0) {
+      arch::mbarrier_arrive_expect_bytes(bar, Tile::kKVBytes);
+#pragma unroll
+      for (int col = 0; col < D; col += 64) {
+        arch::tma_load(shared + (col / 64) * Tile::KLayout::kBlockBytes, map, bar, col,
+                       static_cast<int>(w.rows.k_start + j0), w.hk, static_cast<int>(w.batch));
+      }
+    } else {
+      arch::mbarrier_arrive(bar);
+    }
+  }
+
+  // The V tile of keys j0.. that reaches past the sequence, with zeros past it (cp.async by the warp).
+  __device__ static void copy_values(const fmha_fwd_params& p, uint32_t shared, const Work& w, int64_t j0) {
+    const KeyValueTiles<fmha_fwd_params, Tile, T> kv(p, w.b, w.hk);
+    const TileCopy<typename Tile::Producer, N, typename Tile::VLayout> v_copy;
+    kv.issue_values(v_copy, shared, j0);
+  }
+};
+
+}  // namespace fmha
