@@ -69,9 +69,11 @@ int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const F
   if (configured != cudaSuccess) return static_cast<int32_t>(configured);
   // Unmasked batch-mode tiles all cost the same: a persistent grid of one CTA per SM walks them (a CTA's
   // epilogue runs under its next tile's loads). Masked or varlen tiles differ, and one CTA per tile lets
-  // the hardware hand the next tile to whichever SM frees first.
-  const int64_t tiles = (p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM * static_cast<int64_t>(p.nhead_q) * p.batch;
-  const bool persistent = (!kMasked && p.group_mode == 0) || tiles > INT32_MAX;  // (a grid's x is below 2^31)
+  // the hardware hand the next tile to whichever SM frees first; masked batch-mode calls over at most 4 q
+  // blocks (tiles too short to hide a CTA's start) walk them persistently, heaviest first.
+  const int64_t m_blocks = (p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM;
+  const int64_t tiles = m_blocks * p.nhead_q * p.batch;
+  const bool persistent = (p.group_mode == 0 && (!kMasked || m_blocks <= 4)) || tiles > INT32_MAX;  // (x < 2^31)
   const int64_t ctas = persistent && tiles > multiprocessor_count() ? multiprocessor_count() : tiles;
   kernel<<<static_cast<uint32_t>(ctas), Tile::kThreads, Tile::kSharedBytes, stream>>>(p, maps);
   return static_cast<int32_t>(cudaGetLastError());

@@ -15,18 +15,22 @@ template <typename Tile, typename T>
 struct SpecializedSource<fmha_fwd_params, Tile, T> {
   static constexpr int M = Tile::kBlockM, N = Tile::kBlockN, D = Tile::kDim;
 
-  // Tile t: q blocks fastest, so that the CTAs running together share a head's K and V in L2; masked
-  // calls take the last ones (for causal masks the heaviest) first.
+  // Tile t of `tiles` walked by `ctas` CTAs. One CTA per tile: q blocks fastest, so that the CTAs running
+  // together share a head's K and V in L2, masked calls taking the last ones (for causal masks the
+  // heaviest) first. A persistent grid over masked tiles (short sequences): q blocks slowest, the
+  // heaviest of every head first, so that a static walk hands each CTA its share of heavy and light ones.
   __device__ static int64_t tiles(const fmha_fwd_params& p) {
     return static_cast<int64_t>((p.max_seqlen_q + M - 1) / M) * p.nhead_q * p.batch;
   }
   using Work = SpecializedWork;
-  __device__ static Work work(const fmha_fwd_params& p, int64_t t) {
+  __device__ static Work work(const fmha_fwd_params& p, int64_t t, int64_t tiles, int64_t ctas) {
     Work w;
     const int m_blocks = (p.max_seqlen_q + M - 1) / M;
-    const int m = static_cast<int>(t % m_blocks);
+    const int64_t heads = static_cast<int64_t>(p.nhead_q) * p.batch;
+    const bool heaviest_first = Tile::kMasked && ctas < tiles;
+    const int m = static_cast<int>(heaviest_first ? t / heads : t % m_blocks);
     w.i0 = (Tile::kMasked ? m_blocks - 1 - m : m) * M;
-    const int64_t rest = t / m_blocks;
+    const int64_t rest = heaviest_first ? t % heads : t / m_blocks;
     w.y = static_cast<int>(rest % p.nhead_q);
     w.b = static_cast<int>(rest / p.nhead_q);
     w.hk = w.y / (p.nhead_q / p.nhead_k);

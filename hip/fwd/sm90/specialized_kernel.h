@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     const int lane = thread;
     int ring = 0, queries = 0;  // K/V stages and Q tiles used so far
     for (int64_t tile = cta; tile < tiles; tile += ctas) {
-      const auto w = Source::work(p, tile);
+      const auto w = Source::work(p, tile, tiles, ctas);
       if (w.steps == 0) continue;
       arch::mbarrier_wait(smem.empty_q(), (queries & 1) ^ 1);  // the first tile's passes
       ++queries;
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
 
   int ring = 0, queries = 0;
   for (int64_t tile = cta; tile < tiles; tile += ctas) {
-    const auto w = Source::work(p, tile);
+    const auto w = Source::work(p, tile, tiles, ctas);
     if (!w.live) continue;
     RowState<Tile> st;
 #pragma unroll

@@ -36,7 +36,7 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
     return p.page_size >= N ? 1 : N / p.page_size;
   }
 
-  __device__ static Work work(const fmha_kvcache_params& p, int64_t t) {
+  __device__ static Work work(const fmha_kvcache_params& p, int64_t t, int64_t, int64_t) {
     Work w;
     const int splits = kvcache::grid_splits(p), gx = grid_x(p);
     const int64_t rest = t / gx;
