@@ -12,6 +12,7 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
+#include "arch/nvidia/pipeline.h"
 #include "arch/platform.h"
 
 namespace fmha {
@@ -74,6 +75,21 @@ __device__ inline void tma_load(uint32_t shared, const CUtensorMap& map, uint32_
       "[%2];\n" ::"r"(shared),
       "l"(reinterpret_cast<uint64_t>(&map)), "r"(bar), "r"(column), "r"(row), "r"(head), "r"(batch)
       : "memory");
+}
+
+// A tile of kCols columns at (row, head, batch) of `map`: arms `bar` with its `bytes` (every box counts
+// in full) and loads its kCols / 64 boxes into consecutive 64-column blocks `block_bytes` apart
+// (Swizzle128's). Lane 0 issues; the producer warp's other lanes arrive.
+template <int kCols>
+__device__ inline void tma_load_tile(uint32_t shared, uint32_t block_bytes, const CUtensorMap& map, uint32_t bar,
+                                     uint32_t bytes, int row, int head, int batch, int lane) {
+  if (lane == 0) {
+    mbarrier_arrive_expect_bytes(bar, bytes);
+#pragma unroll
+    for (int col = 0; col < kCols; col += 64) tma_load(shared + (col / 64) * block_bytes, map, bar, col, row, head, batch);
+  } else {
+    mbarrier_arrive(bar);
+  }
 }
 }  // namespace arch
 }  // namespace fmha

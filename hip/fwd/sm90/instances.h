@@ -46,6 +46,24 @@ inline int multiprocessor_count() {
   return n;
 }
 
+// The warp-specialized kernel's query map (q in either parameter block: rows of a sequence, or of all
+// sequences in group mode) and its launch of `ctas` CTAs, the tile's shared memory opted into once.
+template <typename Tile, typename Params>
+bool encode_query_map(const Params& p, CUtensorMap* map) {
+  return arch::encode_rows_map(map, reinterpret_cast<const void*>(p.q), p.hdim_q, p.seqlen_q, p.nhead_q,
+                               p.group_mode ? 1 : p.batch, p.q_row_stride, p.q_head_stride, p.q_batch_stride,
+                               Tile::kBlockM);
+}
+template <typename Tile, typename T, typename Params>
+int32_t launch_specialized_kernel(const Params& p, const ForwardMaps& maps, int64_t ctas, hipStream_t stream) {
+  auto kernel = specialized_forward_kernel<Tile, T, Params>;
+  static const cudaError_t configured =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes);
+  if (configured != cudaSuccess) return static_cast<int32_t>(configured);
+  kernel<<<static_cast<uint32_t>(ctas), Tile::kThreads, Tile::kSharedBytes, stream>>>(p, maps);
+  return static_cast<int32_t>(cudaGetLastError());
+}
+
 // The dense forward's 16-bit instances: the warp-specialized kernel (fwd/sm90/specialized_kernel.h),
 // 128 query rows and 128 keys per tile, three stages of K and V (224 KiB at D = 128).
 // Tensors TMA cannot describe (fmha_fwd_params allows strides and bases TMA does not) take `fallback`,
@@ -54,19 +72,14 @@ template <typename T, int kHeadDim, bool kMasked, typename Fallback>
 int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const Fallback& fallback) {
   using Tile = SpecializedTile<T, kHeadDim, 128, 3, kMasked>;
   ForwardMaps maps;
-  const int64_t q_batch = p.group_mode ? 1 : p.batch;
+  const int64_t batches = p.group_mode ? 1 : p.batch;
   const bool described =
-      arch::encode_rows_map(&maps.q, reinterpret_cast<const void*>(p.q), p.hdim_q, p.seqlen_q, p.nhead_q, q_batch,
-                            p.q_row_stride, p.q_head_stride, p.q_batch_stride, Tile::kBlockM) &&
-      arch::encode_rows_map(&maps.k, reinterpret_cast<const void*>(p.k), p.hdim_q, p.seqlen_k, p.nhead_k, q_batch,
+      encode_query_map<Tile>(p, &maps.q) &&
+      arch::encode_rows_map(&maps.k, reinterpret_cast<const void*>(p.k), p.hdim_q, p.seqlen_k, p.nhead_k, batches,
                             p.k_row_stride, p.k_head_stride, p.k_batch_stride, Tile::kBlockN) &&
-      arch::encode_rows_map(&maps.v, reinterpret_cast<const void*>(p.v), p.hdim_v, p.seqlen_k, p.nhead_k, q_batch,
+      arch::encode_rows_map(&maps.v, reinterpret_cast<const void*>(p.v), p.hdim_v, p.seqlen_k, p.nhead_k, batches,
                             p.v_row_stride, p.v_head_stride, p.v_batch_stride, Tile::kBlockN);
   if (!described) return fallback();
-  auto kernel = specialized_forward_kernel<Tile, T, fmha_fwd_params>;
-  static const cudaError_t configured =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes);
-  if (configured != cudaSuccess) return static_cast<int32_t>(configured);
   // Unmasked batch-mode tiles all cost the same: a persistent grid of one CTA per SM walks them (a CTA's
   // epilogue runs under its next tile's loads). Masked or varlen tiles differ, and one CTA per tile lets
   // the hardware hand the next tile to whichever SM frees first; masked batch-mode calls over at most 4 q
@@ -75,8 +88,7 @@ int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const F
   const int64_t tiles = m_blocks * p.nhead_q * p.batch;
   const bool persistent = (p.group_mode == 0 && (!kMasked || m_blocks <= 4)) || tiles > INT32_MAX;  // (x < 2^31)
   const int64_t ctas = persistent && tiles > multiprocessor_count() ? multiprocessor_count() : tiles;
-  kernel<<<static_cast<uint32_t>(ctas), Tile::kThreads, Tile::kSharedBytes, stream>>>(p, maps);
-  return static_cast<int32_t>(cudaGetLastError());
+  return launch_specialized_kernel<Tile, T>(p, maps, ctas, stream);
 }
 
 // The kv cache's 16-bit prefill at D = 128 (not the packed decode tile, no per-page descales): the
@@ -92,26 +104,21 @@ int32_t launch_specialized(const fmha_kvcache_params& p, hipStream_t stream, con
   const uint32_t box = static_cast<uint32_t>(page < Tile::kBlockN ? page : Tile::kBlockN);
   ForwardMaps maps;
   const bool described =
-      arch::encode_rows_map(&maps.q, reinterpret_cast<const void*>(p.q), p.hdim_q, p.seqlen_q, p.nhead_q,
-                            p.group_mode ? 1 : p.batch, p.q_row_stride, p.q_head_stride, p.q_batch_stride,
-                            Tile::kBlockM) &&
+      encode_query_map<Tile>(p, &maps.q) &&
       arch::encode_rows_map(&maps.k, reinterpret_cast<const void*>(p.k), p.hdim_q, page, p.nhead_k, p.num_pages,
                             p.k_row_stride, p.k_head_stride, p.k_batch_stride, box) &&
       arch::encode_rows_map(&maps.v, reinterpret_cast<const void*>(p.v), p.hdim_v, page, p.nhead_k, p.num_pages,
                             p.v_row_stride, p.v_head_stride, p.v_batch_stride, box);
   if (!described) return fallback();
-  auto kernel = specialized_forward_kernel<Tile, T, fmha_kvcache_params>;
-  static const cudaError_t configured =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes);
-  if (configured != cudaSuccess) return static_cast<int32_t>(configured);
   const int64_t tiles = (p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM * kvcache::grid_splits(p) *
                         static_cast<int64_t>(p.nhead_q) * p.batch;
   const int64_t ctas = tiles > INT32_MAX ? multiprocessor_count() : tiles;  // (a grid's x is below 2^31)
-  kernel<<<static_cast<uint32_t>(ctas), Tile::kThreads, Tile::kSharedBytes, stream>>>(p, maps);
-  return static_cast<int32_t>(cudaGetLastError());
+  return launch_specialized_kernel<Tile, T>(p, maps, ctas, stream);
 }
 
-// Tile shapes (warpgroups of 64 q rows, keys per tile), measured on an H200 (docs/perf.md, 2026-11-21):
+// The cp.async kernel's tile shapes (the kv cache's other instances, and the fallback of the
+// warp-specialized ones), warpgroups of 64 q rows and keys per tile, measured on an H200 (docs/perf.md,
+// 2026-11-21):
 //   D = 64: one warpgroup, 128 keys (80 KiB): two CTAs per SM interleave their softmax phases with
 //     each other's MMAs (two warpgroups sharing the K/V tiles: 0.88-0.98x of this);
 //   D = 128: two warpgroups sharing each 128-key K/V tile (161 KiB, one CTA per SM): half the K/V

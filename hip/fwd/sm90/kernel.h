@@ -46,7 +46,6 @@ struct KeyValueTiles;
 template <typename Tile, typename T, typename Params>
 __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
   constexpr int M = Tile::kBlockM, N = Tile::kBlockN;
-  constexpr int kDTiles = Tile::kDim / 8;
   constexpr uint32_t kKVBytes = Tile::kKVBytes;
   extern __shared__ __align__(1024) unsigned char shared_bytes[];
   const uint32_t sQ = swizzle128_base(shared_bytes);
@@ -120,10 +119,7 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(Params p) {
   arch::copy_async_commit();
 
   RowState<Tile> st;
-#pragma unroll
-  for (int n = 0; n < kDTiles; ++n) st.o[n][0] = st.o[n][1] = st.o[n][2] = st.o[n][3] = 0.f;
-  st.row_max[0] = st.row_max[1] = -INFINITY;
-  st.row_sum[0] = st.row_sum[1] = 0.f;
+  st.clear();
   const int64_t row_of[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};  // tile rows
   const int64_t query_of[2] = {row_of[0] / group, row_of[1] / group};      // their query rows
   const KeptKeys kept = KeptKeys::of<Tile::kMasked>(keys.mask, query_of, rows.sk);

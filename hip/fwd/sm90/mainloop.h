@@ -17,6 +17,14 @@ struct RowState {
   float o[Tile::kDim / 8][4];
   float row_max[2];
   float row_sum[2];
+
+  // The state before any key: O = 0, max = -inf, sum = 0.
+  __device__ void clear() {
+#pragma unroll
+    for (int n = 0; n < Tile::kDim / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.f;
+  }
 };
 
 // The keys each of a thread's two fragment rows keeps: positions [lo, hi] of the sequence (hi < sk).

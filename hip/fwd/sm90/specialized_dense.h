@@ -50,20 +50,11 @@ struct SpecializedSource<fmha_fwd_params, Tile, T> {
   // Dense tensors have no pages (the paged source's `page_of` looks its pages up a tile ahead).
   __device__ static int64_t page_of(const fmha_fwd_params&, const Work&, int64_t, int) { return 0; }
 
-  // The K or V tile of keys j0.. from `map` into `shared`, completing on `bar`: lane 0 arms the barrier
-  // with the tile's bytes and issues its boxes, every lane arrives.
+  // The K or V tile of keys j0.. from `map` into `shared`, completing on `bar`.
   __device__ static void load(const fmha_fwd_params&, const CUtensorMap& map, uint32_t shared, uint32_t bar,
                               const Work& w, int64_t j0, int lane, int64_t) {
-    if (lane == 0) {
-      arch::mbarrier_arrive_expect_bytes(bar, Tile::kKVBytes);
-#pragma unroll
-      for (int col = 0; col < D; col += 64) {
-        arch::tma_load(shared + (col / 64) * Tile::KLayout::kBlockBytes, map, bar, col,
-                       static_cast<int>(w.rows.k_start + j0), w.hk, static_cast<int>(w.batch));
-      }
-    } else {
-      arch::mbarrier_arrive(bar);
-    }
+    arch::tma_load_tile<D>(shared, Tile::KLayout::kBlockBytes, map, bar, Tile::kKVBytes,
+                           static_cast<int>(w.rows.k_start + j0), w.hk, static_cast<int>(w.batch), lane);
   }
 
   // The V tile of keys j0.. that reaches past the sequence, with zeros past it (cp.async by the warp).

@@ -23,11 +23,9 @@
 #include "arch/thread.h"
 #include "common/sequence.h"
 #include "fwd/sm90/epilogue.h"
-#include "fwd/sm90/kernel.h"
 #include "fwd/sm90/key_range.h"
 #include "fwd/sm90/mainloop.h"
 #include "fwd/sm90/specialized_work.h"
-#include "kvcache/split.h"
 #include "launch.h"
 
 namespace fmha {
@@ -59,7 +57,7 @@ constexpr uint32_t kSoftmaxDone = 3;
 template <typename Tile, typename T, typename Params>
 __global__ void __launch_bounds__(Tile::kThreads, 1)
     specialized_forward_kernel(const __grid_constant__ Params p, const __grid_constant__ ForwardMaps maps) {
-  constexpr int M = Tile::kBlockM, N = Tile::kBlockN, S = Tile::kStages, D = Tile::kDim;
+  constexpr int N = Tile::kBlockN, S = Tile::kStages, D = Tile::kDim;
   constexpr int kNTiles = N / 8, kSteps = N * Tile::kElementBytes / arch::kStepBytes;
   extern __shared__ __align__(1024) unsigned char shared_bytes[];
   const SpecializedShared<Tile> smem(swizzle128_base(shared_bytes));
@@ -98,16 +96,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       if (w.steps == 0) continue;
       arch::mbarrier_wait(smem.empty_q(), (queries & 1) ^ 1);  // the first tile's passes
       ++queries;
-      if (lane == 0) {
-        arch::mbarrier_arrive_expect_bytes(smem.full_q(), Tile::kQBytes);
-#pragma unroll
-        for (int col = 0; col < D; col += 64) {
-          arch::tma_load(smem.q + (col / 64) * Tile::QLayout::kBlockBytes, maps.q, smem.full_q(), col,
-                         static_cast<int>(w.rows.q_start + w.i0), w.y, static_cast<int>(w.batch));
-        }
-      } else {
-        arch::mbarrier_arrive(smem.full_q());
-      }
+      arch::tma_load_tile<D>(smem.q, Tile::QLayout::kBlockBytes, maps.q, smem.full_q(), Tile::kQBytes,
+                             static_cast<int>(w.rows.q_start + w.i0), w.y, static_cast<int>(w.batch), lane);
       int64_t page = Source::page_of(p, w, static_cast<int64_t>(w.first) * N, lane);
       for (int i = 0; i < w.steps; ++i, ++ring) {
         const int s = ring % S;
@@ -152,10 +142,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     const auto w = Source::work(p, tile, tiles, ctas);
     if (!w.live) continue;
     RowState<Tile> st;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) st.o[n][0] = st.o[n][1] = st.o[n][2] = st.o[n][3] = 0.f;
-    st.row_max[0] = st.row_max[1] = -INFINITY;
-    st.row_sum[0] = st.row_sum[1] = 0.f;
+    st.clear();
     const int64_t row_of[2] = {w.i0 + c * 64 + warp * 16 + g, w.i0 + c * 64 + warp * 16 + g + 8};
     const float scale_log2 = p.scale_log2;  // 16-bit inputs: no descales
 
