@@ -103,7 +103,7 @@ def varlen_lengths(total, lo, hi, seed=0):
 
 def grid(args):
     tokens, hidden, seqlens = TOKENS, HIDDEN, SEQLENS
-    dims = [64, 128]
+    dims = [int(d) for d in args.dims.split(",")]
     if args.smoke:
         tokens, hidden, seqlens, dims = 512, 256, [128, 256], [64]
     elif args.quick:
@@ -467,6 +467,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backward", action="store_true", help="add backward rows (fmha, fmha deterministic, SDPA)")
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    ap.add_argument("--dims", default="64,128,256", help="head dims of the dense rows (comma-separated)")
     ap.add_argument("--quick", action="store_true", help="D = 128, S in {2k, 4k}, plus the GQA and varlen rows")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes; runs on the host backend with CPU tensors")
     ap.add_argument("--warmup-ms", type=int, default=100)

@@ -57,6 +57,27 @@ fn group_mode_with_zero_lengths_and_padding() {
     }
 }
 
+/// Head dims above 128 over many q and k tiles (the GPU's 256 bucket: 80-key tiles, two stages), every
+/// mask, equal and unequal q/v dims.
+#[test]
+fn long_sequences_wide_heads() {
+    let mut rng = Rng::fresh();
+    eprintln!("seed {}", rng.0);
+    let lengths = if fmha::ffi::version::fmha_backend() == fmha::ffi::version::FMHA_BACKEND_HOST {
+        vec![(161, 250)]
+    } else {
+        vec![(1000, 1000), (129, 2100), (2100, 81)]
+    };
+    for (sq, sk) in lengths {
+        for (i, mask) in masks().into_iter().enumerate() {
+            let dtype = if i % 2 == 0 { Dtype::Bf16 } else { Dtype::F16 };
+            let dims = [(256, 256), (192, 128), (136, 200)][i % 3];
+            let case = Case::batch_mode(dtype, 2, 2, 1, (sq, sk), dims, mask);
+            check(&case, &mut rng);
+        }
+    }
+}
+
 /// Longer sequences: many q tiles and k tiles, unequal lengths, every mask, both dtypes.
 #[test]
 fn long_sequences() {

@@ -194,9 +194,10 @@ const FORWARD_TILES: [(i64, i64, i64); 4] = [(32, 64, 64), (64, 64, 64), (128, 6
 
 /// Forward tiles of the GPU kernels (`hip/fwd/forward.hip`): head-dim bucket, q rows, k rows.
 /// sm_90a's dense 16-bit forward: the warp-specialized kernel (`hip/fwd/sm90/specialized_kernel.h`), a TMA
-/// producer warp and two consumer warpgroups of 64 q rows, 128 keys per tile (tensors TMA cannot describe
-/// take the cp.async kernel).
-const SM90_DENSE_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 128, 128), (128, 128, 128)];
+/// producer warp and two consumer warpgroups of 64 q rows, 128 keys per tile up to D = 128 and 80 at
+/// D = 256 (FA3's shape: two stages of K and V fit beside Q); tensors TMA cannot describe take the cp.async
+/// kernel.
+const SM90_DENSE_FORWARD_TILES: [(i64, i64, i64); 3] = [(64, 128, 128), (128, 128, 128), (256, 128, 80)];
 /// sm_90a's kv-cache forward and dense fp8 forward (`hip/fwd/sm90/kernel.h`): warpgroups of 64 q rows
 /// (one at D = 64, two at D = 128).
 const SM90_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 64, 128), (128, 128, 128)];

@@ -84,14 +84,19 @@ __device__ inline void fence_shared_for_async_proxy() { asm volatile("fence.prox
 #define FMHA_ACC_N128                                                                                       \
   FMHA_ACC_N64, FMHA_ACC4(8), FMHA_ACC4(9), FMHA_ACC4(10), FMHA_ACC4(11), FMHA_ACC4(12), FMHA_ACC4(13), \
       FMHA_ACC4(14), FMHA_ACC4(15)
+#define FMHA_ACC_N80 FMHA_ACC_N64, FMHA_ACC4(8), FMHA_ACC4(9)
+#define FMHA_ACC_N256 FMHA_ACC_N128, FMHA_ACC4(16), FMHA_ACC4(17), FMHA_ACC4(18), FMHA_ACC4(19), FMHA_ACC4(20), FMHA_ACC4(21), FMHA_ACC4(22), FMHA_ACC4(23), FMHA_ACC4(24), FMHA_ACC4(25), FMHA_ACC4(26), FMHA_ACC4(27), FMHA_ACC4(28), FMHA_ACC4(29), FMHA_ACC4(30), FMHA_ACC4(31)
 #define FMHA_REGS_0_15 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define FMHA_REGS_0_31 \
   FMHA_REGS_0_15 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define FMHA_REGS_0_63                                                                                      \
   FMHA_REGS_0_31 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, " \
                  "%49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define FMHA_REGS_0_39 FMHA_REGS_0_31 ", %32, %33, %34, %35, %36, %37, %38, %39"
+#define FMHA_REGS_0_127 FMHA_REGS_0_63 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 
-// D (+)= A·B for one element type TYPE ("f16" or "bf16"), N = 32, 64 or 128 (by the accumulator's rows).
+// D (+)= A·B for one element type TYPE ("f16" or "bf16"), by the accumulator's rows: shared A · shared B
+// with N = 32, 64, 80 or 128 (S), register A · shared B with N = 64, 128 or 256 (O).
 //   Shared A · shared B: K-major operands unless kTransposeA / kTransposeB (then M- / N-major).
 //   `accumulate` = 0 overwrites D (the first step of a fresh product).
 //   Register A · shared B: B N-major (`imm-trans-b` = 1), accumulating.
@@ -114,9 +119,11 @@ __device__ inline void fence_shared_for_async_proxy() { asm volatile("fence.prox
 #define FMHA_WARPGROUP_MMA(TYPE)                                                                                  \
   FMHA_WARPGROUP_MMA_SHARED(32, FMHA_REGS_0_15, FMHA_ACC_N32, "%16", "%17", "%18", "%19", "%20", TYPE)           \
   FMHA_WARPGROUP_MMA_SHARED(64, FMHA_REGS_0_31, FMHA_ACC_N64, "%32", "%33", "%34", "%35", "%36", TYPE)           \
+  FMHA_WARPGROUP_MMA_SHARED(80, FMHA_REGS_0_39, FMHA_ACC_N80, "%40", "%41", "%42", "%43", "%44", TYPE)           \
   FMHA_WARPGROUP_MMA_SHARED(128, FMHA_REGS_0_63, FMHA_ACC_N128, "%64", "%65", "%66", "%67", "%68", TYPE)         \
   FMHA_WARPGROUP_MMA_REGISTERS(64, FMHA_REGS_0_31, FMHA_ACC_N64, "{%32, %33, %34, %35}", "%36", TYPE)            \
-  FMHA_WARPGROUP_MMA_REGISTERS(128, FMHA_REGS_0_63, FMHA_ACC_N128, "{%64, %65, %66, %67}", "%68", TYPE)
+  FMHA_WARPGROUP_MMA_REGISTERS(128, FMHA_REGS_0_63, FMHA_ACC_N128, "{%64, %65, %66, %67}", "%68", TYPE)          \
+  FMHA_WARPGROUP_MMA_REGISTERS(256, FMHA_REGS_0_127, FMHA_ACC_N256, "{%128, %129, %130, %131}", "%132", TYPE)
 
 // The 8-bit types: m64nNk32, both operands K-major (no transpose immediates exist for them).
 #define FMHA_WARPGROUP_MMA_8BIT_SHARED(N, REGS, ACC, A, B, SCALE, TYPE)                                         \
@@ -161,10 +168,14 @@ struct WarpgroupMma<__nv_fp8_e4m3> {
 #undef FMHA_WARPGROUP_MMA
 #undef FMHA_WARPGROUP_MMA_REGISTERS
 #undef FMHA_WARPGROUP_MMA_SHARED
+#undef FMHA_REGS_0_127
 #undef FMHA_REGS_0_63
+#undef FMHA_REGS_0_39
 #undef FMHA_REGS_0_31
 #undef FMHA_REGS_0_15
+#undef FMHA_ACC_N256
 #undef FMHA_ACC_N128
+#undef FMHA_ACC_N80
 #undef FMHA_ACC_N64
 #undef FMHA_ACC_N32
 #undef FMHA_ACC4

@@ -65,12 +65,14 @@ int32_t launch_specialized_kernel(const Params& p, const ForwardMaps& maps, int6
 }
 
 // The dense forward's 16-bit instances: the warp-specialized kernel (fwd/sm90/specialized_kernel.h),
-// 128 query rows and 128 keys per tile, three stages of K and V (224 KiB at D = 128).
+// 128 query rows per tile; 128 keys and three stages of K and V up to D = 128 (224 KiB at D = 128), 80
+// keys and two stages at D = 256 (224 KiB; O takes 128 of a consumer's 240 registers, S 40).
 // Tensors TMA cannot describe (fmha_fwd_params allows strides and bases TMA does not) take `fallback`,
 // the cp.async kernel.
 template <typename T, int kHeadDim, bool kMasked, typename Fallback>
 int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const Fallback& fallback) {
-  using Tile = SpecializedTile<T, kHeadDim, 128, 3, kMasked>;
+  constexpr bool kWide = kHeadDim == 256;
+  using Tile = SpecializedTile<T, kHeadDim, kWide ? 80 : 128, kWide ? 2 : 3, kMasked>;
   ForwardMaps maps;
   const int64_t batches = p.group_mode ? 1 : p.batch;
   const bool described =
@@ -175,6 +177,11 @@ int32_t dispatch_forward(const Params& p, hipStream_t stream) {
                               p, stream, [&] { return launch_forward<T, 128, 2, 128, true, false>(p, stream); })
                         : launch_specialized<T, 128, false>(
                               p, stream, [&] { return launch_forward<T, 128, 2, 128, false, false>(p, stream); });
+      case 256:  // the fallback: 64 keys per tile (192 KiB)
+        return p.masked ? launch_specialized<T, 256, true>(
+                              p, stream, [&] { return launch_forward<T, 256, 2, 64, true, false>(p, stream); })
+                        : launch_specialized<T, 256, false>(
+                              p, stream, [&] { return launch_forward<T, 256, 2, 64, false, false>(p, stream); });
       default:
         return static_cast<int32_t>(cudaErrorInvalidValue);
     }

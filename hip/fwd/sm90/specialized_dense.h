@@ -57,6 +57,12 @@ struct SpecializedSource<fmha_fwd_params, Tile, T> {
                            static_cast<int>(w.rows.k_start + j0), w.hk, static_cast<int>(w.batch), lane);
   }
 
+  // Whether the map reads the rows past w's sequence as zeros: a sequence that ends where the tensor does
+  // (every batch-mode sequence, the last of group mode), whose rows past it are out of the map's bounds.
+  __device__ static bool zeros_past_sequence(const fmha_fwd_params& p, const Work& w) {
+    return w.rows.k_start + w.rows.sk == p.seqlen_k;
+  }
+
   // The V tile of keys j0.. that reaches past the sequence, with zeros past it (cp.async by the warp).
   __device__ static void copy_values(const fmha_fwd_params& p, uint32_t shared, const Work& w, int64_t j0) {
     const KeyValueTiles<fmha_fwd_params, Tile, T> kv(p, w.b, w.hk);

@@ -4,8 +4,9 @@
 // - the producer (one warp of warpgroup 0, few registers) loads Q once and the K and V tiles through
 //   two rings of kStages stages with TMA (arch/nvidia/tensor_map.h), each stage handed over by
 //   mbarriers: it waits for a stage's `empty` barrier and arms its `full` barrier with the tile's
-//   bytes. A V tile that reaches past the sequence is copied with cp.async instead (zeros past the
-//   end, where TMA would bring the next rows of the tensor, whose values P·V must not see);
+//   bytes. A V tile that reaches past the sequence into rows of the tensor (another sequence's, or
+//   padding, whose values P·V must not see) is copied with cp.async instead, with zeros past the end;
+//   past the tensor's last row TMA itself brings zeros;
 // - two consumers (warpgroups 1 and 2, 64 rows each, the registers the producer gave up) run the
 //   mainloop with intra-warpgroup overlap: S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} are issued together,
 //   the softmax of S_j runs while the tensor cores finish P_{j-1}·V_{j-1}, and each stage is released
@@ -99,6 +100,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       arch::tma_load_tile<D>(smem.q, Tile::QLayout::kBlockBytes, maps.q, smem.full_q(), Tile::kQBytes,
                              static_cast<int>(w.rows.q_start + w.i0), w.y, static_cast<int>(w.batch), lane);
       int64_t page = Source::page_of(p, w, static_cast<int64_t>(w.first) * N, lane);
+      const bool zeros_past = Source::zeros_past_sequence(p, w);
       for (int i = 0; i < w.steps; ++i, ++ring) {
         const int s = ring % S;
         const uint32_t parity = ((ring / S) & 1) ^ 1;  // the first lap passes
@@ -107,7 +109,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         arch::mbarrier_wait(smem.empty_k(s), parity);
         Source::load(p, maps.k, smem.k_stage(s), smem.full_k(s), w, j0, lane, page);
         arch::mbarrier_wait(smem.empty_v(s), parity);
-        if (j0 + N <= w.rows.sk) {
+        if (j0 + N <= w.rows.sk || zeros_past) {
           Source::load(p, maps.v, smem.v_stage(s), smem.full_v(s), w, j0, lane, page);
         } else {  // the sequence's last tile
           Source::copy_values(p, smem.v_stage(s), w, j0);

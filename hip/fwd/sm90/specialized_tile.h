@@ -24,8 +24,9 @@ struct SpecializedTile {
   static constexpr int kChunks = kHeadDim * kElementBytes / 16;  // 16-byte chunks per row
   using Output = T;
   static_assert(kElementBytes == 2, "16-bit inputs (8-bit ones take the V transpose of ForwardTile)");
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
-  static_assert(kBlockN == 64 || kBlockN == 128, "64 or 128 keys per tile");
+  // The wgmma N shapes compiled in arch/nvidia/warpgroup.h: S is 64 x kBlockN, O 64 x D.
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dims 64, 128 and 256");
+  static_assert(kBlockN == 64 || kBlockN == 80 || kBlockN == 128, "64, 80 or 128 keys per tile");
   using QLayout = Swizzle128<kChunks, kBlockM>;
   using KLayout = Swizzle128<kChunks, kBlockN>;
   using VLayout = Swizzle128<kChunks, kBlockN>;

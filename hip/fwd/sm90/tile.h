@@ -33,8 +33,9 @@ struct ForwardTile {
   static constexpr bool kTransposeV = kElementBytes == 1;
   static constexpr float kPShift = kTransposeV ? 8.f : 0.f;
   using Output = std::conditional_t<kTransposeV, __nv_bfloat16, T>;
-  // The wgmma N shapes compiled in arch/nvidia/warpgroup.h: 64 and 128 (S is 64 x kBlockN, O 64 x D).
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128");
+  // The wgmma N shapes compiled in arch/nvidia/warpgroup.h (S is 64 x kBlockN, O 64 x D); D = 256 for
+  // 16-bit inputs only.
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || (kHeadDim == 256 && !kTransposeV), "head dims 64, 128, 256");
   static_assert(kBlockN == 64 || kBlockN == 128, "64 or 128 keys per tile");
   static_assert(kChunks % 8 == 0, "rows of whole 128-byte swizzle blocks");
   using QLayout = Swizzle128<kChunks, kBlockM>;

@@ -103,6 +103,9 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
     if (lane != 0) arch::mbarrier_arrive(bar);
   }
 
+  // A page's rows past the sequence are the pool's (never zeros).
+  __device__ static bool zeros_past_sequence(const fmha_kvcache_params&, const Work&) { return false; }
+
   // The V tile of keys j0.. that reaches past the sequence, with zeros past it (cp.async by the warp,
   // one page lookup per row).
   __device__ static void copy_values(const fmha_kvcache_params& p, uint32_t shared, const Work& w, int64_t j0) {
