@@ -69,15 +69,17 @@ MISMATCH_REL = {"fwd": 2e-2, "bwd": 5e-2}
 
 
 class Shape:
-    def __init__(self, name, b, s, hq, hk, d, causal, lengths=None):
+    def __init__(self, name, b, s, hq, hk, d, causal, lengths=None, dv=None):
         self.name, self.b, self.s, self.hq, self.hk, self.d, self.causal = name, b, s, hq, hk, d, causal
+        self.dv = d if dv is None else dv  # V's head dim
         self.lengths = lengths  # varlen: the sequence lengths (b = len(lengths), s = max)
 
     def flops_fwd(self):
+        # 2·Sq·Sk·D for Q·Kᵀ plus 2·Sq·Sk·Dv for P·V, per head
         if self.lengths is not None:
-            f = sum(4 * self.hq * n * n * self.d for n in self.lengths)
+            f = sum(2 * self.hq * n * n * (self.d + self.dv) for n in self.lengths)
         else:
-            f = 4 * self.b * self.hq * self.s * self.s * self.d
+            f = 2 * self.b * self.hq * self.s * self.s * (self.d + self.dv)
         return f / 2 if self.causal else f
 
     def describe(self):
@@ -85,11 +87,12 @@ class Shape:
             return (f"varlen {len(self.lengths)} seqs (max {max(self.lengths)}, {sum(self.lengths)} tok) "
                     f"H={self.hq} D={self.d}")
         heads = f"H={self.hq}" if self.hq == self.hk else f"H={self.hq}/{self.hk}"
-        return f"B={self.b} S={self.s} {heads} D={self.d}"
+        dims = f"D={self.d}" if self.dv == self.d else f"D={self.d}/{self.dv}"
+        return f"B={self.b} S={self.s} {heads} {dims}"
 
     def as_dict(self):
         return {"name": self.name, "batch": self.b, "seqlen": self.s, "nhead_q": self.hq, "nhead_k": self.hk,
-                "head_dim": self.d, "causal": self.causal, "varlen_lengths": self.lengths}
+                "head_dim": self.d, "head_dim_v": self.dv, "causal": self.causal, "varlen_lengths": self.lengths}
 
 
 def varlen_lengths(total, lo, hi, seed=0):
@@ -103,17 +106,20 @@ def varlen_lengths(total, lo, hi, seed=0):
 
 def grid(args):
     tokens, hidden, seqlens = TOKENS, HIDDEN, SEQLENS
-    dims = [int(d) for d in args.dims.split(",")]
+    # "D" or "D/Dv" (V's head dim apart)
+    dims = [tuple(int(x) for x in spec.split("/")) * (1 if "/" in spec else 2) for spec in args.dims.split(",")]
     if args.smoke:
-        tokens, hidden, seqlens, dims = 512, 256, [128, 256], [64]
+        tokens, hidden, seqlens, dims = 512, 256, [128, 256], [(64, 64)]
     elif args.quick:
-        seqlens, dims = [2048, 4096], [128]
+        seqlens, dims = [2048, 4096], [(128, 128)]
     shapes = []
-    for d in dims:
+    for d, dv in dims:
         for s in seqlens:
             for causal in (False, True):
                 h = hidden // d
-                shapes.append(Shape(f"d{d}_s{s}_{'causal' if causal else 'full'}", tokens // s, s, h, h, d, causal))
+                name = f"d{d}" if dv == d else f"d{d}x{dv}"
+                shapes.append(Shape(f"{name}_s{s}_{'causal' if causal else 'full'}", tokens // s, s, h, h, d, causal,
+                                    dv=dv))
     if args.smoke:
         shapes.append(Shape("gqa_4_1_d64_s256_causal", 2, 256, 4, 1, 64, True))
         shapes.append(Shape("varlen_d64_causal", 0, 0, 4, 4, 64, True, varlen_lengths(tokens, 16, 256)))
@@ -195,9 +201,9 @@ def make_inputs(sh, dtype, device, requires_grad):
             .requires_grad_(requires_grad)
 
     if sh.lengths is None:
-        return rnd(sh.b, sh.s, sh.hq, sh.d), rnd(sh.b, sh.s, sh.hk, sh.d), rnd(sh.b, sh.s, sh.hk, sh.d)
+        return rnd(sh.b, sh.s, sh.hq, sh.d), rnd(sh.b, sh.s, sh.hk, sh.d), rnd(sh.b, sh.s, sh.hk, sh.dv)
     total = sum(sh.lengths)
-    return rnd(total, sh.hq, sh.d), rnd(total, sh.hk, sh.d), rnd(total, sh.hk, sh.d)
+    return rnd(total, sh.hq, sh.d), rnd(total, sh.hk, sh.d), rnd(total, sh.hk, sh.dv)
 
 
 def pad(x, lengths):
@@ -318,7 +324,7 @@ def run(args):
                 cu = torch.tensor(offsets, dtype=torch.int32, device=device)
             dout = None
             if direction == "bwd":
-                dout = torch.randn(*q.shape[:-1], sh.d, generator=torch.Generator().manual_seed(4321)).to(device,
+                dout = torch.randn(*q.shape[:-1], sh.dv, generator=torch.Generator().manual_seed(4321)).to(device,
                                                                                                           dtype)
             outputs = {}
             for impl in impls:
@@ -426,7 +432,7 @@ def metadata(args):
         "commit": git_commit(),
         "dtype": args.dtype,
         "timing": f"triton.testing.do_bench median, warmup {args.warmup_ms} ms, rep {args.rep_ms} ms",
-        "flops": "fwd 4*B*H*Sq*Sk*D (/2 causal; varlen: sum over sequences); bwd 2.5 x fwd",
+        "flops": "fwd 2*B*H*Sq*Sk*(D+Dv) (/2 causal; varlen: sum over sequences); bwd 2.5 x fwd",
     }
     try:
         import triton
@@ -467,7 +473,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backward", action="store_true", help="add backward rows (fmha, fmha deterministic, SDPA)")
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
-    ap.add_argument("--dims", default="64,128,256", help="head dims of the dense rows (comma-separated)")
+    ap.add_argument("--dims", default="64,128,256,192/128",
+                    help="head dims of the dense rows, comma-separated: D, or D/Dv for V's apart")
     ap.add_argument("--quick", action="store_true", help="D = 128, S in {2k, 4k}, plus the GQA and varlen rows")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes; runs on the host backend with CPU tensors")
     ap.add_argument("--warmup-ms", type=int, default=100)

@@ -5,6 +5,7 @@ of the same run for the rivals (FlashAttention-3's forward where installed, PyTo
 FlashAttention-2, and cuDNN).
 
     python3 bench/plot.py --fmha full.json [--rivals bench-attention.json] --out docs/perf/full.png
+    python3 bench/plot.py --rivals bench-attention.json --out docs/perf/run.png   # fmha's line from it too
 
 Only the FlashAttention grid's shapes are drawn (batch · seqlen = 16k tokens, nhead_q = nhead_k,
 seqlen_q = seqlen_k, batch mode, non-deterministic): fmha-bench's mask "0" is "no mask" and "b"
@@ -37,17 +38,19 @@ def fmha_points(report):
             continue
         if r["status"] != "ok" or r["mask"] not in ("0", "b"):
             continue
-        points[(r["op"], r["hdim_q"], r["mask"] == "b")]["fmha"].append((r["seqlen_q"], r["tflops"]))
+        points[(r["op"], (r["hdim_q"], r["hdim_v"]), r["mask"] == "b")]["fmha"].append((r["seqlen_q"], r["tflops"]))
     return points
 
 
-def add_rivals(points, bench):
+def add_rivals(points, bench, with_fmha):
+    """The rivals' lines from a bench/attention.py JSON (and fmha's, `with_fmha`)."""
+    labels = {"fmha": "fmha", **RIVALS} if with_fmha else RIVALS
     for row in bench["rows"]:
         sh = row["shape"]
         if sh.get("varlen_lengths") or sh["nhead_q"] != sh["nhead_k"] or sh["batch"] * sh["seqlen"] != 16384:
             continue
-        key = (row["pass"], sh["head_dim"], sh["causal"])
-        for impl, label in RIVALS.items():
+        key = (row["pass"], (sh["head_dim"], sh.get("head_dim_v", sh["head_dim"])), sh["causal"])
+        for impl, label in labels.items():
             res = row["results"].get(impl, {})
             if "tflops" in res:
                 points[key][label].append((sh["seqlen"], res["tflops"]))
@@ -55,37 +58,49 @@ def add_rivals(points, bench):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--fmha", required=True, help="fmha-bench --json output")
+    ap.add_argument("--fmha", help="fmha-bench --json output (without it, fmha's line is --rivals' fmha column)")
     ap.add_argument("--rivals", help="bench/attention.py's bench-attention.json from the same run")
     ap.add_argument("--title", default=None, help="figure title (default: from the JSON)")
     ap.add_argument("--out", required=True, help="PNG to write")
     args = ap.parse_args()
-    with open(args.fmha) as f:
-        report = json.load(f)
-    points = fmha_points(report)
-    title = args.title or f"fmha {report['fmha_version']} ({report['backend']}), matrix {report['matrix']}"
+    if not (args.fmha or args.rivals):
+        raise SystemExit("plot.py: give --fmha, --rivals or both")
+    points, title = defaultdict(lambda: defaultdict(list)), args.title
+    if args.fmha:
+        with open(args.fmha) as f:
+            report = json.load(f)
+        points = fmha_points(report)
+        title = args.title or f"fmha {report['fmha_version']} ({report['backend']}), matrix {report['matrix']}"
     if args.rivals:
         with open(args.rivals) as f:
             bench = json.load(f)
-        add_rivals(points, bench)
+        add_rivals(points, bench, with_fmha=not args.fmha)
         meta = bench.get("meta", {})
         title = args.title or f"{meta.get('gpu', '')} · {meta.get('date', '')} · {meta.get('dtype', '')}"
     panels = sorted(points)
     if not panels:
         raise SystemExit("plot.py: no rows of the FlashAttention grid in the input")
-    cols = max(1, len({(d, c) for _, d, c in panels}))
-    rows = len({p for p, _, _ in panels})
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
+    # Each pass's panels (head dims × masks) in rows of at most four.
     order = sorted({(d, c) for _, d, c in panels})
-    for ax_row, direction in zip(axes, sorted({p for p, _, _ in panels}, key=lambda p: p != "fwd")):
-        for ax, (d, causal) in zip(ax_row, order):
+    directions = sorted({p for p, _, _ in panels}, key=lambda p: p != "fwd")
+    cols = min(4, len(order))
+    per_pass = -(-len(order) // cols)
+    fig, axes = plt.subplots(per_pass * len(directions), cols, figsize=(4.2 * cols, 3.4 * per_pass * len(directions)),
+                             squeeze=False)
+    for ax in axes.flat:
+        ax.set_visible(False)
+    for k, direction in enumerate(directions):
+        for i, (d, causal) in enumerate(order):
+            ax = axes[k * per_pass + i // cols][i % cols]
+            ax.set_visible(True)
             lines = points.get((direction, d, causal), {})
             for label, pts in sorted(lines.items(), key=lambda kv: kv[0] != "fmha"):
                 pts = sorted(pts)
                 ax.plot([s for s, _ in pts], [t for _, t in pts], marker="o", label=label, color=COLORS.get(label),
                         linewidth=2.4 if label == "fmha" else 1.4)
             ax.set_xscale("log", base=2)
-            ax.set_title(f"{direction}, D = {d}, {'causal' if causal else 'no mask'}", fontsize=10)
+            dims = str(d[0]) if d[0] == d[1] else f"{d[0]}/{d[1]}"
+            ax.set_title(f"{direction}, D = {dims}, {'causal' if causal else 'no mask'}", fontsize=10)
             ax.set_xlabel("sequence length")
             ax.set_ylabel("TFLOPS")
             ax.grid(alpha=0.3)

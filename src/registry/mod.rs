@@ -198,6 +198,8 @@ const FORWARD_TILES: [(i64, i64, i64); 4] = [(32, 64, 64), (64, 64, 64), (128, 6
 /// D = 256 (FA3's shape: two stages of K and V fit beside Q); tensors TMA cannot describe take the cp.async
 /// kernel.
 const SM90_DENSE_FORWARD_TILES: [(i64, i64, i64); 3] = [(64, 128, 128), (128, 128, 128), (256, 128, 80)];
+/// The same kernel's tile for Q/K head dims up to 192 with V head dims up to 128 (hdim_v set apart).
+const SM90_DENSE_FORWARD_192_128: (i64, i64, i64) = (192, 128, 128);
 /// sm_90a's kv-cache forward and dense fp8 forward (`hip/fwd/sm90/kernel.h`): warpgroups of 64 q rows
 /// (one at D = 64, two at D = 128).
 const SM90_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 64, 128), (128, 128, 128)];
@@ -279,8 +281,7 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
             list
         }
         Arch::Sm90 if cfg!(feature = "cuda") => {
-            let mut list =
-                gpu_instances(arch, Operation::Forward, &HALF_DTYPES, &SM90_DENSE_FORWARD_TILES, "wgmma_ws_tma");
+            let mut list = sm90_dense_forward_instances();
             // fp8 (OCP, the format Hopper's tensor cores take) with the D = 128 shape only, as the
             // kv cache's; V transposed in shared memory (hip/fwd/sm90/transpose_v.h).
             list.extend(gpu_instances(
@@ -335,6 +336,19 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
         Arch::Gfx950 if cfg!(feature = "rocm") => amd_instances(arch, &GFX950_FORWARD_TILES, &GFX950_BACKWARD_TILES),
         _ => Vec::new(),
     }
+}
+
+/// sm_90a's dense 16-bit forward instances: one per bucket of SM90_DENSE_FORWARD_TILES, and Q/K 192 with
+/// V 128 (DeepSeek's MLA prefill shape), whose smaller V gets its own tile.
+fn sm90_dense_forward_instances() -> Vec<Instance> {
+    let (arch, op) = (Arch::Sm90, Operation::Forward);
+    let mut list = gpu_instances(arch, op, &HALF_DTYPES, &SM90_DENSE_FORWARD_TILES, "wgmma_ws_tma");
+    list.extend(
+        gpu_instances(arch, op, &HALF_DTYPES, &[SM90_DENSE_FORWARD_192_128], "wgmma_ws_tma")
+            .into_iter()
+            .map(|i| Instance { hdim_v: 128, ..i }),
+    );
+    list
 }
 
 /// The instances of a rocm build for `arch`: the forward, the backward and the forward kernel with
@@ -541,6 +555,20 @@ mod tests {
         let i = select(Arch::Host, &request(Operation::Forward, 256, 108)).unwrap();
         assert_eq!(i.hdim_q, 256);
         assert!(!i.deterministic);
+    }
+
+    #[test]
+    fn sm90_forward_buckets_include_192_with_v_128() {
+        let all = sm90_dense_forward_instances();
+        let forward = |hdim_q, hdim_v| {
+            let i = smallest_fit(&all, &request(Operation::Forward, hdim_q, hdim_v)).unwrap();
+            (i.hdim_q, i.hdim_v, i.n0)
+        };
+        assert_eq!(forward(192, 128), (192, 128, 128));
+        assert_eq!(forward(160, 96), (192, 128, 128));
+        assert_eq!(forward(192, 192), (256, 256, 80));
+        assert_eq!(forward(128, 256), (256, 256, 80));
+        assert_eq!(forward(96, 128), (128, 128, 128));
     }
 
     #[test]

@@ -233,8 +233,9 @@ def test_strided_inputs():
 
 
 def test_strides_without_tma():
-    """Row strides that are not whole 16-byte multiples, and a base off the 16-byte grid: Hopper's TMA cannot
-    describe such tensors, so the forward without it runs; the results follow the rule as dense ones do."""
+    """Row strides that are not whole 16-byte multiples, and a base off the 16-byte grid: the GPU kernels'
+    16-byte vectors cannot read such tensors, so the Python layer copies them (as flash-attn does); the
+    results follow the rule as dense ones do."""
     dtype = torch.bfloat16
     b, s, h, d = 2, 200, 4, 64
 
@@ -246,6 +247,20 @@ def test_strides_without_tma():
     assert q.stride(1) * 2 % 16 != 0 and v.data_ptr() % 16 != 0
     check_tensors(q, k, v, MASKS["causal"])
     check_tensors(k, v, q, MASKS["none"])
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_broadcast_batch_without_tma(d):
+    """K and V shared by every batch entry (an expanded tensor, batch stride 0) are read in place; Hopper's
+    TMA cannot describe a zero stride, so there the cp.async forward runs, at every head-dim bucket."""
+    dtype = torch.bfloat16
+    b, h = 3, 2
+    q = randn(b, 200, h, d, dtype=dtype)
+    k = randn(1, 150, h, d, dtype=dtype).expand(b, -1, -1, -1)
+    v = randn(1, 150, h, d, dtype=dtype).expand(b, -1, -1, -1)
+    assert k.stride(0) == 0
+    check_tensors(q, k, v, MASKS["causal"])
+    check_tensors(q, k, v, MASKS["none"])
 
 
 def test_window_conventions():

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <type_traits>
 
 #include "fwd/sm90/kernel.h"
 #include "fwd/sm90/specialized_dense.h"
@@ -64,15 +65,22 @@ int32_t launch_specialized_kernel(const Params& p, const ForwardMaps& maps, int6
   return static_cast<int32_t>(cudaGetLastError());
 }
 
-// The dense forward's 16-bit instances: the warp-specialized kernel (fwd/sm90/specialized_kernel.h),
-// 128 query rows per tile; 128 keys and three stages of K and V up to D = 128 (224 KiB at D = 128), 80
-// keys and two stages at D = 256 (224 KiB; O takes 128 of a consumer's 240 registers, S 40).
-// Tensors TMA cannot describe (fmha_fwd_params allows strides and bases TMA does not) take `fallback`,
-// the cp.async kernel.
-template <typename T, int kHeadDim, bool kMasked, typename Fallback>
+// The dense forward's 16-bit tiles of the warp-specialized kernel (fwd/sm90/specialized_kernel.h), 128
+// query rows each, per head-dim bucket:
+//   64, 128: 128 keys, three stages of K and V (224 KiB at D = 128);
+//   192 (Q/K) with 128 (V): 128 keys, two stages (208 KiB);
+//   256: 80 keys, two stages (224 KiB; O takes 128 of a consumer's 240 registers, S 40).
+template <typename T, int kBucket, bool kMasked>
+using DenseSpecializedTile =
+    std::conditional_t<kBucket == 256, SpecializedTile<T, 256, 80, 2, kMasked>,
+                       std::conditional_t<kBucket == 192, SpecializedTile<T, 192, 128, 2, kMasked, 24, 128>,
+                                          SpecializedTile<T, kBucket, 128, 3, kMasked>>>;
+
+// The dense forward's 16-bit instances. Tensors TMA cannot describe (fmha_fwd_params allows strides TMA
+// does not: zero, e.g. a batch-broadcast K) take `fallback`, the cp.async kernel.
+template <typename T, int kBucket, bool kMasked, typename Fallback>
 int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const Fallback& fallback) {
-  constexpr bool kWide = kHeadDim == 256;
-  using Tile = SpecializedTile<T, kHeadDim, kWide ? 80 : 128, kWide ? 2 : 3, kMasked>;
+  using Tile = DenseSpecializedTile<T, kBucket, kMasked>;
   ForwardMaps maps;
   const int64_t batches = p.group_mode ? 1 : p.batch;
   const bool described =
@@ -177,6 +185,11 @@ int32_t dispatch_forward(const Params& p, hipStream_t stream) {
                               p, stream, [&] { return launch_forward<T, 128, 2, 128, true, false>(p, stream); })
                         : launch_specialized<T, 128, false>(
                               p, stream, [&] { return launch_forward<T, 128, 2, 128, false, false>(p, stream); });
+      case 192:  // falls back to the 256 bucket's cp.async kernel
+        return p.masked ? launch_specialized<T, 192, true>(
+                              p, stream, [&] { return launch_forward<T, 256, 2, 64, true, false>(p, stream); })
+                        : launch_specialized<T, 192, false>(
+                              p, stream, [&] { return launch_forward<T, 256, 2, 64, false, false>(p, stream); });
       case 256:  // the fallback: 64 keys per tile (192 KiB)
         return p.masked ? launch_specialized<T, 256, true>(
                               p, stream, [&] { return launch_forward<T, 256, 2, 64, true, false>(p, stream); })

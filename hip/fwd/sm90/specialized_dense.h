@@ -13,7 +13,7 @@ namespace fmha {
 
 template <typename Tile, typename T>
 struct SpecializedSource<fmha_fwd_params, Tile, T> {
-  static constexpr int M = Tile::kBlockM, N = Tile::kBlockN, D = Tile::kDim;
+  static constexpr int M = Tile::kBlockM, N = Tile::kBlockN;
 
   // Tile t of `tiles` walked by `ctas` CTAs. One CTA per tile: q blocks fastest, so that the CTAs running
   // together share a head's K and V in L2, masked calls taking the last ones (for causal masks the
@@ -50,10 +50,11 @@ struct SpecializedSource<fmha_fwd_params, Tile, T> {
   // Dense tensors have no pages (the paged source's `page_of` looks its pages up a tile ahead).
   __device__ static int64_t page_of(const fmha_fwd_params&, const Work&, int64_t, int) { return 0; }
 
-  // The K or V tile of keys j0.. from `map` into `shared`, completing on `bar`.
+  // The K or V tile of keys j0.. (kCols columns, kBytes) from `map` into `shared`, completing on `bar`.
+  template <int kCols, uint32_t kBytes>
   __device__ static void load(const fmha_fwd_params&, const CUtensorMap& map, uint32_t shared, uint32_t bar,
                               const Work& w, int64_t j0, int lane, int64_t) {
-    arch::tma_load_tile<D>(shared, Tile::KLayout::kBlockBytes, map, bar, Tile::kKVBytes,
+    arch::tma_load_tile<kCols>(shared, Tile::KLayout::kBlockBytes, map, bar, kBytes,
                            static_cast<int>(w.rows.k_start + j0), w.hk, static_cast<int>(w.batch), lane);
   }
 

@@ -36,10 +36,10 @@ template <typename Tile>
 struct SpecializedShared {
   uint32_t q, k, v, barriers;
   __device__ explicit SpecializedShared(uint32_t base)
-      : q(base), k(base + Tile::kQBytes), v(k + Tile::kStages * Tile::kKVBytes),
-        barriers(v + Tile::kStages * Tile::kKVBytes) {}
-  __device__ uint32_t k_stage(int s) const { return k + s * Tile::kKVBytes; }
-  __device__ uint32_t v_stage(int s) const { return v + s * Tile::kKVBytes; }
+      : q(base), k(base + Tile::kQBytes), v(k + Tile::kStages * Tile::kKBytes),
+        barriers(v + Tile::kStages * Tile::kVBytes) {}
+  __device__ uint32_t k_stage(int s) const { return k + s * Tile::kKBytes; }
+  __device__ uint32_t v_stage(int s) const { return v + s * Tile::kVBytes; }
   __device__ uint32_t full_q() const { return barriers; }
   __device__ uint32_t empty_q() const { return barriers + 8 * (1 + 4 * Tile::kStages); }
   __device__ uint32_t full_k(int s) const { return barriers + 8 * (1 + s); }
@@ -58,7 +58,7 @@ constexpr uint32_t kSoftmaxDone = 3;
 template <typename Tile, typename T, typename Params>
 __global__ void __launch_bounds__(Tile::kThreads, 1)
     specialized_forward_kernel(const __grid_constant__ Params p, const __grid_constant__ ForwardMaps maps) {
-  constexpr int N = Tile::kBlockN, S = Tile::kStages, D = Tile::kDim;
+  constexpr int N = Tile::kBlockN, S = Tile::kStages, DQK = Tile::kDimQK;
   constexpr int kNTiles = N / 8, kSteps = N * Tile::kElementBytes / arch::kStepBytes;
   extern __shared__ __align__(1024) unsigned char shared_bytes[];
   const SpecializedShared<Tile> smem(swizzle128_base(shared_bytes));
@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       if (w.steps == 0) continue;
       arch::mbarrier_wait(smem.empty_q(), (queries & 1) ^ 1);  // the first tile's passes
       ++queries;
-      arch::tma_load_tile<D>(smem.q, Tile::QLayout::kBlockBytes, maps.q, smem.full_q(), Tile::kQBytes,
+      arch::tma_load_tile<DQK>(smem.q, Tile::QLayout::kBlockBytes, maps.q, smem.full_q(), Tile::kQBytes,
                              static_cast<int>(w.rows.q_start + w.i0), w.y, static_cast<int>(w.batch), lane);
       int64_t page = Source::page_of(p, w, static_cast<int64_t>(w.first) * N, lane);
       const bool zeros_past = Source::zeros_past_sequence(p, w);
@@ -107,10 +107,11 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         const int64_t j0 = static_cast<int64_t>(w.first + i) * N;
         const int64_t next_page = i + 1 < w.steps ? Source::page_of(p, w, j0 + N, lane) : 0;
         arch::mbarrier_wait(smem.empty_k(s), parity);
-        Source::load(p, maps.k, smem.k_stage(s), smem.full_k(s), w, j0, lane, page);
+        Source::template load<DQK, Tile::kKBytes>(p, maps.k, smem.k_stage(s), smem.full_k(s), w, j0, lane, page);
         arch::mbarrier_wait(smem.empty_v(s), parity);
         if (j0 + N <= w.rows.sk || zeros_past) {
-          Source::load(p, maps.v, smem.v_stage(s), smem.full_v(s), w, j0, lane, page);
+          Source::template load<Tile::kDim, Tile::kVBytes>(p, maps.v, smem.v_stage(s), smem.full_v(s), w, j0, lane,
+                                                           page);
         } else {  // the sequence's last tile
           Source::copy_values(p, smem.v_stage(s), w, j0);
           arch::copy_async_commit();
@@ -173,8 +174,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       arch::mbarrier_wait(smem.full_k(stage(0)), phase(0));
       turn_begin();
       arch::warpgroup_fence();
-      arch::mma_rows_by_rows<T, D, Tile::QLayout::kBlockBytes, Tile::KLayout::kBlockBytes>(
-          s, q_rows, arch::descriptor_plus(k_tile, stage(0) * Tile::kKVBytes));
+      arch::mma_rows_by_rows<T, DQK, Tile::QLayout::kBlockBytes, Tile::KLayout::kBlockBytes>(
+          s, q_rows, arch::descriptor_plus(k_tile, stage(0) * Tile::kKBytes));
       arch::warpgroup_commit();
       turn_end();
       arch::warpgroup_wait<0>();
@@ -193,13 +194,13 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         arch::mbarrier_wait(smem.full_k(stage(i)), phase(i));
         turn_begin();
         arch::warpgroup_fence();
-        arch::mma_rows_by_rows<T, D, Tile::QLayout::kBlockBytes, Tile::KLayout::kBlockBytes>(
-            s, q_rows, arch::descriptor_plus(k_tile, stage(i) * Tile::kKVBytes));
+        arch::mma_rows_by_rows<T, DQK, Tile::QLayout::kBlockBytes, Tile::KLayout::kBlockBytes>(
+            s, q_rows, arch::descriptor_plus(k_tile, stage(i) * Tile::kKBytes));
         arch::warpgroup_commit();
         rescale_output(st, correction);
         arch::mbarrier_wait(smem.full_v(stage(i - 1)), phase(i - 1));
         arch::warpgroup_fence();
-        arch::mma_registers_by_columns<T>(st.o, p_frag, arch::descriptor_plus(v_tile, stage(i - 1) * Tile::kKVBytes));
+        arch::mma_registers_by_columns<T>(st.o, p_frag, arch::descriptor_plus(v_tile, stage(i - 1) * Tile::kVBytes));
         arch::warpgroup_commit();
         turn_end();
         arch::warpgroup_wait<1>();  // S_i (issued first) has retired; P_{i-1}·V_{i-1} may still run
@@ -220,7 +221,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       rescale_output(st, correction);
       arch::mbarrier_wait(smem.full_v(stage(steps - 1)), phase(steps - 1));
       arch::warpgroup_fence();
-      arch::mma_registers_by_columns<T>(st.o, p_frag, arch::descriptor_plus(v_tile, stage(steps - 1) * Tile::kKVBytes));
+      arch::mma_registers_by_columns<T>(st.o, p_frag, arch::descriptor_plus(v_tile, stage(steps - 1) * Tile::kVBytes));
       arch::warpgroup_commit();
       arch::warpgroup_wait<0>();
       arch::hold_registers(st.o);

@@ -7,7 +7,9 @@
 
 namespace fmha {
 
-template <typename T, int kHeadDim, int kBlockN_, int kStages_, bool kMasked_, int kProducerRegisters_ = 24>
+// kHeadDim: the columns of Q and K; kHeadDimV those of V and O.
+template <typename T, int kHeadDim, int kBlockN_, int kStages_, bool kMasked_, int kProducerRegisters_ = 24,
+          int kHeadDimV = kHeadDim>
 struct SpecializedTile {
   static constexpr int kConsumers = 2;
   static constexpr int kBlockM = 64 * kConsumers;
@@ -19,31 +21,35 @@ struct SpecializedTile {
   static constexpr bool kTransposeV = false;
   static constexpr float kPShift = 0.f;
   static constexpr int kThreads = 128 * (kConsumers + 1);
-  static constexpr int kDim = kHeadDim;
+  static constexpr int kDimQK = kHeadDim;
+  static constexpr int kDim = kHeadDimV;  // O's columns (RowState, the epilogue)
   static constexpr int kElementBytes = static_cast<int>(sizeof(T));
-  static constexpr int kChunks = kHeadDim * kElementBytes / 16;  // 16-byte chunks per row
+  static constexpr int kChunksQK = kDimQK * kElementBytes / 16;  // 16-byte chunks per row of Q and K
+  static constexpr int kChunks = kDim * kElementBytes / 16;      // and of V
   using Output = T;
   static_assert(kElementBytes == 2, "16-bit inputs (8-bit ones take the V transpose of ForwardTile)");
-  // The wgmma N shapes compiled in arch/nvidia/warpgroup.h: S is 64 x kBlockN, O 64 x D.
-  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dims 64, 128 and 256");
+  // The wgmma N shapes compiled in arch/nvidia/warpgroup.h: S is 64 x kBlockN, O 64 x kDim.
+  static_assert(kDim == 64 || kDim == 128 || kDim == 256, "V head dims 64, 128 and 256");
+  static_assert(kDimQK % 64 == 0 && kDimQK <= 256, "Q/K head dims of whole 128-byte swizzle blocks");
   static_assert(kBlockN == 64 || kBlockN == 80 || kBlockN == 128, "64, 80 or 128 keys per tile");
-  using QLayout = Swizzle128<kChunks, kBlockM>;
-  using KLayout = Swizzle128<kChunks, kBlockN>;
+  using QLayout = Swizzle128<kChunksQK, kBlockM>;
+  using KLayout = Swizzle128<kChunksQK, kBlockN>;
   using VLayout = Swizzle128<kChunks, kBlockN>;
-  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * kElementBytes;
-  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * kElementBytes;
+  static constexpr uint32_t kQBytes = kBlockM * kDimQK * kElementBytes;
+  static constexpr uint32_t kKBytes = kBlockN * kDimQK * kElementBytes;
+  static constexpr uint32_t kVBytes = kBlockN * kDim * kElementBytes;
   // mbarriers: Q full; K full and empty per stage; V full and empty per stage; Q empty.
   static constexpr int kBarriers = 2 + 4 * kStages;
   // A float per consumer thread: the softmax's sums, stored to keep the softmax ahead of the wait for
   // the previous P·V (arch::complete_before).
   static constexpr int kScratchBytes = 4 * 128 * kConsumers;
   static constexpr int kSharedBytes =
-      kQBytes + 2 * kStages * kKVBytes + 8 * kBarriers + kScratchBytes + kSwizzle128Slack;
+      kQBytes + kStages * (kKBytes + kVBytes) + 8 * kBarriers + kScratchBytes + kSwizzle128Slack;
   static_assert(kSharedBytes <= 227 * 1024, "Hopper's shared memory per CTA");
 
   // The producer: one warp of warpgroup 0 (the others leave). It loads Q, K and V with TMA; a V tile
   // that reaches past the sequence is copied by the warp with cp.async instead (TileCopy with this
-  // shape), which writes zeros there rather than the next rows of the tensor.
+  // shape: V's rows), which writes zeros there rather than the next rows of the tensor.
   struct Producer {
     static constexpr int kThreads = 32;
     static constexpr int kChunks = SpecializedTile::kChunks;

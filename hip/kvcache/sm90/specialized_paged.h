@@ -18,7 +18,7 @@ namespace fmha {
 
 template <typename Tile, typename T>
 struct SpecializedSource<fmha_kvcache_params, Tile, T> {
-  static constexpr int M = Tile::kBlockM, N = Tile::kBlockN, D = Tile::kDim;
+  static constexpr int M = Tile::kBlockM, N = Tile::kBlockN;
 
   struct Work : SpecializedWork {
     kvcache::Sequence seq;
@@ -84,18 +84,20 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
     return lane < pieces(p) ? kvcache::PageLookup::of(p).page_id(w.seq, token / page) : 0;
   }
 
-  // The K or V tile of keys j0.. from the pool's `map` into `shared`, completing on `bar`: pages of
-  // whole tiles are one box per 64 columns; smaller pages one per page piece, lane c issuing piece c on
-  // its page `id` (page_of). Lane 0 arms the barrier with the tile's bytes; every lane arrives.
+  // The K or V tile of keys j0.. (kCols columns, kBytes) from the pool's `map` into `shared`, completing
+  // on `bar`: pages of whole tiles are one box per 64 columns; smaller pages one per page piece, lane c
+  // issuing piece c on its page `id` (page_of). Lane 0 arms the barrier with the tile's bytes; every
+  // lane arrives.
+  template <int kCols, uint32_t kBytes>
   __device__ static void load(const fmha_kvcache_params& p, const CUtensorMap& map, uint32_t shared, uint32_t bar,
                               const Work& w, int64_t j0, int lane, int64_t id) {
     const int64_t page = p.page_size;
     const int rows = page >= N ? N : static_cast<int>(page);
-    if (lane == 0) arch::mbarrier_arrive_expect_bytes(bar, Tile::kKVBytes);
+    if (lane == 0) arch::mbarrier_arrive_expect_bytes(bar, kBytes);
     if (lane < pieces(p)) {
       const int64_t token = j0 + lane * rows;
 #pragma unroll
-      for (int col = 0; col < D; col += 64) {
+      for (int col = 0; col < kCols; col += 64) {
         arch::tma_load(shared + (col / 64) * Tile::KLayout::kBlockBytes + lane * rows * 128, map, bar, col,
                        static_cast<int>(token % page), w.hk, static_cast<int>(id));
       }
