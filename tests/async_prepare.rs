@@ -6,7 +6,7 @@
 mod common;
 
 use common::attention::{bwd_traits, check_gradients, forward_and_expected, Buffers, Case, DeviceArray, Dtype, Rng};
-use common::{expect_error, host_backend, ok, Gate};
+use common::{expect_error, gated, host_backend, not_gated, ok, Gate};
 use fmha::ffi::backward::*;
 use fmha::ffi::pinned::*;
 use fmha::ffi::runtime::*;
@@ -16,22 +16,8 @@ use fmha::runtime::Stream;
 use std::collections::HashSet;
 use std::ffi::c_void;
 use std::ptr::{null, null_mut};
-use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
-
-/// Tests that hold a stream with a [`Gate`] run alone (write lock), all others share (read lock). On a
-/// GPU, a host function that blocks stalls the runtime's callback thread, and a synchronous copy waits
-/// for every blocking stream, the gated one included: a gate next to another test's CUDA calls can
-/// deadlock the process.
-static GATE_LOCK: RwLock<()> = RwLock::new(());
-
-fn gated() -> RwLockWriteGuard<'static, ()> {
-    GATE_LOCK.write().unwrap_or_else(|p| p.into_inner())
-}
-
-fn not_gated() -> RwLockReadGuard<'static, ()> {
-    GATE_LOCK.read().unwrap_or_else(|p| p.into_inner())
-}
 
 struct Launcher {
     raw: *mut fmha_bwd_launcher,

@@ -4,7 +4,7 @@
 mod common;
 
 use common::attention::{bwd_traits, check_gradients, forward_and_expected, Buffers, Case, Dtype, Rng};
-use common::{expect_error, expect_stream_error, host_backend, last_error, ok, Gate};
+use common::{expect_error, expect_stream_error, gated, host_backend, last_error, not_gated, ok, Gate};
 use fmha::ffi::attention::*;
 use fmha::ffi::backward::*;
 use fmha::ffi::pinned::*;
@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 /// first caller had drained the list of destroyed streams), and only one caller saw its error.
 #[test]
 fn device_synchronize_waits_for_destroyed_streams_in_every_thread() {
+    let _alone = gated();
     let mut buffer = null_mut();
     ok(fmha_device_malloc(&mut buffer, 4096));
     ok(fmha_memset(buffer, 0, 4096));
@@ -65,6 +66,7 @@ fn device_synchronize_waits_for_destroyed_streams_in_every_thread() {
 /// (the caller keeps it). Run under valgrind by scripts/test.sh.
 #[test]
 fn releaser_destroy_racing_releases_touches_no_freed_memory() {
+    let _shared = not_gated();
     static FREED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
     unsafe extern "C" fn record(_user: *mut c_void, ptr: *mut c_void) {
         FREED.lock().unwrap().push(ptr as usize);
@@ -120,6 +122,7 @@ fn releaser_destroy_racing_releases_touches_no_freed_memory() {
 /// aborted the process on a failed 60 GB allocation.
 #[test]
 fn absurd_batch_sizes_are_refused_not_aborted() {
+    let _shared = not_gated();
     let case = Case::varlen_causal(vec![(8, 8); 2], true);
     let traits = fmha_bwd_traits { batch: i32::MAX, ..bwd_traits(&case) };
     let mut launcher = null_mut();
@@ -133,6 +136,7 @@ fn absurd_batch_sizes_are_refused_not_aborted() {
 /// accepted (then a segfault, or one head's LSE written over another's).
 #[test]
 fn extents_are_checked_in_bytes_and_addresses() {
+    let _shared = not_gated();
     let mut rng = Rng::fresh();
     let case = Case::batch_mode(Dtype::Bf16, 2, 2, 2, (16, 16), (64, 64), Mask::NONE);
     let fwd = Buffers::new(&case, &common::attention::Inputs::random(&case, &mut rng), &mut rng);
@@ -158,6 +162,7 @@ fn extents_are_checked_in_bytes_and_addresses() {
 /// aligned; a batch-mode prepare with only `seqstart_k` named `seqstart_q`.
 #[test]
 fn prepares_check_alignment_and_name_the_right_seqstart() {
+    let _shared = not_gated();
     let case = Case::batch_mode(Dtype::Bf16, 2, 4, 2, (20, 30), (64, 64), Mask::NONE);
     let traits = bwd_traits(&case);
     let mut launcher = null_mut();
@@ -187,6 +192,7 @@ fn prepares_check_alignment_and_name_the_right_seqstart() {
 /// batch stride the code refused when negative, and the releaser required an `allocate` it never calls.
 #[test]
 fn header_and_code_agree_on_flags_strides_and_allocators() {
+    let _shared = not_gated();
     let mut rng = Rng::fresh();
     let case = Case::varlen_causal(vec![(20, 30), (13, 47)], false);
     let (fwd, _bwd, _) = forward_and_expected(&case, &mut rng);
@@ -266,6 +272,7 @@ impl Drop for GuardedBytes {
 /// `fmha_bwd_args` (416 bytes, before `workspace_size`) ends at an unreadable page here.
 #[test]
 fn struct_size_is_read_first_and_nothing_past_it() {
+    let _shared = not_gated();
     let mut rng = Rng::fresh();
     let case = Case::varlen_causal(vec![(20, 30), (13, 47)], true);
     let (fwd, bwd, expected) = forward_and_expected(&case, &mut rng);
@@ -315,6 +322,7 @@ fn struct_size_is_read_first_and_nothing_past_it() {
 /// workspace and a stream each; and a workspace prepared by another launcher with the same traits.
 #[test]
 fn one_launcher_serves_many_workspaces_on_many_streams() {
+    let _shared = not_gated();
     let mut rng = Rng::fresh();
     eprintln!("seed {}", rng.0);
     let case = Case::varlen_causal(vec![(40, 50), (0, 17), (33, 64)], true);
@@ -362,6 +370,7 @@ fn one_launcher_serves_many_workspaces_on_many_streams() {
 /// outputs overlapping each other or an input were accepted.
 #[test]
 fn stale_handles_and_overlapping_outputs_are_refused() {
+    let _shared = not_gated();
     let mut rng = Rng::fresh();
     let case = Case::batch_mode(Dtype::Bf16, 2, 4, 2, (24, 40), (64, 64), Mask::causal(MaskType::BottomRight));
     let prepared = common::attention::PreparedLauncher::new(&case);
@@ -406,6 +415,7 @@ fn stale_handles_and_overlapping_outputs_are_refused() {
 /// buffer (flash-attn's qkvpacked backward) give the same bits as separate buffers.
 #[test]
 fn packed_dqkv_outputs_are_accepted_and_equal_separate_ones() {
+    let _shared = not_gated();
     let mut rng = Rng::fresh();
     let case = Case::batch_mode(Dtype::Bf16, 2, 4, 4, (33, 33), (64, 64), Mask::causal(MaskType::BottomRight));
     let prepared = common::attention::PreparedLauncher::new(&case);
@@ -449,6 +459,7 @@ fn packed_dqkv_outputs_are_accepted_and_equal_separate_ones() {
 /// total rows), and an empty forward with 10^7 heads visited an empty block per head.
 #[test]
 fn huge_varlen_bounds_do_not_size_the_work() {
+    let _shared = not_gated();
     let empty = Case::batch_mode(Dtype::Bf16, 2, 10_000_000, 1, (0, 0), (64, 64), Mask::NONE);
     let empty_tensor = fmha_tensor { data: null_mut(), batch_stride: 0, head_stride: 0, row_stride: 0 };
     let args = fmha_fwd_args {

@@ -6,11 +6,27 @@ pub mod attention;
 
 use fmha::ffi::runtime::fmha_stream_t;
 use fmha::ffi::status::*;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Whether this build is the host backend (else a GPU build).
 pub fn host_backend() -> bool {
     fmha::runtime::ACTIVE_BACKEND == fmha::runtime::BackendKind::Host
+}
+
+/// Tests that hold a stream with a [`Gate`] run alone ([`gated`], a write lock), all others of their
+/// binary share ([`not_gated`], a read lock). On a GPU, a host function that blocks stalls the runtime's
+/// callback thread, and synchronous calls (copies, the legacy stream's synchronize) wait for every
+/// blocking stream, the gated one included: a gate next to another test's CUDA calls can deadlock the
+/// process (measured: the hardening binary hung in 8 of 10 parallel runs on an H200 before its tests
+/// took these locks, never in 25 runs without its gated test).
+static GATE_LOCK: RwLock<()> = RwLock::new(());
+
+pub fn gated() -> RwLockWriteGuard<'static, ()> {
+    GATE_LOCK.write().unwrap_or_else(|p| p.into_inner())
+}
+
+pub fn not_gated() -> RwLockReadGuard<'static, ()> {
+    GATE_LOCK.read().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A host function that holds a stream until [`open`](Gate::open) is called; it then fails with
