@@ -7,7 +7,11 @@
 #                 .hip_fatbin section, and no scratch: every kernel has .private_segment_fixed_size 0
 #                 and no SGPR/VGPR spills (llvm-readelf --notes on each extracted code object); forward
 #                 and dq_dk_dv kernels for every arch, and MFMA instructions in the ISA (llvm-objdump -d);
-#                 the fp8 kv-cache kernels' v_mfma_*fp8* instructions all inside a loop
+#                 the fp8 kv-cache kernels' v_mfma_*fp8* instructions all inside a loop; and prints per
+#                 arch and kernel: VGPRs, AGPRs, SGPRs, LDS bytes, workgroup size, the occupancy those
+#                 allow (waves per SIMD, from the registers and the LDS alone), and its main loop's
+#                 instruction mix: the v_mfma count against the loop's other instructions (a static
+#                 bound on MFMA utilization, not a measurement)
 #
 # Usage: scripts/check-artifacts.sh host|cuda|rocm path/to/libfmha.so
 #
@@ -155,6 +159,7 @@ check_hip_code_objects() {
     done
     check_mfma "$dir"
     check_fp8_mfma "$dir"
+    report_kernels "$dir"
     rm -rf "$dir"
 }
 
@@ -214,6 +219,101 @@ instructions_in_loops() {
         }
         END { flush() }
     '
+}
+
+# The innermost loop holding the most v_mfma instructions of each kernel of a disassembly (llvm-objdump
+# -d): prints "<name> <mfma> <instructions>" (0 0 for a kernel without MFMA in a loop). Loops span from a
+# backward branch's target to the branch; among those with the most MFMAs, the fewest instructions wins.
+mainloop_mix() {
+    awk '
+        function hex(s,   v, i) {
+            v = 0; s = tolower(s)
+            for (i = 1; i <= length(s); i++) v = v * 16 + index("0123456789abcdef", substr(s, i, 1)) - 1
+            return v
+        }
+        function flush(   i, j, m, k, best_m, best_k) {
+            if (name == "") return
+            best_m = 0; best_k = 0
+            for (j = 0; j < loops; j++) {
+                m = 0; k = 0
+                for (i = 0; i < n; i++) if (at[i] >= lo[j] && at[i] <= hi[j]) { k++; if (mfma[i]) m++ }
+                if (m > best_m || (m == best_m && m > 0 && k < best_k)) { best_m = m; best_k = k }
+            }
+            print name, best_m, best_k
+            name = ""
+        }
+        /^[0-9a-f]+ <[^>]+>:$/ {
+            flush()
+            name = $2; gsub(/[<>:]/, "", name); start = hex($1); n = 0; loops = 0
+            next
+        }
+        name != "" && /\/\/ [0-9A-F]+:/ {
+            match($0, /\/\/ [0-9A-F]+:/); addr = hex(substr($0, RSTART + 3, RLENGTH - 4))
+            at[n] = addr; mfma[n] = ($1 ~ /^v_mfma/); n++
+            if ($1 ~ /^s_(c)?branch/ && match($0, /\+0x[0-9a-f]+>/)) {
+                target = start + hex(substr($0, RSTART + 3, RLENGTH - 4))
+                if (target <= addr) { lo[loops] = target; hi[loops] = addr; loops++ }
+            }
+        }
+        END { flush() }
+    '
+}
+
+# Per kernel of an AMD code object: "<name> <vgpr> <agpr> <sgpr> <lds> <workgroup size>" from its metadata.
+kernel_resources() {
+    local readelf
+    readelf=$(find_tool llvm-readelf "${ROCM_PATH:+$ROCM_PATH/llvm/bin/llvm-readelf}" llvm-readelf-22 llvm-readelf)
+    "$readelf" --notes "$1" | awk '
+        function out() { if (name != "") print name, vgpr, agpr, sgpr, lds, wg; name = "" }
+        /^  - / { out(); vgpr = agpr = sgpr = lds = wg = "?" }
+        /^  - \.name:/ { name = $3 }
+        /^    \.name:/ { name = $2 }
+        /\.vgpr_count:/ { vgpr = $NF }
+        /\.agpr_count:/ { agpr = $NF }
+        /\.sgpr_count:/ { sgpr = $NF }
+        /\.group_segment_fixed_size:/ { lds = $NF }
+        /\.max_flat_workgroup_size:/ { wg = $NF }
+        /^amdhsa\.target:/ { out() }
+        END { out() }
+    '
+}
+
+# report_kernels DIR: the table of every attention kernel (not the small fill/prepare/zeroing ones) of
+# every arch. The metadata's .vgpr_count is the unified total (arch VGPRs rounded to 4, then the AGPRs).
+# Occupancy, CDNA3/CDNA4 rules: a SIMD holds 512 registers per lane for its waves (each wave's total in
+# granules of 8) and at most 8 waves; a workgroup's waves spread over the CU's 4 SIMDs, which share its
+# LDS (64 KiB on gfx942, 160 KiB on gfx950).
+report_kernels() {
+    local dir=$1 arch objdump demangle co lds_total
+    objdump=$(find_tool llvm-objdump "${ROCM_PATH:+$ROCM_PATH/llvm/bin/llvm-objdump}" llvm-objdump-22 llvm-objdump)
+    demangle=$(find_tool llvm-cxxfilt "${ROCM_PATH:+$ROCM_PATH/llvm/bin/llvm-cxxfilt}" llvm-cxxfilt-22 llvm-cxxfilt c++filt)
+    for arch in $(echo "${FMHA_HIP_ARCHS:-gfx942,gfx950}" | tr ',' ' '); do
+        lds_total=65536
+        [[ $arch == gfx950 ]] && lds_total=163840
+        echo "  $arch kernels: registers and LDS bytes from the code object, the waves per SIMD they allow"
+        echo "  (registers / LDS), and the main loop's v_mfma and other instructions (counts, not cycles)"
+        printf '    %-5s %-5s %-5s %-7s %-4s %-12s %-16s %s\n' VGPR AGPR SGPR LDS WG "waves/SIMD" "loop mfma+other" kernel
+        for co in "$dir"/*-"$arch".co; do
+            [[ -e "$co" ]] || continue
+            join <(kernel_resources "$co" | sort) <("$objdump" -d --mcpu="$arch" "$co" | mainloop_mix | sort)
+        done | grep -E 'kernel_amd' | sort -u | while read -r name vgpr agpr sgpr lds wg mfma total; do
+            local regs waves_regs waves_per_wg wgs_lds waves_lds waves
+            regs=$(( (vgpr + 7) / 8 * 8 ))
+            waves_regs=$(( regs > 0 ? 512 / regs : 8 ))
+            (( waves_regs > 8 )) && waves_regs=8
+            waves_per_wg=$(( (wg + 63) / 64 ))
+            if (( lds > 0 )); then
+                wgs_lds=$(( lds_total / lds ))
+                waves_lds=$(( wgs_lds * waves_per_wg / 4 ))
+            else
+                waves_lds=8
+            fi
+            waves=$(( waves_regs < waves_lds ? waves_regs : waves_lds ))
+            printf '    %-5s %-5s %-5s %-7s %-4s %-12s %-16s %s\n' "$((vgpr - agpr))" "$agpr" "$sgpr" "$lds" "$wg" \
+                "$waves ($waves_regs/$waves_lds)" "$mfma+$((total - mfma))" \
+                "$("$demangle" "$name" | sed 's/^void //; s/fmha:://g; s/arch:://g; s/(.*$//')"
+        done
+    done
 }
 
 # check_fp8_mfma DIR: the fp8 kv-cache kernels (forward_kernel_amd<Fp8E4m3, ...>) of every arch compute
