@@ -797,12 +797,33 @@ def _bwd_launch(traits, key, args, device, prepare, cu_seqlens_q, cu_seqlens_k):
 # --- autograd ----------------------------------------------------------------------------------------
 
 
+def _head_dim_multiple(dtype) -> int:
+    """The head-dim multiple this build's kernels read (16-byte vectors: 8 for 16-bit types); 1 = any."""
+    vector = _vector_bytes()
+    return max(1, vector // dtype.itemsize) if vector else 1
+
+
+def _pad_head_dim(t, multiple):
+    """`t` with zero columns appended up to a multiple of `multiple` (flash-attn pads odd head dims alike)."""
+    pad = -t.shape[-1] % multiple
+    return t if pad == 0 else torch.nn.functional.pad(t, (0, pad))
+
+
 class FmhaAttnFunc(torch.autograd.Function):
-    """Forward saves q, k, v, out, lse (and the cu_seqlens); backward runs fmha's backward launcher."""
+    """Forward saves q, k, v, out, lse (and the cu_seqlens); backward runs fmha's backward launcher. Head
+    dims the build's kernels cannot read (not a whole number of 16-byte vectors, e.g. 59) are padded with
+    zero columns, which change no score, and the outputs and gradients sliced back, as flash-attn does."""
 
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mask_type,
                 left, right, deterministic, with_lse):
+        d, dv = q.shape[-1], v.shape[-1]
+        multiple = _head_dim_multiple(q.dtype)
+        ctx.padded = None
+        if d % multiple or dv % multiple:
+            softmax_scale = _scale(softmax_scale, d)  # the default follows the unpadded head dim
+            q, k, v = (_pad_head_dim(t, multiple) for t in (q, k, v))
+            ctx.padded = (multiple, d, dv)
         out, lse, (q, k, v), signature = _forward(
             q,
             k,
@@ -822,6 +843,8 @@ class FmhaAttnFunc(torch.autograd.Function):
         # slot); it has no gradient, and without materialized grads autograd fills no zero tensor for it at
         # every backward (on an H200 host, ~100 µs of a training step's forward + backward).
         ctx.set_materialize_grads(False)
+        if ctx.padded is not None:
+            out = out[..., :dv]
         if not with_lse:
             return out
         ctx.mark_non_differentiable(lse)
@@ -834,6 +857,8 @@ class FmhaAttnFunc(torch.autograd.Function):
             return (None,) * 13
         q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
         max_seqlen_q, max_seqlen_k, softmax_scale, mask_type, left, right, deterministic = ctx.params
+        if ctx.padded is not None:
+            dout = _pad_head_dim(dout, ctx.padded[0])
         dq, dk, dv = _bwd(
             dout,
             q,
@@ -851,6 +876,9 @@ class FmhaAttnFunc(torch.autograd.Function):
             max_seqlen_k=max_seqlen_k,
             forward_signature=ctx.forward_signature,
         )
+        if ctx.padded is not None:
+            _, d, d_v = ctx.padded
+            dq, dk, dv = dq[..., :d], dk[..., :d], dv[..., :d_v]
         return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
@@ -961,7 +989,9 @@ def flash_attn_func(
     fp32 natural log, a fully masked row has ``-inf`` where flash-attn reports ``+inf``; ``S_dmask`` is
     ``torch.empty((0,))`` of q's dtype and device, which is what flash-attn returns without dropout).
     ``deterministic`` selects the bitwise reproducible backward. dK/dV come back with ``h_k`` heads.
-    ``dropout_p > 0``, ``softcap != 0`` and ``alibi_slopes`` raise ``NotImplementedError``.
+    Head dims the GPU kernels cannot read (16-bit types: not a multiple of 8) are padded with zero columns
+    and the results sliced back, as flash-attn does. ``dropout_p > 0``, ``softcap != 0`` and
+    ``alibi_slopes`` raise ``NotImplementedError``.
     """
     _refuse_unsupported(dropout_p, softcap, alibi_slopes)
     if not isinstance(q, torch.Tensor) or q.dim() != 4 or not isinstance(k, torch.Tensor) or k.dim() != 4:

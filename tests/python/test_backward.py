@@ -190,6 +190,23 @@ def test_head_dims(dtype, dims, deterministic):
     check_backward(q, k, v, MASKS["causal"], deterministic, internal=False)
 
 
+@pytest.mark.parametrize("padding", ["build", "forced"])
+@pytest.mark.parametrize("dims", [(59, 59), (111, 111), (59, 111), (100, 36)], ids=lambda x: f"d{x[0]}x{x[1]}")
+def test_odd_head_dims_are_padded(dims, padding, monkeypatch):
+    """Head dims that are not whole 16-byte vectors: the flash-attn entry points pad them with zero columns
+    for kernels that read vectors (a GPU build; "forced" makes the host backend take the same path) and
+    slice the output and gradients back; the softmax scale stays the unpadded head dim's."""
+    if padding == "forced":
+        monkeypatch.setattr(ops, "_vector_bytes", lambda: 16)
+    d, dv = dims
+    dtype = torch.bfloat16
+    q, k, v = randn(2, 65, 4, d, dtype=dtype), randn(2, 80, 2, d, dtype=dtype), randn(2, 80, 2, dv, dtype=dtype)
+    grads = check_backward(q, k, v, MASKS["causal"], False, internal=False)
+    assert [tuple(g.shape) for g in grads] == [tuple(t.shape) for t in (q, k, v)]
+    out, lse, _ = fmha.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert out.shape == (2, 65, 4, dv) and lse.shape == (2, 4, 65)
+
+
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
 @pytest.mark.parametrize("prepare", ["sync", "auto", "host", "device"])
 @pytest.mark.parametrize("mode", ["batch", "varlen"])
