@@ -460,6 +460,10 @@ fn packed_dqkv_outputs_are_accepted_and_equal_separate_ones() {
 #[test]
 fn huge_varlen_bounds_do_not_size_the_work() {
     let _shared = not_gated();
+    // Its own stream: the errors this test provokes stay with it (the default stream's would reach the
+    // synchronous copies of tests running beside it).
+    let mut stream = null_mut();
+    ok(fmha_stream_create(&mut stream));
     let empty = Case::batch_mode(Dtype::Bf16, 2, 10_000_000, 1, (0, 0), (64, 64), Mask::NONE);
     let empty_tensor = fmha_tensor { data: null_mut(), batch_stride: 0, head_stride: 0, row_stride: 0 };
     let args = fmha_fwd_args {
@@ -488,14 +492,14 @@ fn huge_varlen_bounds_do_not_size_the_work() {
         v_descale: fmha_scale::default(),
     };
     let started = Instant::now();
-    let status = fmha_fwd(&Buffers::fwd_traits(&empty), &args, null_mut());
+    let status = fmha_fwd(&Buffers::fwd_traits(&empty), &args, stream);
     if host_backend() {
         ok(status);
     } else {
         // The GPU grids address at most 65535 heads: refused, naming the field.
         expect_error(status, FMHA_ERR_UNSUPPORTED, &["nhead_q"]);
     }
-    ok(fmha_stream_synchronize(null_mut()));
+    ok(fmha_stream_synchronize(stream));
     assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
 
     let mut rng = Rng::fresh();
@@ -503,15 +507,15 @@ fn huge_varlen_bounds_do_not_size_the_work() {
     let (fwd, _, _) = forward_and_expected(&case, &mut rng);
     let args = fmha_fwd_args { max_seqlen_q: i32::MAX, max_seqlen_k: i32::MAX, ..fwd.fwd_args(&case) };
     let started = Instant::now();
-    ok(fmha_fwd(&Buffers::fwd_traits(&case), &args, null_mut()));
-    ok(fmha_stream_synchronize(null_mut()));
+    ok(fmha_fwd(&Buffers::fwd_traits(&case), &args, stream));
+    ok(fmha_stream_synchronize(stream));
     assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
 
     // A grid with no block still checks the device arrays: max_seqlen_q = 0 leaves no q tile, yet a
     // batch has 20 rows. The host backend reports it at the synchronize (a GPU clamps device arrays).
     let args = fmha_fwd_args { max_seqlen_q: 0, ..fwd.fwd_args(&case) };
-    ok(fmha_fwd(&Buffers::fwd_traits(&case), &args, null_mut()));
-    expect_stream_error(fmha_stream_synchronize(null_mut()), FMHA_ERR_INVALID_ARGUMENT, &["max_seqlen_q", "batch 0"]);
+    ok(fmha_fwd(&Buffers::fwd_traits(&case), &args, stream));
+    expect_stream_error(fmha_stream_synchronize(stream), FMHA_ERR_INVALID_ARGUMENT, &["max_seqlen_q", "batch 0"]);
 
     // The same in the backward, where every stage's grid is empty: no query rows (no dot_do_o or
     // convert_dq block) and max_seqlen_k = 0 (no dK/dV unit), yet batch 0 has 11 keys.
@@ -519,6 +523,7 @@ fn huge_varlen_bounds_do_not_size_the_work() {
     let prepared = common::attention::PreparedLauncher::new(&case);
     let (fwd, bwd, _) = forward_and_expected(&case, &mut rng);
     let args = fmha_bwd_args { max_seqlen_k: 0, ..bwd.args(&case, &fwd, prepared.workspace) };
-    ok(fmha_bwd_launcher_run(prepared.launcher, &args, null_mut()));
-    expect_stream_error(fmha_stream_synchronize(null_mut()), FMHA_ERR_INVALID_ARGUMENT, &["max_seqlen_k", "batch 0"]);
+    ok(fmha_bwd_launcher_run(prepared.launcher, &args, stream));
+    expect_stream_error(fmha_stream_synchronize(stream), FMHA_ERR_INVALID_ARGUMENT, &["max_seqlen_k", "batch 0"]);
+    ok(fmha_stream_destroy(stream));
 }
