@@ -122,8 +122,23 @@ int32_t launch_specialized(const fmha_kvcache_params& p, hipStream_t stream, con
   if (!described) return fallback();
   const int64_t tiles = (p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM * kvcache::grid_splits(p) *
                         static_cast<int64_t>(p.nhead_q) * p.batch;
-  const int64_t ctas = tiles > INT32_MAX ? multiprocessor_count() : tiles;  // (a grid's x is below 2^31)
+  // (a grid's x is below 2^31; the launcher's CU count, as its splits use)
+  const int64_t ctas = tiles > INT32_MAX ? (p.cu_count > 0 ? p.cu_count : 1) : tiles;
   return launch_specialized_kernel<Tile, T>(p, maps, ctas, stream);
+}
+
+// One bucket of the dense 16-bit forward, masked or not: the warp-specialized kernel, with the cp.async
+// kernel of head dim kFallbackDim (kFallbackWarpgroups warpgroups, kFallbackKeys keys per tile) for
+// tensors TMA cannot describe.
+template <typename T, int kBucket, int kFallbackDim, int kFallbackWarpgroups, int kFallbackKeys>
+int32_t launch_dense(const fmha_fwd_params& p, hipStream_t stream) {
+  const auto launch = [&](auto masked) {
+    constexpr bool kMasked = decltype(masked)::value;
+    return launch_specialized<T, kBucket, kMasked>(p, stream, [&] {
+      return launch_forward<T, kFallbackDim, kFallbackWarpgroups, kFallbackKeys, kMasked, false>(p, stream);
+    });
+  };
+  return p.masked ? launch(std::true_type{}) : launch(std::false_type{});
 }
 
 // The cp.async kernel's tile shapes (the kv cache's other instances, and the fallback of the
@@ -176,25 +191,13 @@ int32_t dispatch_forward(const Params& p, hipStream_t stream) {
   if constexpr (std::is_same_v<Params, fmha_fwd_params> && sizeof(T) == 2) {
     switch (p.hdim_bucket) {
       case 64:
-        return p.masked ? launch_specialized<T, 64, true>(
-                              p, stream, [&] { return launch_forward<T, 64, 1, 128, true, false>(p, stream); })
-                        : launch_specialized<T, 64, false>(
-                              p, stream, [&] { return launch_forward<T, 64, 1, 128, false, false>(p, stream); });
+        return launch_dense<T, 64, 64, 1, 128>(p, stream);
       case 128:
-        return p.masked ? launch_specialized<T, 128, true>(
-                              p, stream, [&] { return launch_forward<T, 128, 2, 128, true, false>(p, stream); })
-                        : launch_specialized<T, 128, false>(
-                              p, stream, [&] { return launch_forward<T, 128, 2, 128, false, false>(p, stream); });
+        return launch_dense<T, 128, 128, 2, 128>(p, stream);
       case 192:  // falls back to the 256 bucket's cp.async kernel
-        return p.masked ? launch_specialized<T, 192, true>(
-                              p, stream, [&] { return launch_forward<T, 256, 2, 64, true, false>(p, stream); })
-                        : launch_specialized<T, 192, false>(
-                              p, stream, [&] { return launch_forward<T, 256, 2, 64, false, false>(p, stream); });
+        return launch_dense<T, 192, 256, 2, 64>(p, stream);
       case 256:  // the fallback: 64 keys per tile (192 KiB)
-        return p.masked ? launch_specialized<T, 256, true>(
-                              p, stream, [&] { return launch_forward<T, 256, 2, 64, true, false>(p, stream); })
-                        : launch_specialized<T, 256, false>(
-                              p, stream, [&] { return launch_forward<T, 256, 2, 64, false, false>(p, stream); });
+        return launch_dense<T, 256, 256, 2, 64>(p, stream);
       default:
         return static_cast<int32_t>(cudaErrorInvalidValue);
     }
