@@ -106,32 +106,40 @@ extract_hip_code_objects() {
     done
 }
 
-# Per kernel of an AMD code object: name, private (scratch) segment size, SGPR and VGPR spills.
-# Prints one line per kernel: "<name> <private_segment_fixed_size> <sgpr_spills> <vgpr_spills>".
-kernel_scratch_report() {
+# Per kernel of an AMD code object, from its metadata: "<name> <private_segment_fixed_size> <sgpr_spills>
+# <vgpr_spills> <vgpr> <agpr> <sgpr> <lds bytes> <workgroup size>" (.vgpr_count is the unified total:
+# arch VGPRs rounded to 4, then the AGPRs).
+kernel_metadata() {
     local readelf
     readelf=$(find_tool llvm-readelf "${ROCM_PATH:+$ROCM_PATH/llvm/bin/llvm-readelf}" llvm-readelf-22 llvm-readelf)
     "$readelf" --notes "$1" | awk '
-        /^  - / { if (name != "") print name, priv, sgpr, vgpr; name = ""; priv = "?"; sgpr = "?"; vgpr = "?" }
+        function out() { if (name != "") print name, priv, sgpr_spill, vgpr_spill, vgpr, agpr, sgpr, lds, wg; name = "" }
+        /^  - / { out(); priv = sgpr_spill = vgpr_spill = vgpr = agpr = sgpr = lds = wg = "?" }
         /^    \.name:/ { name = $2 }
         /^  - \.name:/ { name = $3 }
         /\.private_segment_fixed_size:/ { priv = $NF }
-        /\.sgpr_spill_count:/ { sgpr = $NF }
-        /\.vgpr_spill_count:/ { vgpr = $NF }
-        /^amdhsa\.target:/ { if (name != "") print name, priv, sgpr, vgpr; name = "" }
+        /\.sgpr_spill_count:/ { sgpr_spill = $NF }
+        /\.vgpr_spill_count:/ { vgpr_spill = $NF }
+        /\.vgpr_count:/ { vgpr = $NF }
+        /\.agpr_count:/ { agpr = $NF }
+        /\.sgpr_count:/ { sgpr = $NF }
+        /\.group_segment_fixed_size:/ { lds = $NF }
+        /\.max_flat_workgroup_size:/ { wg = $NF }
+        /^amdhsa\.target:/ { out() }
+        END { out() }
     '
 }
 
 # No kernel uses scratch memory (register spills or stack): scratch is slow on every AMD GPU.
 check_no_scratch() {
     local co=$1 line name priv sgpr vgpr kernels=0 bad=0
-    while read -r name priv sgpr vgpr; do
+    while read -r name priv sgpr vgpr _; do
         kernels=$((kernels + 1))
         if [[ "$priv" != 0 || "$sgpr" != 0 || "$vgpr" != 0 ]]; then
             fail "$(basename "$co"): kernel $name uses scratch: private_segment_fixed_size=$priv sgpr_spill_count=$sgpr vgpr_spill_count=$vgpr"
             bad=$((bad + 1))
         fi
-    done < <(kernel_scratch_report "$co")
+    done < <(kernel_metadata "$co")
     if [[ $kernels -eq 0 ]]; then
         fail "$(basename "$co"): no kernels found in the code object metadata"
     elif [[ $bad -eq 0 ]]; then
@@ -174,7 +182,7 @@ check_mfma() {
         for co in "$dir"/*-"$arch".co; do
             [[ -e "$co" ]] || continue
             count=$((count + $("$objdump" -d --mcpu="$arch" "$co" | grep -c 'v_mfma' || true)))
-            kernels+=$(kernel_scratch_report "$co" | cut -d' ' -f1)$'\n'
+            kernels+=$(kernel_metadata "$co" | cut -d' ' -f1)$'\n'
         done
         forward=$(grep -c 'forward_kernel_amd' <<<"$kernels" || true)
         backward=$(grep -c 'dq_dk_dv_kernel_amd' <<<"$kernels" || true)
@@ -186,22 +194,34 @@ check_mfma() {
     done
 }
 
-# Per kernel of a disassembly (llvm-objdump -d) whose name matches the regex `pattern`: how many of its
-# instructions whose mnemonic matches `insn` lie inside a loop (from the target to the address of a
-# backward branch), and how many there are. Prints "<name> <in_loop> <total>" per kernel (mawk: no
-# strtonum, so hex is parsed by hand).
-instructions_in_loops() {
+# Per kernel of a disassembly (llvm-objdump -d) whose name matches the regex `pattern`, its instructions
+# whose mnemonic matches `insn`: how many lie inside a loop (from a backward branch's target to the
+# branch) and how many there are; and its main loop, the innermost holding the most of them (among
+# loops with as many, the fewest instructions): how many it holds, and all its instructions. Prints
+# "<name> <in_loops> <total> <main_loop> <main_loop_instructions>" per kernel (mawk: no strtonum, so hex
+# is parsed by hand).
+loop_counts() {
     awk -v pattern="$1" -v insn="$2" '
         function hex(s,   v, i) {
             v = 0; s = tolower(s)
             for (i = 1; i <= length(s); i++) v = v * 16 + index("0123456789abcdef", substr(s, i, 1)) - 1
             return v
         }
-        function flush(   i, j, inside) {
+        function flush(   i, j, m, k, inside, total, best_m, best_k) {
             if (!active) return
-            inside = 0
-            for (i = 0; i < n; i++) for (j = 0; j < loops; j++) if (at[i] >= lo[j] && at[i] <= hi[j]) { inside++; break }
-            print name, inside, n
+            inside = 0; total = 0
+            for (i = 0; i < n; i++) {
+                if (!hit[i]) continue
+                total++
+                for (j = 0; j < loops; j++) if (at[i] >= lo[j] && at[i] <= hi[j]) { inside++; break }
+            }
+            best_m = 0; best_k = 0
+            for (j = 0; j < loops; j++) {
+                m = 0; k = 0
+                for (i = 0; i < n; i++) if (at[i] >= lo[j] && at[i] <= hi[j]) { k++; if (hit[i]) m++ }
+                if (m > best_m || (m == best_m && m > 0 && k < best_k)) { best_m = m; best_k = k }
+            }
+            print name, inside, total, best_m, best_k
             active = 0
         }
         /^[0-9a-f]+ <[^>]+>:$/ {
@@ -211,70 +231,13 @@ instructions_in_loops() {
         }
         active && /\/\/ [0-9A-F]+:/ {
             match($0, /\/\/ [0-9A-F]+:/); addr = hex(substr($0, RSTART + 3, RLENGTH - 4))
-            if ($1 ~ insn) at[n++] = addr
+            at[n] = addr; hit[n] = ($1 ~ insn); n++
             if ($1 ~ /^s_(c)?branch/ && match($0, /\+0x[0-9a-f]+>/)) {
                 target = start + hex(substr($0, RSTART + 3, RLENGTH - 4))
                 if (target < addr) { lo[loops] = target; hi[loops] = addr; loops++ }
             }
         }
         END { flush() }
-    '
-}
-
-# The innermost loop holding the most v_mfma instructions of each kernel of a disassembly (llvm-objdump
-# -d): prints "<name> <mfma> <instructions>" (0 0 for a kernel without MFMA in a loop). Loops span from a
-# backward branch's target to the branch; among those with the most MFMAs, the fewest instructions wins.
-mainloop_mix() {
-    awk '
-        function hex(s,   v, i) {
-            v = 0; s = tolower(s)
-            for (i = 1; i <= length(s); i++) v = v * 16 + index("0123456789abcdef", substr(s, i, 1)) - 1
-            return v
-        }
-        function flush(   i, j, m, k, best_m, best_k) {
-            if (name == "") return
-            best_m = 0; best_k = 0
-            for (j = 0; j < loops; j++) {
-                m = 0; k = 0
-                for (i = 0; i < n; i++) if (at[i] >= lo[j] && at[i] <= hi[j]) { k++; if (mfma[i]) m++ }
-                if (m > best_m || (m == best_m && m > 0 && k < best_k)) { best_m = m; best_k = k }
-            }
-            print name, best_m, best_k
-            name = ""
-        }
-        /^[0-9a-f]+ <[^>]+>:$/ {
-            flush()
-            name = $2; gsub(/[<>:]/, "", name); start = hex($1); n = 0; loops = 0
-            next
-        }
-        name != "" && /\/\/ [0-9A-F]+:/ {
-            match($0, /\/\/ [0-9A-F]+:/); addr = hex(substr($0, RSTART + 3, RLENGTH - 4))
-            at[n] = addr; mfma[n] = ($1 ~ /^v_mfma/); n++
-            if ($1 ~ /^s_(c)?branch/ && match($0, /\+0x[0-9a-f]+>/)) {
-                target = start + hex(substr($0, RSTART + 3, RLENGTH - 4))
-                if (target <= addr) { lo[loops] = target; hi[loops] = addr; loops++ }
-            }
-        }
-        END { flush() }
-    '
-}
-
-# Per kernel of an AMD code object: "<name> <vgpr> <agpr> <sgpr> <lds> <workgroup size>" from its metadata.
-kernel_resources() {
-    local readelf
-    readelf=$(find_tool llvm-readelf "${ROCM_PATH:+$ROCM_PATH/llvm/bin/llvm-readelf}" llvm-readelf-22 llvm-readelf)
-    "$readelf" --notes "$1" | awk '
-        function out() { if (name != "") print name, vgpr, agpr, sgpr, lds, wg; name = "" }
-        /^  - / { out(); vgpr = agpr = sgpr = lds = wg = "?" }
-        /^  - \.name:/ { name = $3 }
-        /^    \.name:/ { name = $2 }
-        /\.vgpr_count:/ { vgpr = $NF }
-        /\.agpr_count:/ { agpr = $NF }
-        /\.sgpr_count:/ { sgpr = $NF }
-        /\.group_segment_fixed_size:/ { lds = $NF }
-        /\.max_flat_workgroup_size:/ { wg = $NF }
-        /^amdhsa\.target:/ { out() }
-        END { out() }
     '
 }
 
@@ -295,8 +258,9 @@ report_kernels() {
         printf '    %-5s %-5s %-5s %-7s %-4s %-12s %-16s %s\n' VGPR AGPR SGPR LDS WG "waves/SIMD" "loop mfma+other" kernel
         for co in "$dir"/*-"$arch".co; do
             [[ -e "$co" ]] || continue
-            join <(kernel_resources "$co" | sort) <("$objdump" -d --mcpu="$arch" "$co" | mainloop_mix | sort)
-        done | grep -E 'kernel_amd' | sort -u | while read -r name vgpr agpr sgpr lds wg mfma total; do
+            join <(kernel_metadata "$co" | sort) \
+                <("$objdump" -d --mcpu="$arch" "$co" | loop_counts 'kernel_amd' '^v_mfma' | sort)
+        done | sort -u | while read -r name _ _ _ vgpr agpr sgpr lds wg _ _ mfma total; do
             local regs waves_regs waves_per_wg wgs_lds waves_lds waves
             regs=$(( (vgpr + 7) / 8 * 8 ))
             waves_regs=$(( regs > 0 ? 512 / regs : 8 ))
@@ -325,13 +289,13 @@ check_fp8_mfma() {
         report=""
         for co in "$dir"/*-"$arch".co; do
             [[ -e "$co" ]] || continue
-            report+=$("$objdump" -d --mcpu="$arch" "$co" | instructions_in_loops 'forward_kernel_amd.*Fp8E4m3' '^v_mfma.*fp8')
+            report+=$("$objdump" -d --mcpu="$arch" "$co" | loop_counts 'forward_kernel_amd.*Fp8E4m3' '^v_mfma.*fp8')
             report+=$'\n'
         done
-        kernels=$(awk 'NF == 3' <<<"$report" | wc -l)
-        bad=$(awk 'NF == 3 && ($3 == 0 || $2 != $3)' <<<"$report" | wc -l)
+        kernels=$(awk 'NF == 5' <<<"$report" | wc -l)
+        bad=$(awk 'NF == 5 && ($3 == 0 || $2 != $3)' <<<"$report" | wc -l)
         if [[ $kernels -gt 0 && $bad -eq 0 ]]; then
-            ok "$arch: $kernels fp8 kv-cache kernel(s), every one with its v_mfma fp8 instructions in a loop ($(awk 'NF == 3 { print $3; exit }' <<<"$report") each)"
+            ok "$arch: $kernels fp8 kv-cache kernel(s), every one with its v_mfma fp8 instructions in a loop ($(awk 'NF == 5 { print $3; exit }' <<<"$report") each)"
         else
             fail "$arch: fp8 kv-cache kernels without fp8 MFMA in their loops (name in_loop total): $(tr '\n' ' ' <<<"$report")"
         fi
