@@ -104,10 +104,15 @@ def varlen_lengths(total, lo, hi, seed=0):
     return lengths
 
 
+def head_dims(spec):
+    """(D, Dv) from "D" or "D/Dv" (V's head dim apart)."""
+    d, _, dv = spec.partition("/")
+    return int(d), int(dv or d)
+
+
 def grid(args):
     tokens, hidden, seqlens = TOKENS, HIDDEN, SEQLENS
-    # "D" or "D/Dv" (V's head dim apart)
-    dims = [tuple(int(x) for x in spec.split("/")) * (1 if "/" in spec else 2) for spec in args.dims.split(",")]
+    dims = [head_dims(spec) for spec in args.dims.split(",")]
     if args.smoke:
         tokens, hidden, seqlens, dims = 512, 256, [128, 256], [(64, 64)]
     elif args.quick:
