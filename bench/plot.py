@@ -29,7 +29,7 @@ COLORS = dict(zip(["fmha", *RIVALS.values()], ["tab:blue", "tab:orange", "tab:gr
 
 
 def fmha_points(report):
-    """{(pass, head_dim, causal): {"fmha": [(seqlen, tflops)]}} from fmha-bench rows."""
+    """{(pass, (hdim_q, hdim_v), causal): {"fmha": [(seqlen, tflops)]}} from fmha-bench rows."""
     points = defaultdict(lambda: defaultdict(list))
     for r in report["rows"]:
         square = r["seqlen_q"] == r["seqlen_k"] and r["nhead_q"] == r["nhead_k"]
