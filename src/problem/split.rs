@@ -120,20 +120,20 @@ pub fn heuristic_max_splits(
 /// same length 3.5 TB/s.
 pub const DECODE_CTAS_PER_CU: i64 = 3;
 
-/// The shortest chunk `decode_split` makes, in key tiles: shorter chunks cost more in each CTA's start
-/// and in partial results than their parallelism gains.
-pub const DECODE_MIN_CHUNK_TILES: i64 = 32;
+/// The shortest chunk `decode_split` makes, in keys (32 tiles of 64, 16 of 128): shorter chunks cost
+/// more in each CTA's start and in partial results than their parallelism gains.
+pub const DECODE_MIN_CHUNK_KEYS: i64 = 2048;
 
 /// How the library splits a decode call when the caller leaves it to it (the packed-GQA tile; one tile
 /// row set per sequence and kv head): a grid of fewer than `DECODE_CTAS_PER_CU` CTAs per CU is cut into
 /// fixed chunks of the longest sequence's key tiles, as many as bring it there (at most 128, and none
-/// shorter than `DECODE_MIN_CHUNK_TILES`). Fixed chunks depend on a sequence's own length only, so results do not depend
+/// shorter than `DECODE_MIN_CHUNK_KEYS`). Fixed chunks depend on a sequence's own length only, so results do not depend
 /// on the rest of the batch.
 pub fn decode_split(batch: i64, heads: i64, max_seqlen_k: i64, n0: i64, cu_count: i64) -> SplitPolicy {
     let tiles = batch.max(1) * heads.max(1);
     let n_blocks = ceil_div(max_seqlen_k.max(0), n0);
     let target = DECODE_CTAS_PER_CU * cu_count.max(1);
-    let most = (n_blocks / DECODE_MIN_CHUNK_TILES).min(128);
+    let most = (n_blocks / ceil_div(DECODE_MIN_CHUNK_KEYS, n0.max(1))).min(128);
     if most < 2 || tiles >= target {
         return SplitPolicy::UNSPLIT;
     }
@@ -220,6 +220,9 @@ mod tests {
         assert_eq!(decode_split(1, 1, 63 * 64, 64, 132), SplitPolicy::UNSPLIT);
         assert_eq!(decode_split(1, 1, 64 * 64, 64, 132), SplitPolicy { max_splits: 2, split_tiles: 32 });
         assert_eq!(decode_split(1, 1, 1 << 20, 64, 132).max_splits, 128);
+        // 128-key tiles: the same shortest chunk in keys.
+        assert_eq!(decode_split(1, 8, 32768, 128, 132), SplitPolicy { max_splits: 16, split_tiles: 16 });
+        assert_eq!(decode_split(1, 1, 31 * 128, 128, 132), SplitPolicy::UNSPLIT);
         // Every chunking covers the longest sequence within max_splits.
         for (b, h, k) in [(1, 1, 1000), (3, 8, 5000), (20, 4, 100000), (130, 1, 9000)] {
             let p = decode_split(b, h, k, 64, 132);
