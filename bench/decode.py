@@ -27,6 +27,15 @@ NREF = 4
 TOL = 0.05
 
 
+def shapes(text):
+    """`--shapes`: "64x8192,128xmixed" -> [(64, 8192), (128, "mixed")]."""
+    out = []
+    for entry in text.split(","):
+        batch, length = entry.strip().split("x", 1)
+        out.append((int(batch), length if length == "mixed" else int(length)))
+    return out
+
+
 def lengths(batch, length):
     if length != "mixed":
         return [length] * batch
@@ -51,7 +60,7 @@ def problem(batch, length, dev):
         off += np_
     q = torch.randn(batch, HQ, D, device=dev, dtype=torch.bfloat16)
     refs = []
-    for i in range(NREF):
+    for i in range(min(NREF, batch)):
         ids = table[i, :pages[i]].long().to(dev)
         k = kc[ids].reshape(-1, HKV, D)[:L[i]].transpose(0, 1)[None]
         v = vc[ids].reshape(-1, HKV, D)[:L[i]].transpose(0, 1)[None]
@@ -71,6 +80,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT"))
     ap.add_argument("--no-flashinfer", action="store_true")
+    ap.add_argument("--shapes", type=shapes, default=SHAPES,
+                    help="comma-separated BxL (L a length or 'mixed'); default the issue's five rows")
     args = ap.parse_args()
     dev = torch.device("cuda")
     import fmha
@@ -91,14 +102,14 @@ def main():
             print("flashinfer unavailable:", e)
 
     rows = []
-    for batch, length in SHAPES:
+    for batch, length in args.shapes:
         pr = problem(batch, length, dev)
         q4 = pr["q"].view(batch, 1, HQ, D)
 
         def cell(name, make):
             try:
                 fn = make()
-                out = fn().reshape(batch, HQ, D)[:NREF]
+                out = fn().reshape(batch, HQ, D)[:len(pr["ref"])]
                 torch.cuda.synchronize()
                 err = (out.float() - pr["ref"].float()).abs().max().item()
                 if not err <= TOL:
