@@ -743,6 +743,124 @@ fn split_kv_decode_matches_the_reference() {
     }
 }
 
+/// The pipeline of the instance a launcher for `case` runs (its plan's first stage).
+fn planned_pipeline(case: &Case) -> String {
+    let traits = base_traits(case, case.lens.iter().map(|l| l.0).sum());
+    let mut launcher = null_mut();
+    ok(fmha_kvcache_launcher_create(&traits, &mut launcher));
+    let mut required = 0usize;
+    ok(fmha_kvcache_launcher_plan_json(launcher, null_mut(), 0, &mut required));
+    let mut buffer = vec![0u8; required + 1];
+    ok(fmha_kvcache_launcher_plan_json(launcher, buffer.as_mut_ptr() as *mut _, buffer.len(), &mut required));
+    ok(fmha_kvcache_launcher_destroy(launcher));
+    let json = std::str::from_utf8(&buffer[..required]).unwrap();
+    let at = json.find("\"pipeline\":\"").expect("the plan names its instance") + "\"pipeline\":\"".len();
+    json[at..at + json[at..].find('"').unwrap()].to_string()
+}
+
+/// Decode with packed GQA at D = 128 for 16-bit inputs: on sm_90a the warp-specialized tile where TMA
+/// boxes take a tile's (query row, query head) pairs (the GQA group divides its 128 rows) and its
+/// producer the pages (TMA boxes of whole-tile pages, gathered pages of a multiple of 16 tokens). Every
+/// group from 1 to 16, up to the 128 rows of one tile, pages of 4 to 256, both table formats and
+/// layouts, batch and varlen queries, every mask, split and unsplit; a group of 6, pages of 4 and 8 and
+/// varlen queries take the one-warpgroup tile of the cp.async kernel.
+#[test]
+fn packed_decode_on_every_group_and_page() {
+    if skip() {
+        return;
+    }
+    let mut rng = Rng::fresh();
+    let seed = rng.0;
+    let heads = [(4, 4), (8, 4), (8, 2), (16, 2), (32, 2), (12, 2)];
+    let pages = [8usize, 16, 32, 64, 128, 256, 4, 48];
+    for i in 0..16 {
+        let (hq, hk) = heads[i % heads.len()];
+        let page = pages[i % pages.len()];
+        let group_size = hq / hk;
+        let varlen = i % 3 == 1;
+        // sm_90a's warp-specialized tile (128 rows) where it takes the group, the pages and the
+        // queries (batch mode), else the one-warpgroup tile (64 rows).
+        let boxes = 128 % group_size == 0 && page % 16 == 0 && !varlen;
+        let rows = (if boxes { 128 } else { 64 } / group_size).max(1);
+        // One sequence fills the tile (varlen), the others take fewer rows; kv lengths of none, one
+        // key, a page boundary and several key tiles.
+        let sq = |full: bool| if full || !varlen { rows } else { 1 + i % rows };
+        let lens = vec![(sq(true), 700), (sq(false), 0), (sq(false), 1), (sq(false), 2 * page), (sq(false), 1025)];
+        let case = Case {
+            input: if i % 2 == 0 { Input::Bf16 } else { Input::F16 },
+            kind: if i % 2 == 0 { FMHA_KV_PAGE_CSR } else { FMHA_KV_BLOCK_TABLE },
+            pool: if i % 4 < 2 { Pool::Nhd } else { Pool::Hnd },
+            page,
+            group: varlen,
+            mask: [
+                Mask::NONE,
+                Mask::causal(MaskType::BottomRight),
+                Mask { kind: MaskType::BottomRight, left: 300, right: 0 },
+            ][i % 3],
+            per_page_scales: false,
+            hq,
+            hk,
+            d: 128,
+            lens,
+            share_prefix: i % 2 == 1,
+            splits: [(0, 0), (1, 0), (3, 0), (0, 256)][i % 4],
+        };
+        let ctx = format!("seed {seed}: case {i} {case:?}");
+        let arch = fmha::runtime::current().and_then(|r| r.arch()).unwrap_or(Arch::Other);
+        if arch == Arch::Sm90 {
+            let expected = if boxes { "wgmma_ws_paged_gqa" } else { "wgmma_cp_async_paged_gqa" };
+            assert_eq!(planned_pipeline(&case), expected, "{ctx}");
+        }
+        run_case(&case, &mut rng, &ctx);
+    }
+}
+
+/// Prefill at D = 128 for 16-bit inputs (on sm_90a the warp-specialized instance: its producer loads K
+/// and V as TMA boxes of whole-tile pages or gathers pages of a multiple of 16 tokens; other pages take
+/// the cp.async kernel of its shape): pages of 1 to 256 tokens, both table formats and layouts, batch
+/// and varlen queries, every mask, shared prefixes.
+#[test]
+fn prefill_at_d128_on_every_page() {
+    if skip() {
+        return;
+    }
+    let mut rng = Rng::fresh();
+    let seed = rng.0;
+    for (i, page) in [1usize, 5, 16, 48, 64, 128, 256].into_iter().enumerate() {
+        let varlen = i % 3 != 2;
+        let lens = if varlen {
+            vec![(200, 333), (1, 1), (130, 700), (0, 5), (257, 257)]
+        } else {
+            vec![(140, 333), (140, 700), (140, 140)]
+        };
+        let case = Case {
+            input: if i % 2 == 0 { Input::Bf16 } else { Input::F16 },
+            kind: if i % 2 == 0 { FMHA_KV_BLOCK_TABLE } else { FMHA_KV_PAGE_CSR },
+            pool: if i % 4 < 2 { Pool::Hnd } else { Pool::Nhd },
+            page,
+            group: varlen,
+            mask: [
+                Mask::causal(MaskType::BottomRight),
+                Mask::NONE,
+                Mask { kind: MaskType::BottomRight, left: 100, right: 20 },
+            ][i % 3],
+            per_page_scales: false,
+            hq: 8,
+            hk: 2,
+            d: 128,
+            lens,
+            share_prefix: i % 2 == 1,
+            splits: (0, 0),
+        };
+        let ctx = format!("seed {seed}: page {page} {case:?}");
+        let arch = fmha::runtime::current().and_then(|r| r.arch()).unwrap_or(Arch::Other);
+        if arch == Arch::Sm90 {
+            assert_eq!(planned_pipeline(&case), "wgmma_ws_paged", "{ctx}");
+        }
+        run_case(&case, &mut rng, &ctx);
+    }
+}
+
 /// Pages laid out contiguously give the dense forward's bits (same tiles, same loop, same descales),
 /// for bf16 and for fp8 inputs with per-(sequence, kv head) descales.
 #[test]

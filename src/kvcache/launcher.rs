@@ -27,9 +27,9 @@ pub struct KvCacheLauncher {
     workspace: KvCacheWorkspace,
 }
 
-/// The instance for `traits`: the decode tile with packed GQA where every sequence's (query row, query
-/// head) pairs of one kv head fit one tile and the build has it (spec/inference.md §3.2), else the
-/// prefill tile.
+/// The instance for `traits`: the first decode tile with packed GQA that takes the call (every
+/// sequence's (query row, query head) pairs of one kv head in one tile, spec/inference.md §3.2;
+/// `Instance::packs`), else the prefill tile.
 fn select(traits: &KvCacheTraits) -> Result<Instance> {
     traits.validate()?;
     let arch = runtime::current()?.arch()?;
@@ -42,12 +42,14 @@ fn select(traits: &KvCacheTraits) -> Result<Instance> {
         deterministic: false,
         packed_gqa: false,
     };
-    if let Some(packed) = crate::registry::find(arch, &Request { packed_gqa: true, ..request }) {
-        if traits.max_seqlen_q * (traits.nhead_q / traits.nhead_k) <= packed.m0 {
-            return Ok(packed);
-        }
+    let group = traits.nhead_q / traits.nhead_k;
+    let packed = crate::registry::serving(arch, &Request { packed_gqa: true, ..request })
+        .into_iter()
+        .find(|i| i.packs(group, traits.max_seqlen_q, traits.page_size, traits.mode));
+    match packed {
+        Some(instance) => Ok(instance),
+        None => crate::registry::select(arch, &request),
     }
-    crate::registry::select(arch, &request)
 }
 
 /// How a launcher for `traits` splits the KV on a device of `cu_count` CUs (spec/inference.md §3.3):

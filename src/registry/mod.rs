@@ -5,7 +5,7 @@
 //! answers "unsupported" and names the nearest instances.
 
 use crate::error::{Error, Result};
-use crate::problem::{CacheDtype, Dtype, Fp8Format};
+use crate::problem::{CacheDtype, Dtype, Fp8Format, Mode};
 use crate::runtime::Arch;
 
 mod plan;
@@ -67,6 +67,23 @@ const GPU_MAX_GRID_YZ: i64 = 65535;
 const AMD_MAX_INPUT_ROW_STRIDE: i64 = 1 << 24;
 
 impl Instance {
+    /// Whether this packed-GQA instance takes a kv-cache call of `group` query heads per kv head, at most
+    /// `max_seqlen_q` query rows per sequence, pages of `page_size` tokens and queries in `mode`: every
+    /// sequence's (query row, query head) pairs of one kv head fit one tile; the warp-specialized tile
+    /// loads its rows as TMA boxes of `group` heads, so the group also divides its rows, its producer
+    /// takes pages of whole key tiles or of a multiple of `SM90_GATHER_PAGE_MULTIPLE` (16) tokens, and it
+    /// takes batch-mode queries only (varlen decode measured 7–10 % slower on it than on the
+    /// one-warpgroup tile, docs/perf.md 2026-11-26 10:54 UTC). Its kernel takes other calls too, through
+    /// the cp.async kernel of its shape, which is slower than the one-warpgroup tiles that take them here.
+    pub fn packs(&self, group: i64, max_seqlen_q: i64, page_size: i64, mode: Mode) -> bool {
+        let fits_tile = self.packed_gqa && max_seqlen_q * group <= self.m0;
+        if self.pipeline != SM90_DECODE_WS_PIPELINE {
+            return fits_tile;
+        }
+        let pages = page_size > 0 && (page_size % self.n0 == 0 || page_size % SM90_GATHER_PAGE_MULTIPLE == 0);
+        fits_tile && group > 0 && self.m0 % group == 0 && pages && mode == Mode::Batch
+    }
+
     /// Refuses tensors the instance cannot address with its vector loads, naming the field. Group mode
     /// ignores the batch stride, so only batch mode checks it.
     pub fn check_tensor(
@@ -203,9 +220,16 @@ const SM90_DENSE_FORWARD_192_128: (i64, i64, i64) = (192, 128, 128);
 /// sm_90a's kv-cache forward and dense fp8 forward (`hip/fwd/sm90/kernel.h`): warpgroups of 64 q rows
 /// (one at D = 64, two at D = 128).
 const SM90_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 64, 128), (128, 128, 128)];
-/// sm_90a's decode tiles (packed GQA): one warpgroup of 64 (query row, query head) pairs; 64 keys for
-/// 16-bit types, 128 for fp8.
+/// sm_90a's decode tiles (packed GQA) of the cp.async kernel: one warpgroup of 64 (query row, query
+/// head) pairs; 64 keys for 16-bit types, 128 for fp8.
 const SM90_DECODE_TILES: [(i64, i64, i64); 2] = [(64, 64, 64), (128, 64, 64)];
+/// The warp-specialized kernel's 16-bit decode tile (`hip/kvcache/sm90/specialized_paged.h`): 128
+/// (query row, query head) pairs, 128 keys, its rows loaded as TMA boxes (see [`Instance::packs`]).
+const SM90_DECODE_WS_TILE: (i64, i64, i64) = (128, 128, 128);
+const SM90_DECODE_WS_PIPELINE: &str = "wgmma_ws_paged_gqa";
+/// Pages the warp-specialized kv-cache kernel's producer gathers (cp.async, 16 consecutive rows per
+/// thread from one page) hold a multiple of this many tokens; pages of whole key tiles are TMA boxes.
+const SM90_GATHER_PAGE_MULTIPLE: i64 = 16;
 const SM90_DECODE_TILES_FP8: [(i64, i64, i64); 1] = [(128, 64, 128)];
 /// gfx942: 4 waves of 32 q rows; k rows such that the double-buffered K and Vᵀ tiles take at most
 /// half of the 64 KiB of LDS (two workgroups per CU).
@@ -293,10 +317,10 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
             ));
             list.extend(gpu_instances(arch, Operation::Backward, &HALF_DTYPES, &SM90_BACKWARD_TILES, "wgmma_cp_async"));
             // The forward kernels with paged K/V tiles (hip/kvcache/kvcache.hip): at D = 128 the
-            // warp-specialized one, its TMA boxes one per page piece (pages of whole 128-key tiles, or
-            // pieces of at least 8 rows that divide one; other pages and tensors TMA cannot describe take
-            // the cp.async kernel); at D = 64 the cp.async kernel. fp8 in the OCP format (the one
-            // Hopper's tensor cores take) with the D = 128 shape only.
+            // warp-specialized one, its producer loading K/V as TMA boxes of whole pages or gathering
+            // them row by row (smaller pages; tensors TMA cannot describe take the cp.async kernel); at
+            // D = 64 the cp.async kernel. fp8 in the OCP format (the one Hopper's tensor cores take)
+            // with the D = 128 shape only.
             list.extend(gpu_instances(
                 arch,
                 Operation::KvCache,
@@ -309,7 +333,7 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
                 Operation::KvCache,
                 &HALF_DTYPES,
                 &SM90_FORWARD_TILES[1..],
-                "wgmma_ws_tma_paged",
+                "wgmma_ws_paged",
             ));
             list.extend(gpu_instances(
                 arch,
@@ -318,18 +342,7 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
                 &SM90_FORWARD_TILES[1..],
                 "wgmma_cp_async_paged_vt",
             ));
-            // Decode: one warpgroup whose 64 rows pack the query heads of one kv head.
-            let packed = |dtypes: &[CacheDtype], tiles: &[(i64, i64, i64)], pipeline| {
-                gpu_instances(arch, Operation::KvCache, dtypes, tiles, pipeline)
-                    .into_iter()
-                    .map(|i| Instance { packed_gqa: true, ..i })
-            };
-            list.extend(packed(&HALF_DTYPES, &SM90_DECODE_TILES, "wgmma_cp_async_paged_gqa"));
-            list.extend(packed(
-                &[CacheDtype::Fp8(Fp8Format::E4m3fn)],
-                &SM90_DECODE_TILES_FP8,
-                "wgmma_cp_async_paged_vt_gqa",
-            ));
+            list.extend(sm90_decode_instances());
             list
         }
         Arch::Gfx942 if cfg!(feature = "rocm") => amd_instances(arch, &GFX942_FORWARD_TILES, &GFX942_BACKWARD_TILES),
@@ -348,6 +361,21 @@ fn sm90_dense_forward_instances() -> Vec<Instance> {
             .into_iter()
             .map(|i| Instance { hdim_v: 128, ..i }),
     );
+    list
+}
+
+/// sm_90a's decode instances (packed GQA: tile rows pack the query heads of one kv head): the
+/// warp-specialized 16-bit tile at D = 128 first, the cp.async kernel's one-warpgroup tiles for the calls
+/// it does not take and the other head dims and fp8.
+fn sm90_decode_instances() -> Vec<Instance> {
+    let packed = |dtypes: &[CacheDtype], tiles: &[(i64, i64, i64)], pipeline| {
+        gpu_instances(Arch::Sm90, Operation::KvCache, dtypes, tiles, pipeline)
+            .into_iter()
+            .map(|i| Instance { packed_gqa: true, ..i })
+    };
+    let mut list: Vec<Instance> = packed(&HALF_DTYPES, &[SM90_DECODE_WS_TILE], SM90_DECODE_WS_PIPELINE).collect();
+    list.extend(packed(&HALF_DTYPES, &SM90_DECODE_TILES, "wgmma_cp_async_paged_gqa"));
+    list.extend(packed(&[CacheDtype::Fp8(Fp8Format::E4m3fn)], &SM90_DECODE_TILES_FP8, "wgmma_cp_async_paged_vt_gqa"));
     list
 }
 
@@ -466,26 +494,29 @@ fn host_kvcache_instances() -> Vec<Instance> {
     list
 }
 
-/// The smallest instance in `all` serving `request`.
-fn smallest_fit(all: &[Instance], request: &Request) -> Option<Instance> {
-    let fits = |i: &Instance| {
-        i.operation == request.operation
-            && i.dtype == request.dtype
-            && i.masked == request.masked
-            && i.deterministic == (request.deterministic && request.operation == Operation::Backward)
-            && i.packed_gqa == request.packed_gqa
-            && request.hdim_q <= i.hdim_q
-            && request.hdim_v <= i.hdim_v
-            && request.hdim_q % i.hdim_multiple == 0
-            && request.hdim_v % i.hdim_multiple == 0
-    };
-    all.iter().filter(|i| fits(i)).min_by_key(|i| (i.hdim_q, i.hdim_v)).copied()
+/// Whether instance `i` serves `request`.
+fn fits(i: &Instance, request: &Request) -> bool {
+    i.operation == request.operation
+        && i.dtype == request.dtype
+        && i.masked == request.masked
+        && i.deterministic == (request.deterministic && request.operation == Operation::Backward)
+        && i.packed_gqa == request.packed_gqa
+        && request.hdim_q <= i.hdim_q
+        && request.hdim_v <= i.hdim_v
+        && request.hdim_q % i.hdim_multiple == 0
+        && request.hdim_v % i.hdim_multiple == 0
 }
 
-/// The smallest instance serving `request` on `arch`, if the build has one (no message is made when
-/// it has none: for optional variants, such as the packed decode tile).
-pub fn find(arch: Arch, request: &Request) -> Option<Instance> {
-    smallest_fit(&instances(arch), request)
+/// The smallest instance in `all` serving `request`.
+fn smallest_fit(all: &[Instance], request: &Request) -> Option<Instance> {
+    all.iter().filter(|i| fits(i, request)).min_by_key(|i| (i.hdim_q, i.hdim_v)).copied()
+}
+
+/// Every instance serving `request` on `arch`, smallest bucket first (in the build's order within one).
+pub fn serving(arch: Arch, request: &Request) -> Vec<Instance> {
+    let mut list: Vec<Instance> = instances(arch).into_iter().filter(|i| fits(i, request)).collect();
+    list.sort_by_key(|i| (i.hdim_q, i.hdim_v));
+    list
 }
 
 /// The smallest instance serving `request` on `arch`; none is FMHA_ERR_UNSUPPORTED naming the nearest.
@@ -569,6 +600,42 @@ mod tests {
         assert_eq!(forward(192, 192), (256, 256, 80));
         assert_eq!(forward(128, 256), (256, 256, 80));
         assert_eq!(forward(96, 128), (128, 128, 128));
+    }
+
+    #[test]
+    fn sm90_decode_takes_the_warp_specialized_tile_where_its_producer_takes_the_rows_and_pages() {
+        let all = sm90_decode_instances();
+        let pick = |hdim, group, max_seqlen_q, page_size| {
+            let request = Request {
+                operation: Operation::KvCache,
+                masked: false,
+                packed_gqa: true,
+                ..request(Operation::KvCache, hdim, hdim)
+            };
+            let mut serving: Vec<&Instance> = all.iter().filter(|i| fits(i, &request)).collect();
+            serving.sort_by_key(|i| (i.hdim_q, i.hdim_v));
+            serving
+                .into_iter()
+                .find(|i| i.packs(group, max_seqlen_q, page_size, Mode::Batch))
+                .map(|i| (i.m0, i.n0, i.pipeline))
+        };
+        let ws = Some((128, 128, SM90_DECODE_WS_PIPELINE));
+        let cp_async = Some((64, 64, "wgmma_cp_async_paged_gqa"));
+        for page in [16, 48, 128, 256, 1024] {
+            assert_eq!(pick(128, 4, 1, page), ws, "page {page}");
+        }
+        assert_eq!(pick(128, 4, 32, 16), ws, "128 rows: one tile");
+        assert_eq!(pick(128, 1, 128, 16), ws);
+        assert_eq!(pick(128, 16, 8, 16), ws);
+        assert_eq!(pick(128, 4, 33, 16), None, "over a tile: the prefill tile");
+        assert_eq!(pick(128, 6, 1, 16), cp_async, "a group that does not divide the rows");
+        assert_eq!(pick(128, 6, 11, 16), None);
+        for page in [1, 5, 8, 24, 100] {
+            assert_eq!(pick(128, 4, 1, page), cp_async, "page {page}");
+        }
+        assert_eq!(pick(64, 4, 1, 16), cp_async);
+        let ws_instance = all.iter().find(|i| i.pipeline == SM90_DECODE_WS_PIPELINE).unwrap();
+        assert!(!ws_instance.packs(4, 1, 16, Mode::Group), "varlen queries: the one-warpgroup tile");
     }
 
     #[test]

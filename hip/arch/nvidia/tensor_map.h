@@ -2,10 +2,10 @@
 // device's tile copies into shared memory that complete on an mbarrier's transaction count.
 //
 // A map describes a [batch, rows, heads, dim] tensor of 16-bit elements (any strides that are whole
-// 16-byte multiples) as 4-D with a box of 64 columns by `box_rows` rows in the 128-byte swizzle, which
-// is exactly Swizzle128's layout (arch/nvidia/shared_tile.h): a tile of D columns is D / 64 boxes into
-// consecutive 64-column blocks. Elements outside the tensor land as zeros (and count toward the
-// transaction bytes).
+// 16-byte multiples) as 4-D with a box of 64 columns by `box_rows` rows (or, packed, `group` heads by
+// rows) in the 128-byte swizzle, which is exactly Swizzle128's layout (arch/nvidia/shared_tile.h): a
+// tile of D columns is D / 64 boxes into consecutive 64-column blocks. Elements outside the tensor land
+// as zeros (and count toward the transaction bytes).
 #pragma once
 
 #include <cuda.h>
@@ -32,31 +32,46 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encoder;
 }
 
-// Encodes `map` for a 16-bit tensor at `base` with `cols` columns (the head dim: columns past it read
-// as zeros), `rows` rows, `heads` heads and `batch` batches, strides in elements. False where TMA cannot
-// describe it (alignment, strides, sizes, no encoder).
+// Encodes `map` for a 16-bit tensor at `base` of 64-column boxes (the 128-byte swizzle) over the 3
+// outer dimensions `sizes` (innermost first) with element strides `strides`, each box `box` of them.
+// False where TMA cannot describe it (alignment, strides, sizes, no encoder).
+inline bool encode_map(CUtensorMap* map, const void* base, int64_t cols, const int64_t (&sizes)[3],
+                       const int64_t (&strides)[3], const uint32_t (&box)[3]) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr || base == nullptr || reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
+  if (cols < 1 || cols > (int64_t{1} << 32)) return false;
+  cuuint64_t dims[4] = {static_cast<cuuint64_t>(cols)};
+  cuuint64_t byte_strides[3];
+  for (int d = 0; d < 3; ++d) {
+    // (a dimension of one is never stepped over: its stride only has to be valid)
+    const int64_t stride = sizes[d] > 1 ? strides[d] * 2 : 16;
+    if (sizes[d] < 1 || sizes[d] > (int64_t{1} << 32) || box[d] < 1 || box[d] > 256) return false;
+    if (stride <= 0 || stride % 16 != 0 || stride >= (int64_t{1} << 40)) return false;
+    dims[d + 1] = static_cast<cuuint64_t>(sizes[d]);
+    byte_strides[d] = static_cast<cuuint64_t>(stride);
+  }
+  const cuuint32_t boxes[4] = {64, box[0], box[1], box[2]};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, const_cast<void*>(base), dims, byte_strides, boxes,
+                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// A [batch, rows, heads, cols] tensor (strides in elements) as (column, row, head, batch) boxes of
+// `box_rows` rows of one head.
 inline bool encode_rows_map(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, int64_t heads,
                             int64_t batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride,
                             uint32_t box_rows) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr || base == nullptr || reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
-  const int64_t sizes[4] = {cols, rows, heads, batch};
-  for (const int64_t n : sizes) {
-    if (n < 1 || n > (int64_t{1} << 32)) return false;
-  }
-  const int64_t strides[3] = {row_stride * 2, head_stride * 2, batch > 1 ? batch_stride * 2 : 16};
-  for (const int64_t s : strides) {
-    if (s <= 0 || s % 16 != 0 || s >= (int64_t{1} << 40)) return false;
-  }
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows),
-                              static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
-  const cuuint64_t byte_strides[3] = {static_cast<cuuint64_t>(strides[0]), static_cast<cuuint64_t>(strides[1]),
-                                      static_cast<cuuint64_t>(strides[2])};
-  const cuuint32_t box[4] = {64, box_rows, 1, 1};
-  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, const_cast<void*>(base), dims, byte_strides, box,
-                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return encode_map(map, base, cols, {rows, heads, batch}, {row_stride, head_stride, batch_stride}, {box_rows, 1, 1});
+}
+
+// The same tensor as (column, head, row, batch) boxes of `group` consecutive heads by `box_rows` rows:
+// box row r is row r / group of head r % group from the box's first ones (the packed-GQA tile's rows).
+inline bool encode_packed_rows_map(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, int64_t heads,
+                                   int64_t batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride,
+                                   uint32_t group, uint32_t box_rows) {
+  return encode_map(map, base, cols, {heads, rows, batch}, {head_stride, row_stride, batch_stride},
+                    {group, box_rows, 1});
 }
 
 // Adds `bytes` to the transactions the current phase of `bar` waits for, and arrives once.

@@ -101,30 +101,47 @@ int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const F
   return launch_specialized_kernel<Tile, T>(p, maps, ctas, stream);
 }
 
-// The kv cache's 16-bit prefill at D = 128 (not the packed decode tile, no per-page descales): the
-// warp-specialized kernel over the paged pool (kvcache/sm90/specialized_paged.h) where TMA can take its
-// pages (whole 128-key tiles, or pieces of at least 8 rows that divide one) and describe its tensors;
-// `fallback` (the cp.async kernel) otherwise. Same grid and splits as the cp.async kernel's.
+// The kv cache's 16-bit forward at D = 128 (no per-page descales), prefill or packed decode: the
+// warp-specialized kernel over the paged pool (kvcache/sm90/specialized_paged.h). Its producer loads K
+// and V as TMA boxes where pages hold whole 128-key tiles, and gathers them with cp.async where they
+// hold a multiple of 16 rows (page pieces as TMA boxes do not stream at the memory's rate, docs/perf.md).
+// `fallback` (the cp.async kernel of the same tile shape) takes other pages, tensors TMA cannot describe,
+// and packed tiles whose rows TMA cannot box (the GQA group must divide them). Same grid and splits as
+// the cp.async kernel's. The gathering producer keeps its loop in registers (88: a spill's reload would
+// wait behind its copies in flight), the consumers take the rest.
 template <typename T, bool kMasked, typename Fallback>
 int32_t launch_specialized(const fmha_kvcache_params& p, hipStream_t stream, const Fallback& fallback) {
-  using Tile = SpecializedTile<T, 128, 128, 3, kMasked, 40>;
+  using BoxedTile = SpecializedTile<T, 128, 128, 3, kMasked, 40>;
+  using GatheredTile = SpecializedTile<T, 128, 128, 3, kMasked, 88, 128, true>;
+  constexpr int M = BoxedTile::kBlockM, N = BoxedTile::kBlockN;
+  constexpr int kRun = SpecializedSource<fmha_kvcache_params, GatheredTile, T>::kRun;
   const int64_t page = p.page_size;
-  const bool pages_fit = page > 0 && (page % Tile::kBlockN == 0 || (Tile::kBlockN % page == 0 && page >= 8));
-  if (!pages_fit) return fallback();
-  const uint32_t box = static_cast<uint32_t>(page < Tile::kBlockN ? page : Tile::kBlockN);
-  ForwardMaps maps;
+  const int group = p.pack_gqa != 0 ? p.nhead_q / p.nhead_k : 1;
+  const bool boxed = page > 0 && page % N == 0;
+  if (!(boxed || (page > 0 && page % kRun == 0)) || group < 1 || M % group != 0) return fallback();
+  const int64_t batches = p.group_mode ? 1 : p.batch;
+  ForwardMaps maps{};
+  const bool query_described =
+      p.pack_gqa != 0
+          ? arch::encode_packed_rows_map(&maps.q, reinterpret_cast<const void*>(p.q), p.hdim_q, p.seqlen_q, p.nhead_q,
+                                         batches, p.q_row_stride, p.q_head_stride, p.q_batch_stride,
+                                         static_cast<uint32_t>(group), static_cast<uint32_t>(M / group))
+          : encode_query_map<BoxedTile>(p, &maps.q);
   const bool described =
-      encode_query_map<Tile>(p, &maps.q) &&
-      arch::encode_rows_map(&maps.k, reinterpret_cast<const void*>(p.k), p.hdim_q, page, p.nhead_k, p.num_pages,
-                            p.k_row_stride, p.k_head_stride, p.k_batch_stride, box) &&
-      arch::encode_rows_map(&maps.v, reinterpret_cast<const void*>(p.v), p.hdim_v, page, p.nhead_k, p.num_pages,
-                            p.v_row_stride, p.v_head_stride, p.v_batch_stride, box);
+      query_described &&
+      (!boxed ||
+       (arch::encode_rows_map(&maps.k, reinterpret_cast<const void*>(p.k), p.hdim_q, page, p.nhead_k, p.num_pages,
+                              p.k_row_stride, p.k_head_stride, p.k_batch_stride, N) &&
+        arch::encode_rows_map(&maps.v, reinterpret_cast<const void*>(p.v), p.hdim_v, page, p.nhead_k, p.num_pages,
+                              p.v_row_stride, p.v_head_stride, p.v_batch_stride, N)));
   if (!described) return fallback();
-  const int64_t tiles = (p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM * kvcache::grid_splits(p) *
-                        static_cast<int64_t>(p.nhead_q) * p.batch;
+  const int64_t rows = static_cast<int64_t>(p.max_seqlen_q) * group;
+  const int64_t tiles = (rows + M - 1) / M * kvcache::grid_splits(p) *
+                        static_cast<int64_t>(p.pack_gqa != 0 ? p.nhead_k : p.nhead_q) * p.batch;
   // (a grid's x is below 2^31; the launcher's CU count, as its splits use)
   const int64_t ctas = tiles > INT32_MAX ? (p.cu_count > 0 ? p.cu_count : 1) : tiles;
-  return launch_specialized_kernel<Tile, T>(p, maps, ctas, stream);
+  return boxed ? launch_specialized_kernel<BoxedTile, T>(p, maps, ctas, stream)
+               : launch_specialized_kernel<GatheredTile, T>(p, maps, ctas, stream);
 }
 
 // One bucket of the dense 16-bit forward, masked or not: the warp-specialized kernel, with the cp.async
@@ -152,13 +169,26 @@ int32_t launch_dense(const fmha_fwd_params& p, hipStream_t stream) {
 // routes smaller head dims to it.
 // kPageScales: the kv-cache's fp8 K/V descales per page (its own instances, so that the uniform path
 // carries nothing of them).
-// The kv-cache's decode (fmha_kvcache_params::pack_gqa): one warpgroup of 64 rows of (query row, query
-// head) pairs per kv head (the registry's "_gqa" instances). Decode is bound by the K/V reads: 64-key
-// tiles for 16-bit types (80 KiB at D = 128) let two CTAs share an SM and keep four tiles in flight;
-// 8-bit ones keep the 128 keys the V transpose is written for (88 KiB).
+// The kv-cache's decode (fmha_kvcache_params::pack_gqa): tiles whose rows are (query row, query head)
+// pairs of one kv head (the registry's "_gqa" instances), so that K/V are read once per kv head. The
+// 16-bit D = 128 tile of 128 rows and 128 keys (block_m 128) is the warp-specialized kernel: its producer
+// keeps three stages of K and V in flight, what a read-bound decode needs (the cp.async kernel of the
+// same shape where TMA cannot take the pages). The others, one warpgroup of 64 rows: 64-key tiles for
+// 16-bit types (80 KiB at D = 128) let two CTAs share an SM and keep four tiles in flight; 8-bit ones
+// keep the 128 keys the V transpose is written for (88 KiB).
 template <typename T, bool kPageScales, typename Params>
 int32_t dispatch_packed(const Params& p, hipStream_t stream) {
   constexpr int N = sizeof(T) == 1 ? 128 : 64;
+  if constexpr (sizeof(T) == 2 && !kPageScales && std::is_same_v<Params, fmha_kvcache_params>) {
+    if (p.hdim_bucket == 128 && p.block_m == 128) {
+      const auto launch = [&](auto masked) {
+        constexpr bool kMasked = decltype(masked)::value;
+        return launch_specialized<T, kMasked>(
+            p, stream, [&] { return launch_forward<T, 128, 2, 128, kMasked, false, true>(p, stream); });
+      };
+      return p.masked ? launch(std::true_type{}) : launch(std::false_type{});
+    }
+  }
   switch (p.hdim_bucket) {
     case 64:
       if constexpr (sizeof(T) == 1) {

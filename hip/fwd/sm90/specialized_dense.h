@@ -34,6 +34,7 @@ struct SpecializedSource<fmha_fwd_params, Tile, T> {
     w.y = static_cast<int>(rest % p.nhead_q);
     w.b = static_cast<int>(rest / p.nhead_q);
     w.hk = w.y / (p.nhead_q / p.nhead_k);
+    w.group = 1;
     w.batch = p.group_mode ? 0 : w.b;
     w.rows = batch_rows(p, w.b);
     w.live = w.i0 < w.rows.sq;
@@ -47,11 +48,19 @@ struct SpecializedSource<fmha_fwd_params, Tile, T> {
     return w;
   }
 
+  // The tile's Q rows from `map` (encode_query_map) into `shared`, completing on `bar`.
+  __device__ static void load_query(const fmha_fwd_params&, const CUtensorMap& map, uint32_t shared, uint32_t bar,
+                                    const Work& w, int lane) {
+    arch::tma_load_tile<Tile::kDimQK>(shared, Tile::QLayout::kBlockBytes, map, bar, Tile::kQBytes,
+                                      static_cast<int>(w.rows.q_start + w.i0), w.y, static_cast<int>(w.batch), lane);
+  }
+
   // Dense tensors have no pages (the paged source's `page_of` looks its pages up a tile ahead).
   __device__ static int64_t page_of(const fmha_fwd_params&, const Work&, int64_t, int) { return 0; }
 
-  // The K or V tile of keys j0.. (kCols columns, kBytes) from `map` into `shared`, completing on `bar`.
-  template <int kCols, uint32_t kBytes>
+  // The K or V (kValues) tile of keys j0.. (kCols columns, kBytes) from `map` into `shared`, completing on
+  // `bar`.
+  template <int kCols, uint32_t kBytes, bool kValues>
   __device__ static void load(const fmha_fwd_params&, const CUtensorMap& map, uint32_t shared, uint32_t bar,
                               const Work& w, int64_t j0, int lane, int64_t) {
     arch::tma_load_tile<kCols>(shared, Tile::KLayout::kBlockBytes, map, bar, kBytes,

@@ -1,12 +1,15 @@
 // The warp-specialized attention forward on Hopper (sm_90a): FlashAttention-3's structure.
 //
-// A CTA computes kBlockM = 128 query rows of one (batch, query head) with three warpgroups:
+// A CTA computes kBlockM = 128 query rows of one (batch, query head) — with packed GQA (the kv cache's
+// decode), 128 (query row, query head) pairs of one kv head — with three warpgroups:
 // - the producer (one warp of warpgroup 0, few registers) loads Q once and the K and V tiles through
 //   two rings of kStages stages with TMA (arch/nvidia/tensor_map.h), each stage handed over by
 //   mbarriers: it waits for a stage's `empty` barrier and arms its `full` barrier with the tile's
 //   bytes. A V tile that reaches past the sequence into rows of the tensor (another sequence's, or
 //   padding, whose values P·V must not see) is copied with cp.async instead, with zeros past the end;
-//   past the tensor's last row TMA itself brings zeros;
+//   past the tensor's last row TMA itself brings zeros. With Tile::kGather (a paged pool of small
+//   pages) the whole warpgroup gathers K and V with cp.async instead, each thread arriving on a stage's
+//   full barriers once its copies have landed;
 // - two consumers (warpgroups 1 and 2, 64 rows each, the registers the producer gave up) run the
 //   mainloop with intra-warpgroup overlap: S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} are issued together,
 //   the softmax of S_j runs while the tensor cores finish P_{j-1}·V_{j-1}, and each stage is released
@@ -15,6 +18,8 @@
 //   runs under the other's GEMMs.
 // No CTA-wide barrier after the setup. The epilogue is the forward's (fwd/sm90/epilogue.h).
 #pragma once
+
+#include <type_traits>
 
 #include "arch/nvidia/pipeline.h"
 #include "arch/nvidia/shared_tile.h"
@@ -65,9 +70,9 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
 
   const int thread = static_cast<int>(arch::thread_index());
   if (thread == 0) {
-    // A full barrier completes on its bytes and one arrival per producer lane (lane 0's arms it); an
-    // empty one on an arrival per consumer warpgroup.
-    arch::mbarrier_init(smem.full_q(), Tile::Producer::kThreads);
+    // A full barrier completes on its bytes and one arrival per loading producer thread (Q: the first
+    // warp; lane 0's arms it); an empty one on an arrival per consumer warpgroup.
+    arch::mbarrier_init(smem.full_q(), Tile::kQueryLoaders);
     arch::mbarrier_init(smem.empty_q(), Tile::kConsumers);
     for (int s = 0; s < S; ++s) {
       arch::mbarrier_init(smem.full_k(s), Tile::Producer::kThreads);
@@ -92,13 +97,24 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     if (thread >= Tile::Producer::kThreads) return;
     const int lane = thread;
     int ring = 0, queries = 0;  // K/V stages and Q tiles used so far
+    // Gathered tiles (cp.async, two commit groups per tile: K, V): once all but the last `pending_groups`
+    // have landed, this thread's rows of stage s are made visible to the tensor cores and it arrives on
+    // the stage's full barriers. Each thread keeps two tiles in flight: the previous tile is handed over
+    // after this one's copies are issued, the work's last tile once its copies land.
+    const auto hand_over = [&](auto pending_groups, int s) {
+      arch::copy_async_wait<decltype(pending_groups)::value>();
+      arch::fence_shared_for_async_proxy();
+      arch::mbarrier_arrive(smem.full_k(s));
+      arch::mbarrier_arrive(smem.full_v(s));
+    };
     for (int64_t tile = cta; tile < tiles; tile += ctas) {
       const auto w = Source::work(p, tile, tiles, ctas);
       if (w.steps == 0) continue;
-      arch::mbarrier_wait(smem.empty_q(), (queries & 1) ^ 1);  // the first tile's passes
-      ++queries;
-      arch::tma_load_tile<DQK>(smem.q, Tile::QLayout::kBlockBytes, maps.q, smem.full_q(), Tile::kQBytes,
-                             static_cast<int>(w.rows.q_start + w.i0), w.y, static_cast<int>(w.batch), lane);
+      if (thread < Tile::kQueryLoaders) {
+        arch::mbarrier_wait(smem.empty_q(), (queries & 1) ^ 1);  // the first tile's passes
+        ++queries;
+        Source::load_query(p, maps.q, smem.q, smem.full_q(), w, lane);
+      }
       int64_t page = Source::page_of(p, w, static_cast<int64_t>(w.first) * N, lane);
       const bool zeros_past = Source::zeros_past_sequence(p, w);
       for (int i = 0; i < w.steps; ++i, ++ring) {
@@ -107,11 +123,12 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         const int64_t j0 = static_cast<int64_t>(w.first + i) * N;
         const int64_t next_page = i + 1 < w.steps ? Source::page_of(p, w, j0 + N, lane) : 0;
         arch::mbarrier_wait(smem.empty_k(s), parity);
-        Source::template load<DQK, Tile::kKBytes>(p, maps.k, smem.k_stage(s), smem.full_k(s), w, j0, lane, page);
+        Source::template load<DQK, Tile::kKBytes, false>(p, maps.k, smem.k_stage(s), smem.full_k(s), w, j0, lane,
+                                                         page);
         arch::mbarrier_wait(smem.empty_v(s), parity);
         if (j0 + N <= w.rows.sk || zeros_past) {
-          Source::template load<Tile::kDim, Tile::kVBytes>(p, maps.v, smem.v_stage(s), smem.full_v(s), w, j0, lane,
-                                                           page);
+          Source::template load<Tile::kDim, Tile::kVBytes, true>(p, maps.v, smem.v_stage(s), smem.full_v(s), w, j0,
+                                                                 lane, page);
         } else {  // the sequence's last tile
           Source::copy_values(p, smem.v_stage(s), w, j0);
           arch::copy_async_commit();
@@ -119,8 +136,12 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
           arch::fence_shared_for_async_proxy();
           arch::mbarrier_arrive(smem.full_v(s));
         }
+        if constexpr (Tile::kGather) {
+          if (i > 0) hand_over(std::integral_constant<int, 2>{}, (ring - 1) % S);
+        }
         page = next_page;
       }
+      if constexpr (Tile::kGather) hand_over(std::integral_constant<int, 0>{}, (ring - 1) % S);
     }
     return;
   }
@@ -146,12 +167,13 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     if (!w.live) continue;
     RowState<Tile> st;
     st.clear();
-    const int64_t row_of[2] = {w.i0 + c * 64 + warp * 16 + g, w.i0 + c * 64 + warp * 16 + g + 8};
+    const int64_t row_of[2] = {w.i0 + c * 64 + warp * 16 + g, w.i0 + c * 64 + warp * 16 + g + 8};  // tile rows
+    const int64_t query_of[2] = {w.query_of(row_of[0]), w.query_of(row_of[1])};                // their query rows
     const float scale_log2 = p.scale_log2;  // 16-bit inputs: no descales
 
     if (w.steps > 0) {
       const int steps = w.steps;
-      const KeptKeys kept = KeptKeys::of<Tile::kMasked>(w.keys.mask, row_of, w.rows.sk);
+      const KeptKeys kept = KeptKeys::of<Tile::kMasked>(w.keys.mask, query_of, w.rows.sk);
       float s[kNTiles][4];
       uint32_t p_frag[kSteps][4];
       // The scores of step i in `s` (retired), masked where the tile needs it, through the softmax;
@@ -230,9 +252,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       ring += steps;
     }
 
-    const int y = w.y;
-    store_output<Tile>(p, st, scale_log2, 1.f, row_of, row_of, w.rows.sq, [&](int64_t) { return y; }, w.rows, w.b,
-                       w.batch, t, w.partial, w.split, w.seq_q_start);
+    store_output<Tile>(p, st, scale_log2, 1.f, row_of, query_of, w.tile_rows(), [&](int64_t r) { return w.head_of(r); },
+                       w.rows, w.b, w.batch, t, w.partial, w.split, w.seq_q_start);
   }
   if (c == 0) arch::named_barrier_sync(kPingPong, 2 * 128);
 }

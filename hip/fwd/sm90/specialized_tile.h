@@ -7,15 +7,18 @@
 
 namespace fmha {
 
-// kHeadDim: the columns of Q and K; kHeadDimV those of V and O.
+// kHeadDim: the columns of Q and K; kHeadDimV those of V and O. kGather_: the producer is a whole
+// warpgroup that gathers the K and V tiles row by row with cp.async (a paged pool whose pages are too
+// small for TMA boxes to stream at the memory's rate); otherwise one warp loads them with TMA.
 template <typename T, int kHeadDim, int kBlockN_, int kStages_, bool kMasked_, int kProducerRegisters_ = 24,
-          int kHeadDimV = kHeadDim>
+          int kHeadDimV = kHeadDim, bool kGather_ = false>
 struct SpecializedTile {
   static constexpr int kConsumers = 2;
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
   static constexpr bool kMasked = kMasked_;
+  static constexpr bool kGather = kGather_;
   static constexpr bool kPageScales = false;
   static constexpr bool kPackGqa = false;
   static constexpr bool kTransposeV = false;
@@ -47,13 +50,16 @@ struct SpecializedTile {
       kQBytes + kStages * (kKBytes + kVBytes) + 8 * kBarriers + kScratchBytes + kSwizzle128Slack;
   static_assert(kSharedBytes <= 227 * 1024, "Hopper's shared memory per CTA");
 
-  // The producer: one warp of warpgroup 0 (the others leave). It loads Q, K and V with TMA; a V tile
-  // that reaches past the sequence is copied by the warp with cp.async instead (TileCopy with this
-  // shape: V's rows), which writes zeros there rather than the next rows of the tensor.
+  // The producer: one warp of warpgroup 0 (the others leave), or with kGather the whole warpgroup. Its
+  // first warp loads Q with TMA; K and V come as TMA boxes, or gathered by every producer thread with
+  // cp.async (TileCopy with this shape), which also copies a V tile that reaches past the sequence,
+  // writing zeros there rather than the next rows of the tensor. Each producer thread arrives on a
+  // stage's full barrier.
   struct Producer {
-    static constexpr int kThreads = 32;
+    static constexpr int kThreads = kGather_ ? 128 : 32;
     static constexpr int kChunks = SpecializedTile::kChunks;
   };
+  static constexpr int kQueryLoaders = 32;  // the producer's first warp
   // setmaxnreg: the producer warpgroup keeps what its loads need (24 for dense tensors, more for the
   // page-table arithmetic of a paged pool), the consumers take the rest of the 168 per thread a
   // 384-thread CTA starts with (e.g. 24 + 2 · 240 = 3 · 168).

@@ -1,10 +1,13 @@
 // The warp-specialized forward's source for the kv-cache operation (fmha_kvcache_params), 16-bit pools
-// whose pages hold whole 128-key tiles or divide them into pieces of at least 8 rows: the grid and
-// split-KV of the cp.async kernel (kvcache/split.h), and K/V tiles as TMA boxes of the pool, one per
-// page piece (key j of a sequence is row j mod P of page page_id(j / P); kvcache/page_table.h). The
-// sequence's last V tile is copied with cp.async (zeros past its keys: the rest of a page is not the
-// sequence's).
+// whose pages hold whole 128-key tiles (Tile::kGather false: K/V tiles are TMA boxes of the pool) or a
+// multiple of 16 rows (Tile::kGather: the producer warpgroup gathers them with cp.async, 16 consecutive
+// rows per thread, one page lookup each): the grid and split-KV of the cp.async kernel
+// (kvcache/split.h); key j of a sequence is row j mod P of page page_id(j / P) (kvcache/page_table.h).
+// A boxed sequence's last V tile is copied with cp.async (zeros past its keys: the rest of a page is not
+// the sequence's); gathered tiles have zeros there.
 #pragma once
+
+#include <type_traits>
 
 #include "arch/nvidia/pipeline.h"
 #include "arch/nvidia/shared_tile.h"
@@ -24,26 +27,28 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
     kvcache::Sequence seq;
   };
 
-  // The grid of the cp.async kernel, [q tiles · splits, query heads, sequences], x fastest.
+  // Packed GQA (the decode tile): the query heads of a kv head share a tile's rows.
+  __device__ static int group(const fmha_kvcache_params& p) { return p.pack_gqa != 0 ? p.nhead_q / p.nhead_k : 1; }
+  // The grid of the cp.async kernel, [q tiles · splits, query heads (packed: kv heads), sequences], x
+  // fastest.
   __device__ static int grid_x(const fmha_kvcache_params& p) {
-    return (p.max_seqlen_q + M - 1) / M * kvcache::grid_splits(p);
+    const int64_t rows = static_cast<int64_t>(p.max_seqlen_q) * group(p);
+    return static_cast<int>((rows + M - 1) / M) * kvcache::grid_splits(p);
   }
+  __device__ static int grid_heads(const fmha_kvcache_params& p) { return p.pack_gqa != 0 ? p.nhead_k : p.nhead_q; }
   __device__ static int64_t tiles(const fmha_kvcache_params& p) {
-    return static_cast<int64_t>(grid_x(p)) * p.nhead_q * p.batch;
+    return static_cast<int64_t>(grid_x(p)) * grid_heads(p) * p.batch;
   }
-  // Page pieces per tile (the launch admits pages of whole tiles, or of at least 8 rows dividing one).
-  __device__ static int pieces(const fmha_kvcache_params& p) {
-    return p.page_size >= N ? 1 : N / p.page_size;
-  }
-
   __device__ static Work work(const fmha_kvcache_params& p, int64_t t, int64_t, int64_t) {
     Work w;
     const int splits = kvcache::grid_splits(p), gx = grid_x(p);
     const int64_t rest = t / gx;
     const kvcache::GridTile slot = kvcache::grid_tile(static_cast<int>(t % gx), gx, splits, Tile::kMasked);
-    w.y = static_cast<int>(rest % p.nhead_q);
-    w.b = kvcache::sequence_at(p, static_cast<int32_t>(rest / p.nhead_q));
-    w.hk = w.y / (p.nhead_q / p.nhead_k);
+    const int heads = grid_heads(p);
+    w.y = static_cast<int>(rest % heads);
+    w.b = kvcache::sequence_at(p, static_cast<int32_t>(rest / heads));
+    w.group = group(p);
+    w.hk = p.pack_gqa != 0 ? w.y : w.y / (p.nhead_q / p.nhead_k);
     kvcache::Fault ignored = {kvcache::kNoFault, 0, 0};  // the prepare reports faults; kernels clamp
     w.seq = kvcache::resolve(p, w.b, ignored);
     w.rows.q_start = w.seq.q_start;
@@ -53,9 +58,10 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
     w.batch = p.group_mode ? 0 : w.b;
     w.seq_q_start = w.seq.q_start;
     w.i0 = slot.tile * M;
-    w.live = w.i0 < w.rows.sq;
-    w.i1 = min(w.i0 + M, w.rows.sq);
-    w.keys = key_range<N, Tile::kMasked>(p, w.rows, w.i0, w.i1 - 1);
+    const int64_t tile_rows = w.tile_rows();
+    w.live = w.i0 < tile_rows;
+    w.i1 = static_cast<int>(min(static_cast<int64_t>(w.i0 + M), tile_rows));
+    w.keys = key_range<N, Tile::kMasked>(p, w.rows, w.query_of(w.i0), w.query_of(w.i1 - 1));
     w.first = w.keys.first;
     int end = w.keys.end;
     w.split = slot.split;
@@ -75,38 +81,83 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
     return w;
   }
 
-  // This lane's page of the tile of keys j0..: pages of whole tiles, lane 0's is the tile's page;
-  // smaller pages, lane c's holds the tile's piece c (clamped to the sequence's pages). The producer
-  // asks a tile ahead, so that the table load is in flight while it waits for a stage.
-  __device__ static int64_t page_of(const fmha_kvcache_params& p, const Work& w, int64_t j0, int lane) {
-    const int64_t page = p.page_size;
-    const int64_t token = j0 + (page >= N ? 0 : lane * page);
-    return lane < pieces(p) ? kvcache::PageLookup::of(p).page_id(w.seq, token / page) : 0;
+  // The tile's Q rows from `map` into `shared`, completing on `bar`. Packed GQA: the map's boxes are
+  // `group` heads by M / group rows (encode_packed_rows_map), so that box row r is tile row r; the launch
+  // packs only where the group divides M.
+  __device__ static void load_query(const fmha_kvcache_params& p, const CUtensorMap& map, uint32_t shared,
+                                    uint32_t bar, const Work& w, int lane) {
+    const int batch = static_cast<int>(w.batch);
+    const int row = static_cast<int>(w.rows.q_start + w.query_of(w.i0));
+    if (p.pack_gqa != 0) {
+      arch::tma_load_tile<Tile::kDimQK>(shared, Tile::QLayout::kBlockBytes, map, bar, Tile::kQBytes, w.hk * w.group,
+                                        row, batch, lane);
+    } else {
+      arch::tma_load_tile<Tile::kDimQK>(shared, Tile::QLayout::kBlockBytes, map, bar, Tile::kQBytes, row, w.y, batch,
+                                        lane);
+    }
   }
 
-  // The K or V tile of keys j0.. (kCols columns, kBytes) from the pool's `map` into `shared`, completing
-  // on `bar`: pages of whole tiles are one box per 64 columns; smaller pages one per page piece, lane c
-  // issuing piece c on its page `id` (page_of). Lane 0 arms the barrier with the tile's bytes; every
-  // lane arrives.
-  template <int kCols, uint32_t kBytes>
+  // Gathered tiles: producer thread t copies the 16-byte chunk t mod kChunks of kRun consecutive rows,
+  // from row kRun · (t / kChunks), which lie in one page (the launch gathers pages of a multiple of kRun).
+  static constexpr int kRun = N * Tile::kChunks / Tile::Producer::kThreads;
+  static_assert(!Tile::kGather || (Tile::kChunksQK == Tile::kChunks && N * Tile::kChunks % Tile::Producer::kThreads == 0),
+                "gathered K and V rows of the same chunks, whole runs per thread");
+
+  // The page this lane loads from in the tile of keys j0.. (clamped to the sequence's pages): TMA, the
+  // tile's page (lane 0 issues the boxes); gathered, the page of the lane's run. The producer asks a
+  // tile ahead, so that the table load is in flight while it waits for a stage.
+  __device__ static int64_t page_of(const fmha_kvcache_params& p, const Work& w, int64_t j0, int lane) {
+    const int64_t token = Tile::kGather ? j0 + (lane / Tile::kChunks) * kRun : j0;
+    return kvcache::PageLookup::of(p).page_id(w.seq, token / p.page_size);
+  }
+
+  // The K or V (kValues) tile of keys j0.. (kCols columns, kBytes) from the pool's page `id` (page_of)
+  // into `shared`, completing on `bar`. TMA: lane 0 arms the barrier with the tile's bytes and issues one
+  // box per 64 columns from the pool's `map`, every lane arrives. Gathered: every producer thread copies
+  // its run of rows (zeros past the sequence) with cp.async as one commit group (the kernel hands the
+  // stage over once it has landed).
+  template <int kCols, uint32_t kBytes, bool kValues>
   __device__ static void load(const fmha_kvcache_params& p, const CUtensorMap& map, uint32_t shared, uint32_t bar,
                               const Work& w, int64_t j0, int lane, int64_t id) {
-    const int64_t page = p.page_size;
-    const int rows = page >= N ? N : static_cast<int>(page);
-    if (lane == 0) arch::mbarrier_arrive_expect_bytes(bar, kBytes);
-    if (lane < pieces(p)) {
-      const int64_t token = j0 + lane * rows;
-#pragma unroll
-      for (int col = 0; col < kCols; col += 64) {
-        arch::tma_load(shared + (col / 64) * Tile::KLayout::kBlockBytes + lane * rows * 128, map, bar, col,
-                       static_cast<int>(token % page), w.hk, static_cast<int>(id));
-      }
+    if constexpr (Tile::kGather) {
+      using Layout = std::conditional_t<kValues, typename Tile::VLayout, typename Tile::KLayout>;
+      gather<Layout>(p, kValues, shared, w, j0, lane, id);
+      arch::copy_async_commit();
+    } else {
+      arch::tma_load_tile<kCols>(shared, Tile::KLayout::kBlockBytes, map, bar, kBytes,
+                                 static_cast<int>(j0 % p.page_size), w.hk, static_cast<int>(id), lane);
     }
-    if (lane != 0) arch::mbarrier_arrive(bar);
   }
 
-  // A page's rows past the sequence are the pool's (never zeros).
-  __device__ static bool zeros_past_sequence(const fmha_kvcache_params&, const Work&) { return false; }
+  // Producer thread `lane`'s run of the K or V (`values`) tile of keys j0.. into `shared` (`Layout`) from
+  // page `id` with cp.async; keys from the sequence's end on are zeros.
+  template <typename Layout>
+  __device__ static void gather(const fmha_kvcache_params& p, bool values, uint32_t shared, const Work& w,
+                                int64_t j0, int lane, int64_t id) {
+    const T* pool = reinterpret_cast<const T*>(values ? p.v : p.k) + w.hk * (values ? p.v_head_stride : p.k_head_stride);
+    const int64_t page_stride = values ? p.v_batch_stride : p.k_batch_stride;
+    const int64_t row_stride = values ? p.v_row_stride : p.k_row_stride;
+    const int chunk = lane % Tile::kChunks, first = (lane / Tile::kChunks) * kRun;
+    const int column = chunk * (16 / static_cast<int>(sizeof(T)));
+    const bool column_valid = column < (values ? p.hdim_v : p.hdim_q);
+    const int valid_rows = static_cast<int>(min(w.rows.sk - j0, static_cast<int64_t>(N))) - first;
+    const T* row = pool + id * page_stride + ((j0 + first) % p.page_size) * row_stride + column;
+    // Row first + i's chunk: the run starts on a swizzle period, so its slot is the run's first one with
+    // bits 4-6 XORed by i mod 8 (Swizzle128 on absolute addresses): two instructions per copy rather
+    // than 16 offsets held across the producer's loop (which spill, and a spill's reload waits behind
+    // the copies in flight).
+    static_assert(kRun % Layout::kSwizzlePeriod == 0, "runs start on a swizzle period");
+    const uint32_t run = shared + Layout::offset(first, chunk);
+#pragma unroll
+    for (int i = 0; i < kRun; ++i, row += row_stride) {
+      const bool valid = column_valid && i < valid_rows;
+      const uint32_t slot = (run + i * Layout::kRowBytes) ^ ((i % Layout::kSwizzlePeriod) << 4);
+      arch::copy_async_16(slot, valid ? row : pool, valid);
+    }
+  }
+
+  // TMA: a page's rows past the sequence are the pool's (never zeros); gathered tiles have zeros there.
+  __device__ static bool zeros_past_sequence(const fmha_kvcache_params&, const Work&) { return Tile::kGather; }
 
   // The V tile of keys j0.. that reaches past the sequence, with zeros past it (cp.async by the warp,
   // one page lookup per row).
