@@ -72,9 +72,10 @@ impl Instance {
     /// sequence's (query row, query head) pairs of one kv head fit one tile; the warp-specialized tile
     /// loads its rows as TMA boxes of `group` heads, so the group also divides its rows, its producer
     /// takes pages of whole key tiles or of a multiple of `SM90_GATHER_PAGE_MULTIPLE` (16) tokens, and it
-    /// takes batch-mode queries only (varlen decode measured 7–10 % slower on it than on the
-    /// one-warpgroup tile, docs/perf.md 2026-11-26 10:54 UTC). Its kernel takes other calls too, through
-    /// the cp.async kernel of its shape, which is slower than the one-warpgroup tiles that take them here.
+    /// takes batch-mode queries only (varlen decode through flashinfer's wrapper read 5–10 % below the
+    /// one-warpgroup tile in two runs, within the machine's spread; not shown better, so not adopted:
+    /// docs/perf.md, 2026-11-26 10:36 UTC). Its kernel takes other calls too, through the cp.async
+    /// kernel of its shape, which is slower than the one-warpgroup tiles that take them here.
     pub fn packs(&self, group: i64, max_seqlen_q: i64, page_size: i64, mode: Mode) -> bool {
         let fits_tile = self.packed_gqa && max_seqlen_q * group <= self.m0;
         if self.pipeline != SM90_DECODE_WS_PIPELINE {
