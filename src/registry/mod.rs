@@ -508,16 +508,21 @@ fn fits(i: &Instance, request: &Request) -> bool {
         && request.hdim_v % i.hdim_multiple == 0
 }
 
+/// The instances in `all` serving `request`, smallest bucket first (in `all`'s order within one).
+fn serving_in(all: &[Instance], request: &Request) -> Vec<Instance> {
+    let mut list: Vec<Instance> = all.iter().filter(|i| fits(i, request)).copied().collect();
+    list.sort_by_key(|i| (i.hdim_q, i.hdim_v));
+    list
+}
+
 /// The smallest instance in `all` serving `request`.
 fn smallest_fit(all: &[Instance], request: &Request) -> Option<Instance> {
-    all.iter().filter(|i| fits(i, request)).min_by_key(|i| (i.hdim_q, i.hdim_v)).copied()
+    serving_in(all, request).first().copied()
 }
 
 /// Every instance serving `request` on `arch`, smallest bucket first (in the build's order within one).
 pub fn serving(arch: Arch, request: &Request) -> Vec<Instance> {
-    let mut list: Vec<Instance> = instances(arch).into_iter().filter(|i| fits(i, request)).collect();
-    list.sort_by_key(|i| (i.hdim_q, i.hdim_v));
-    list
+    serving_in(&instances(arch), request)
 }
 
 /// The smallest instance serving `request` on `arch`; none is FMHA_ERR_UNSUPPORTED naming the nearest.
@@ -613,9 +618,7 @@ mod tests {
                 packed_gqa: true,
                 ..request(Operation::KvCache, hdim, hdim)
             };
-            let mut serving: Vec<&Instance> = all.iter().filter(|i| fits(i, &request)).collect();
-            serving.sort_by_key(|i| (i.hdim_q, i.hdim_v));
-            serving
+            serving_in(&all, &request)
                 .into_iter()
                 .find(|i| i.packs(group, max_seqlen_q, page_size, Mode::Batch))
                 .map(|i| (i.m0, i.n0, i.pipeline))

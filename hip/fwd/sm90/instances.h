@@ -114,11 +114,11 @@ int32_t launch_specialized(const fmha_kvcache_params& p, hipStream_t stream, con
   using BoxedTile = SpecializedTile<T, 128, 128, 3, kMasked, 40>;
   using GatheredTile = SpecializedTile<T, 128, 128, 3, kMasked, 88, 128, true>;
   constexpr int M = BoxedTile::kBlockM, N = BoxedTile::kBlockN;
-  constexpr int kRun = SpecializedSource<fmha_kvcache_params, GatheredTile, T>::kRun;
+  using Source = SpecializedSource<fmha_kvcache_params, GatheredTile, T>;
   const int64_t page = p.page_size;
-  const int group = p.pack_gqa != 0 ? p.nhead_q / p.nhead_k : 1;
+  const int group = kvcache::packed_heads(p);
   const bool boxed = page > 0 && page % N == 0;
-  if (!(boxed || (page > 0 && page % kRun == 0)) || group < 1 || M % group != 0) return fallback();
+  if (!(boxed || (page > 0 && page % Source::kRun == 0)) || group < 1 || M % group != 0) return fallback();
   const int64_t batches = p.group_mode ? 1 : p.batch;
   ForwardMaps maps{};
   const bool query_described =
@@ -135,9 +135,7 @@ int32_t launch_specialized(const fmha_kvcache_params& p, hipStream_t stream, con
         arch::encode_rows_map(&maps.v, reinterpret_cast<const void*>(p.v), p.hdim_v, page, p.nhead_k, p.num_pages,
                               p.v_row_stride, p.v_head_stride, p.v_batch_stride, N)));
   if (!described) return fallback();
-  const int64_t rows = static_cast<int64_t>(p.max_seqlen_q) * group;
-  const int64_t tiles = (rows + M - 1) / M * kvcache::grid_splits(p) *
-                        static_cast<int64_t>(p.pack_gqa != 0 ? p.nhead_k : p.nhead_q) * p.batch;
+  const int64_t tiles = Source::tiles(p);  // (the boxed tile's grid: the same M)
   // (a grid's x is below 2^31; the launcher's CU count, as its splits use)
   const int64_t ctas = tiles > INT32_MAX ? (p.cu_count > 0 ? p.cu_count : 1) : tiles;
   return boxed ? launch_specialized_kernel<BoxedTile, T>(p, maps, ctas, stream)

@@ -52,9 +52,9 @@ struct SpecializedTile {
 
   // The producer: one warp of warpgroup 0 (the others leave), or with kGather the whole warpgroup. Its
   // first warp loads Q with TMA; K and V come as TMA boxes, or gathered by every producer thread with
-  // cp.async (TileCopy with this shape), which also copies a V tile that reaches past the sequence,
-  // writing zeros there rather than the next rows of the tensor. Each producer thread arrives on a
-  // stage's full barrier.
+  // cp.async (zeros past the sequence). A boxed V tile that reaches past the sequence is copied by the
+  // warp with cp.async instead (TileCopy with this shape), which writes zeros there rather than the
+  // next rows of the tensor. Each producer thread arrives on a stage's full barriers.
   struct Producer {
     static constexpr int kThreads = kGather_ ? 128 : 32;
     static constexpr int kChunks = SpecializedTile::kChunks;

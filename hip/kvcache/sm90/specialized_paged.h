@@ -27,16 +27,16 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
     kvcache::Sequence seq;
   };
 
-  // Packed GQA (the decode tile): the query heads of a kv head share a tile's rows.
-  __device__ static int group(const fmha_kvcache_params& p) { return p.pack_gqa != 0 ? p.nhead_q / p.nhead_k : 1; }
-  // The grid of the cp.async kernel, [q tiles · splits, query heads (packed: kv heads), sequences], x
-  // fastest.
-  __device__ static int grid_x(const fmha_kvcache_params& p) {
-    const int64_t rows = static_cast<int64_t>(p.max_seqlen_q) * group(p);
+  // The grid of the cp.async kernel, [q tiles · splits, query heads (packed GQA, the decode tile: kv
+  // heads, whose query heads share a tile's rows), sequences], x fastest; the launch sizes its grid by it.
+  FMHA_HOST_DEVICE static int grid_x(const fmha_kvcache_params& p) {
+    const int64_t rows = static_cast<int64_t>(p.max_seqlen_q) * kvcache::packed_heads(p);
     return static_cast<int>((rows + M - 1) / M) * kvcache::grid_splits(p);
   }
-  __device__ static int grid_heads(const fmha_kvcache_params& p) { return p.pack_gqa != 0 ? p.nhead_k : p.nhead_q; }
-  __device__ static int64_t tiles(const fmha_kvcache_params& p) {
+  FMHA_HOST_DEVICE static int grid_heads(const fmha_kvcache_params& p) {
+    return p.pack_gqa != 0 ? p.nhead_k : p.nhead_q;
+  }
+  FMHA_HOST_DEVICE static int64_t tiles(const fmha_kvcache_params& p) {
     return static_cast<int64_t>(grid_x(p)) * grid_heads(p) * p.batch;
   }
   __device__ static Work work(const fmha_kvcache_params& p, int64_t t, int64_t, int64_t) {
@@ -47,7 +47,7 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
     const int heads = grid_heads(p);
     w.y = static_cast<int>(rest % heads);
     w.b = kvcache::sequence_at(p, static_cast<int32_t>(rest / heads));
-    w.group = group(p);
+    w.group = kvcache::packed_heads(p);
     w.hk = p.pack_gqa != 0 ? w.y : w.y / (p.nhead_q / p.nhead_k);
     kvcache::Fault ignored = {kvcache::kNoFault, 0, 0};  // the prepare reports faults; kernels clamp
     w.seq = kvcache::resolve(p, w.b, ignored);
