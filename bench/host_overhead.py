@@ -85,11 +85,16 @@ def c_abi_forward(q, k, v, out, lse):
     def tensor(t):  # [b, s, h, d] as fmha's [batch][head][row][col]
         return L.fmha_tensor(t.data_ptr(), t.stride(0), t.stride(2), t.stride(1))
 
+    # The scheduler workspace the Python binding passes (fmha_fwd_args.workspace): made once.
+    size = ctypes.c_size_t()
+    L.call("fmha_fwd_workspace_size", ctypes.byref(traits), ctypes.byref(size))
+    workspace = torch.empty(max(size.value, 1), dtype=torch.uint8, device=q.device)
     args = L.fmha_fwd_args(
         q=tensor(q), k=tensor(k), v=tensor(v), o=tensor(out),
         lse=L.fmha_tensor(lse.data_ptr(), lse.stride(0), lse.stride(1), lse.stride(2)),
         batch=B, seqlen_q=S, seqlen_k=S, max_seqlen_q=S, max_seqlen_k=S, nhead_q=H, nhead_k=H,
         scale=0.0, window_size_left=-1, window_size_right=0,
+        workspace=workspace.data_ptr(), workspace_size=workspace.numel(),
     )
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream or None)
     traits_ref, args_ref, fwd = ctypes.byref(traits), ctypes.byref(args), lib.fmha_fwd
@@ -99,6 +104,7 @@ def c_abi_forward(q, k, v, out, lse):
         if status != L.OK:
             raise L.FmhaError(status, L.last_error_message(), "fmha_fwd")
 
+    call.keep = (workspace, traits, args)  # alive as long as the closure
     return call
 
 

@@ -56,6 +56,11 @@ fn main() {
                     has_dropout: 0,
                     o_dtype: 0,
                 };
+                // The scheduler workspace the Python binding passes on a GPU (the persistent grid).
+                let mut workspace_size = 0;
+                check(fmha_fwd_workspace_size(&traits, &mut workspace_size), "fmha_fwd_workspace_size");
+                let mut workspace = std::ptr::null_mut();
+                check(fmha_device_malloc(&mut workspace, workspace_size), "malloc");
                 let args = fmha_fwd_args {
                     struct_size: std::mem::size_of::<fmha_fwd_args>(),
                     q: tensor(buffers[0]),
@@ -85,6 +90,8 @@ fn main() {
                     q_descale: fmha_scale::default(),
                     k_descale: fmha_scale::default(),
                     v_descale: fmha_scale::default(),
+                    workspace,
+                    workspace_size,
                 };
                 let (start, end) = (rt.event_create().unwrap(), rt.event_create().unwrap());
                 for _ in 0..5 {
@@ -104,6 +111,7 @@ fn main() {
                 println!("| {dim} | {seq} | {causal} | {ms:.3} | {:.0} |", flops / (ms * 1e-3) / 1e12);
                 rt.event_destroy(start).unwrap();
                 rt.event_destroy(end).unwrap();
+                check(fmha_device_free(workspace), "free");
             }
             for b in buffers {
                 check(fmha_device_free(b), "free");

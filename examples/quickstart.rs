@@ -187,6 +187,8 @@ fn main() {
         q_descale: fmha_scale::default(),
         k_descale: fmha_scale::default(),
         v_descale: fmha_scale::default(),
+        workspace: null_mut(),
+        workspace_size: 0,
     };
     check(fmha_fwd(&fwd_traits, &fwd_args, stream), "fmha_fwd");
 

@@ -130,6 +130,10 @@ typedef struct fmha_fwd_params {
   struct fmha_descale_params q_descale;
   struct fmha_descale_params k_descale;
   struct fmha_descale_params v_descale;
+  // Device address of the scheduler workspace's tile counter (int32), 0 when the call has no
+  // workspace: the sm_90a launch zeroes it on the stream and runs a persistent grid that takes tiles
+  // from it.
+  uint64_t tile_counter;
 } fmha_fwd_params;
 
 // The kv-cache kernels' parameters (the forward and the prepare). The q/o/lse fields are named as

@@ -40,7 +40,7 @@ static_assert(offsetof(fmha_prepare_args, workspace) == 0, "fmha_prepare_args.wo
 static_assert(offsetof(fmha_prepare_args, seqstart_q) == 8, "fmha_prepare_args.seqstart_q: offset differs from Rust's");
 static_assert(offsetof(fmha_prepare_args, seqstart_k) == 16, "fmha_prepare_args.seqstart_k: offset differs from Rust's");
 static_assert(offsetof(fmha_prepare_args, params) == 24, "fmha_prepare_args.params: offset differs from Rust's");
-static_assert(sizeof(fmha_fwd_params) == 344, "fmha_fwd_params: size differs from Rust's");
+static_assert(sizeof(fmha_fwd_params) == 352, "fmha_fwd_params: size differs from Rust's");
 static_assert(offsetof(fmha_fwd_params, q) == 0, "fmha_fwd_params.q: offset differs from Rust's");
 static_assert(offsetof(fmha_fwd_params, k) == 8, "fmha_fwd_params.k: offset differs from Rust's");
 static_assert(offsetof(fmha_fwd_params, v) == 16, "fmha_fwd_params.v: offset differs from Rust's");
@@ -83,6 +83,7 @@ static_assert(offsetof(fmha_fwd_params, masked) == 244, "fmha_fwd_params.masked:
 static_assert(offsetof(fmha_fwd_params, q_descale) == 248, "fmha_fwd_params.q_descale: offset differs from Rust's");
 static_assert(offsetof(fmha_fwd_params, k_descale) == 280, "fmha_fwd_params.k_descale: offset differs from Rust's");
 static_assert(offsetof(fmha_fwd_params, v_descale) == 312, "fmha_fwd_params.v_descale: offset differs from Rust's");
+static_assert(offsetof(fmha_fwd_params, tile_counter) == 344, "fmha_fwd_params.tile_counter: offset differs from Rust's");
 static_assert(sizeof(fmha_bwd_params) == 512, "fmha_bwd_params: size differs from Rust's");
 static_assert(offsetof(fmha_bwd_params, q) == 0, "fmha_bwd_params.q: offset differs from Rust's");
 static_assert(offsetof(fmha_bwd_params, k) == 8, "fmha_bwd_params.k: offset differs from Rust's");

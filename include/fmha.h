@@ -226,6 +226,17 @@ typedef struct fmha_fwd_args {
   struct fmha_scale q_descale;
   struct fmha_scale k_descale;
   struct fmha_scale v_descale;
+  // Added in 0.3: an optional scheduler workspace, `fmha_fwd_workspace_size` bytes of device memory
+  // (16-byte aligned); NULL: none. With it, sm_90a calls whose tiles differ in cost (masked ones) run a
+  // persistent grid that takes tiles from a counter in it (the call zeroes it on `stream` first, so its
+  // contents on entry do not matter); without it, one CTA per tile. Like any buffer it serves one call
+  // at a time: calls that may overlap in time (on other streams, from other threads even on one
+  // stream, graphs replayed concurrently) need their own. It may share no byte with the tensors or
+  // the descales. The host backend checks it and does not use it.
+  void *workspace;
+  // Added in 0.3: the bytes at `workspace` (ignored when it is NULL); at least
+  // `fmha_fwd_workspace_size`.
+  size_t workspace_size;
 } fmha_fwd_args;
 
 // A stream: `cudaStream_t` / `hipStream_t` on GPU builds (so framework streams can be passed in),
@@ -510,6 +521,14 @@ extern "C" {
 fmha_status fmha_fwd(const struct fmha_fwd_traits *traits,
                      const struct fmha_fwd_args *args,
                      fmha_stream_t stream);
+
+// Writes into `*bytes` the size of the scheduler workspace `fmha_fwd_args.workspace` that a forward
+// with `traits` takes (16 bytes today, on every backend; ask rather than assume it). The traits are
+// validated as `fmha_fwd` validates them (the same status and message); nothing else is read, and no
+// device is needed. A workspace serves any number of forward calls, one at a time (see
+// `fmha_fwd_args.workspace`).
+fmha_status fmha_fwd_workspace_size(const struct fmha_fwd_traits *traits,
+                                    size_t *bytes);
 
 // Writes the kernel instances of this build for the current device as a JSON array into `buffer`
 // (NUL-terminated, truncated to `length - 1` bytes) and the full length (without NUL) into

@@ -147,6 +147,106 @@ fn forward_rejects_bad_inputs() {
     assert_eq!(g.forward(&group), FMHA_OK, "{}", last_error());
 }
 
+/// The forward's optional scheduler workspace (`fmha_fwd_args.workspace`): `fmha_fwd_workspace_size`
+/// says 16 bytes; a workspace that is too small, misaligned or shares bytes with a tensor is refused
+/// (nothing queued); NULL is none whatever `workspace_size` says; a valid one, whatever its contents,
+/// gives the bits the call without it gives (on sm_90a it switches masked and varlen calls to the
+/// persistent grid).
+#[test]
+fn forward_scheduler_workspace_is_checked_and_changes_no_result() {
+    let mut rng = Rng::fresh();
+    for group in [false, true] {
+        let case = small_case(group);
+        let b = buffers(&case, &mut rng);
+        let traits = Buffers::fwd_traits(&case);
+        let args = b.fwd_args(&case);
+        let run = |a: fmha_fwd_args| fmha_fwd(&traits, &a, null_mut());
+        let mut bytes = 0;
+        ok(fmha_fwd_workspace_size(&traits, &mut bytes));
+        assert_eq!(bytes, 16);
+        // 64 bytes: room for a misaligned start and for a larger-than-needed workspace.
+        let mut base = null_mut();
+        ok(fmha_device_malloc(&mut base, 64));
+        ok(fmha_memset(base, 0xFF, 64)); // contents on entry do not matter
+        let at = |offset: usize| (base as usize + offset) as *mut c_void;
+        let with = |workspace: *mut c_void, workspace_size: usize| fmha_fwd_args { workspace, workspace_size, ..args };
+
+        expect_error(run(with(base, 8)), FMHA_ERR_WORKSPACE_TOO_SMALL, &["workspace_size", "8", "16"]);
+        expect_error(run(with(base, 0)), FMHA_ERR_WORKSPACE_TOO_SMALL, &["workspace_size", "0"]);
+        expect_error(run(with(base, 15)), FMHA_ERR_WORKSPACE_TOO_SMALL, &["workspace_size"]);
+        for offset in [4, 8, 1] {
+            expect_error(run(with(at(offset), 32)), FMHA_ERR_INVALID_ARGUMENT, &["workspace", "aligned"]);
+        }
+        // Written by the call: it may share no byte with an output or an input.
+        expect_error(run(with(args.o.data, 16)), FMHA_ERR_INVALID_ARGUMENT, &["workspace", "the output o"]);
+        expect_error(run(with(args.lse.data, 16)), FMHA_ERR_INVALID_ARGUMENT, &["workspace", "the output lse"]);
+        let o_bytes = b.o.elements * b.o.element_bytes;
+        let o_tail = ((args.o.data as usize + o_bytes - 16) & !15) as *mut c_void;
+        expect_error(run(with(o_tail, 16)), FMHA_ERR_INVALID_ARGUMENT, &["workspace", "the output o"]);
+        expect_error(run(with(args.q.data, 16)), FMHA_ERR_INVALID_ARGUMENT, &["workspace", "the input q"]);
+        expect_error(run(with(args.v.data, 64)), FMHA_ERR_INVALID_ARGUMENT, &["workspace", "the input v"]);
+        // None of the refused calls queued anything.
+        ok(fmha_stream_synchronize(null_mut()));
+
+        // Without a workspace, then NULL with sizes that would be wrong for a real one, then valid
+        // workspaces (exact size, larger, reused, poisoned in between): the same bits.
+        assert_eq!(b.forward(&case), FMHA_OK, "{}", last_error());
+        let expected = (b.o.download(), b.lse.download());
+        for (workspace, size) in [(null_mut(), 0), (null_mut(), 1), (null_mut(), usize::MAX), (base, 16), (base, 64)] {
+            for _ in 0..2 {
+                assert_eq!(b.forward_with(&case, &with(workspace, size)), FMHA_OK, "{}", last_error());
+                assert!((b.o.download(), b.lse.download()) == expected, "workspace {workspace:?}/{size}: other bits");
+                ok(fmha_memset(base, 0xA5, 64));
+            }
+        }
+        // The struct of the previous version (336 bytes, before the workspace): the fields past it are not
+        // read (here they would be refused).
+        let previous = fmha_fwd_args { struct_size: 336, ..with(at(4), 1) };
+        assert_eq!(b.forward_with(&case, &previous), FMHA_OK, "{}", last_error());
+        assert!((b.o.download(), b.lse.download()) == expected, "336-byte struct: other bits");
+        // The plan validates the workspace as the call does.
+        let mut required = 0;
+        let plan = |a: fmha_fwd_args, r: &mut usize| fmha_fwd_plan_json(&traits, &a, null_mut(), 0, r);
+        expect_error(plan(with(base, 8), &mut required), FMHA_ERR_WORKSPACE_TOO_SMALL, &["workspace_size"]);
+        ok(plan(with(base, 16), &mut required));
+        ok(fmha_device_free(base));
+    }
+}
+
+#[test]
+fn forward_workspace_size_checks_the_traits() {
+    let case = small_case(false);
+    let traits = Buffers::fwd_traits(&case);
+    let mut bytes = 0usize;
+    expect_error(fmha_fwd_workspace_size(null(), &mut bytes), FMHA_ERR_NULL_POINTER, &["traits"]);
+    expect_error(fmha_fwd_workspace_size(&traits, null_mut()), FMHA_ERR_NULL_POINTER, &["bytes"]);
+    for (bad, status, needles) in [
+        (fmha_fwd_traits { struct_size: 4, ..traits }, FMHA_ERR_INVALID_ARGUMENT, &["traits", "struct_size"][..]),
+        (fmha_fwd_traits { dtype: 7, ..traits }, FMHA_ERR_INVALID_ARGUMENT, &["dtype", "7"]),
+        (fmha_fwd_traits { hdim_q: 0, ..traits }, FMHA_ERR_INVALID_ARGUMENT, &["hdim_q"]),
+        (fmha_fwd_traits { hdim_v: 300, ..traits }, FMHA_ERR_INVALID_ARGUMENT, &["hdim_v", "300"]),
+        (fmha_fwd_traits { is_group_mode: 2, ..traits }, FMHA_ERR_INVALID_ARGUMENT, &["is_group_mode"]),
+        (fmha_fwd_traits { mask_type: 9, ..traits }, FMHA_ERR_INVALID_ARGUMENT, &["mask_type"]),
+        (fmha_fwd_traits { mask_type: 3, ..traits }, FMHA_ERR_UNSUPPORTED, &["generic"]),
+        (fmha_fwd_traits { bias_type: FMHA_BIAS_ALIBI, ..traits }, FMHA_ERR_UNSUPPORTED, &["bias_type"]),
+        (fmha_fwd_traits { bias_type: 5, ..traits }, FMHA_ERR_INVALID_ARGUMENT, &["bias_type"]),
+        (fmha_fwd_traits { has_dropout: 1, ..traits }, FMHA_ERR_UNSUPPORTED, &["dropout"]),
+        (fmha_fwd_traits { has_dropout: 2, ..traits }, FMHA_ERR_INVALID_ARGUMENT, &["has_dropout"]),
+    ] {
+        bytes = 12345;
+        expect_error(fmha_fwd_workspace_size(&bad, &mut bytes), status, needles);
+        assert_eq!(bytes, 12345, "written on failure");
+    }
+    for dtype in [FMHA_DTYPE_FP16, FMHA_DTYPE_BF16, FMHA_DTYPE_FP8_E4M3FN] {
+        for (mask_type, group) in [(FMHA_MASK_NONE, 0), (FMHA_MASK_TOP_LEFT, 1), (FMHA_MASK_BOTTOM_RIGHT, 0)] {
+            let t = fmha_fwd_traits { dtype, mask_type, is_group_mode: group, o_dtype: FMHA_DTYPE_BF16, ..traits };
+            bytes = 0;
+            ok(fmha_fwd_workspace_size(&t, &mut bytes));
+            assert_eq!(bytes, 16);
+        }
+    }
+}
+
 #[test]
 fn backward_launcher_rejects_bad_inputs() {
     let mut rng = Rng::fresh();

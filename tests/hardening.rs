@@ -299,8 +299,16 @@ fn struct_size_is_read_first_and_nothing_past_it() {
     let g0 = GuardedBytes::new(240);
     ok(fmha_fwd(g2.place(&fwd_traits, 40), g0.place(&fmha_fwd_args { struct_size: 240, ..fwd_args }, 240), null_mut()));
     ok(fmha_stream_synchronize(null_mut()));
+    // A caller of the struct with the fp8 descales (336 bytes, before the scheduler workspace), whose
+    // struct ends at the guard page.
+    let previous = 336;
+    assert!(previous < fwd_size);
+    let g336 = GuardedBytes::new(previous);
+    let a336 = fmha_fwd_args { struct_size: previous, ..fwd_args };
+    ok(fmha_fwd(g2.place(&fwd_traits, 40), g336.place(&a336, previous), null_mut()));
+    ok(fmha_stream_synchronize(null_mut()));
     // Sizes between the versions end inside a field: no header's struct, refused.
-    for size in [248, fwd_size - 8, fwd_size - 1] {
+    for size in [248, previous - 8, previous + 8, fwd_size - 8, fwd_size - 1] {
         let g = GuardedBytes::new(size);
         let a = fmha_fwd_args { struct_size: size, ..fwd_args };
         expect_error(fmha_fwd(g2.place(&fwd_traits, 40), g.place(&a, size), null_mut()), 1, &["args", "struct_size"]);
@@ -404,6 +412,9 @@ fn stale_handles_and_overlapping_outputs_are_refused() {
     expect_error(run(fmha_bwd_args { dv: fmha_tensor { head_stride: 0, ..args.dv }, ..args }), 1, &["dv"]);
     let (traits, fargs) = (Buffers::fwd_traits(&case), fwd.fwd_args(&case));
     expect_error(fmha_fwd(&traits, &fmha_fwd_args { o: fargs.q, ..fargs }, null_mut()), 1, &["o", "q"]);
+    // The forward's scheduler workspace is written too (its counter is zeroed by the call).
+    let in_o = fmha_fwd_args { workspace: fargs.o.data, workspace_size: 16, ..fargs };
+    expect_error(fmha_fwd(&traits, &in_o, null_mut()), 1, &["workspace", "the output o"]);
     // Nothing was queued by the refused calls; the arguments as they were still work.
     bwd.poison(&case);
     ok(run(args));
@@ -490,6 +501,8 @@ fn huge_varlen_bounds_do_not_size_the_work() {
         q_descale: fmha_scale::default(),
         k_descale: fmha_scale::default(),
         v_descale: fmha_scale::default(),
+        workspace: null_mut(),
+        workspace_size: 0,
     };
     let started = Instant::now();
     let status = fmha_fwd(&Buffers::fwd_traits(&empty), &args, stream);

@@ -110,6 +110,7 @@ fn layouts() -> Vec<Layout> {
                 q_descale,
                 k_descale,
                 v_descale,
+                tile_counter,
             ]
         ),
         layout!(

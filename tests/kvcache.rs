@@ -1002,6 +1002,8 @@ fn paged_equals_dense(input: Input) {
                 q_descale,
                 k_descale,
                 v_descale,
+                workspace: null_mut(),
+                workspace_size: 0,
             };
             ok(fmha_fwd(&traits, &args, null_mut()));
         }

@@ -188,6 +188,8 @@ class fmha_fwd_args(_Extensible):
         ("q_descale", fmha_scale),
         ("k_descale", fmha_scale),
         ("v_descale", fmha_scale),
+        ("workspace", c_void_p),  # the scheduler workspace (fmha_fwd_workspace_size bytes); NULL: none
+        ("workspace_size", c_size_t),
     ]
 
 
@@ -346,7 +348,7 @@ class fmha_merge_args(_Extensible):
 _EXPECTED_SIZES = {
     fmha_tensor: 32,
     fmha_fwd_traits: 40,
-    fmha_fwd_args: 336,
+    fmha_fwd_args: 352,
     fmha_bwd_traits: 80,
     fmha_bwd_args: 424,
     fmha_pinned_allocator: 32,
@@ -363,6 +365,7 @@ _stream_t = c_void_p
 
 _PROTOTYPES = {
     "fmha_fwd": (c_int32, [POINTER(fmha_fwd_traits), POINTER(fmha_fwd_args), _stream_t]),
+    "fmha_fwd_workspace_size": (c_int32, [POINTER(fmha_fwd_traits), POINTER(c_size_t)]),
     "fmha_registry_json": (c_int32, [c_char_p, c_size_t, POINTER(c_size_t)]),
     "fmha_bwd_launcher_create": (c_int32, [POINTER(fmha_bwd_traits), POINTER(_launcher_p)]),
     "fmha_bwd_launcher_destroy": (c_int32, [_launcher_p]),

@@ -335,6 +335,53 @@ _fwd_templates = _Templates()
 _bwd_templates = _Templates()
 
 
+# --- the forward's scheduler workspace --------------------------------------------------------------
+#
+# fmha_fwd_args.workspace: fmha_fwd_workspace_size bytes (16) of device memory that the sm_90a forward
+# takes tiles from (a counter the call zeroes on its stream), so that masked calls run a
+# persistent grid. A workspace serves one call at a time. Eager calls share one per (stream, device,
+# thread), cached for the life of the process: calls on one stream run in stream order, calls on other
+# streams get their own, and so do other threads (a call enqueues the zeroing and the kernel separately,
+# so two threads' calls on one stream could interleave them). Each is allocated on the stream it serves,
+# so the caching allocator never hands its memory to another stream. A call costs the capture query and
+# one dict lookup (about 0.5 µs on an H200 host).
+
+_fwd_workspaces = {}  # (stream handle, device index, thread id) → (address, bytes, tensor)
+_NO_WORKSPACE = (None, 0, None)
+# The current stream's capture status without the public wrapper's Python frame (where this PyTorch has it).
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
+_thread_id = threading.get_ident
+
+
+def _new_fwd_workspace(traits, device):
+    size = c_size_t()
+    L.call("fmha_fwd_workspace_size", byref(traits), byref(size))
+    t = torch.empty(max(size.value, 1), dtype=torch.uint8, device=device)
+    return t.data_ptr(), t.numel(), t
+
+
+def _fwd_workspace(traits, device, stream):
+    """``(address, bytes, tensor)`` of the scheduler workspace for a forward on ``stream`` of ``device`` (the
+    current device) from this thread; ``(None, 0, None)`` (NULL) on the host backend. The caller holds the
+    tensor until the call has returned (while a graph is captured, nothing else does)."""
+    if device is None or device.type != "cuda":
+        return _NO_WORKSPACE
+    if _capturing():
+        # A CUDA graph gets a workspace of its own for each captured call: two graphs captured on one
+        # stream (torch.cuda.graph captures on one side stream) may be replayed concurrently, on other
+        # streams, where a shared counter would hand one replay's tiles to the other, and the eager cache's
+        # workspace may be in use by eager calls while a graph replays. Allocated during the capture, it
+        # comes from the graph's private pool, which the graph keeps for its replays; the caller drops the
+        # tensor after the call, and the pool may give the bytes to a later allocation of the same capture,
+        # which runs after this call in stream order, as any temporary's.
+        return _new_fwd_workspace(traits, device)
+    key = (stream, device.index, _thread_id())
+    entry = _fwd_workspaces.get(key)
+    if entry is None:
+        entry = _fwd_workspaces[key] = _new_fwd_workspace(traits, device)
+    return entry
+
+
 # --- forward -----------------------------------------------------------------------------------------
 
 
@@ -435,7 +482,9 @@ def _forward(
         **descales,
     )
     with _device_guard(device):
-        L.call("fmha_fwd", byref(traits), byref(args), _stream_handle(device))
+        stream = _stream_handle(device)
+        args.workspace, args.workspace_size, keep = _fwd_workspace(traits, device, stream)  # noqa: F841 (held)
+        L.call("fmha_fwd", byref(traits), byref(args), stream)
         _finish(device)
     # A template serves calls whose inputs need no copy (the copies' strides are not the caller's) and
     # whose outputs fmha allocates.
@@ -455,7 +504,9 @@ def _fwd_from_template(template, q, k, v, cu_seqlens_q, cu_seqlens_k):
     args.o.data, args.lse.data = out.data_ptr(), lse.data_ptr()
     args.seqstart_q, args.seqstart_k = _ptr(cu_seqlens_q), _ptr(cu_seqlens_k)
     with _device_guard(device):
-        L.call("fmha_fwd", byref(traits), byref(args), _stream_handle(device))
+        stream = _stream_handle(device)
+        args.workspace, args.workspace_size, keep = _fwd_workspace(traits, device, stream)  # noqa: F841 (held)
+        L.call("fmha_fwd", byref(traits), byref(args), stream)
         _finish(device)
     return out, lse
 

@@ -1,6 +1,6 @@
 //! Types shared by the forward and backward C APIs, and the forward entry point.
 
-use super::{boundary, flag, fmha_status, read_extensible, Extensible};
+use super::{boundary, flag, fmha_status, read_extensible, write_out, Extensible};
 use crate::abi_values::FMHA_DTYPE_FP32;
 use crate::error::{Error, Result};
 use crate::fwd::{FwdArgs, FwdTraits};
@@ -158,12 +158,24 @@ pub struct fmha_fwd_args {
     pub q_descale: fmha_scale,
     pub k_descale: fmha_scale,
     pub v_descale: fmha_scale,
+    /// Added in 0.3: an optional scheduler workspace, `fmha_fwd_workspace_size` bytes of device memory
+    /// (16-byte aligned); NULL: none. With it, sm_90a calls whose tiles differ in cost (masked ones) run a
+    /// persistent grid that takes tiles from a counter in it (the call zeroes it on `stream` first, so its
+    /// contents on entry do not matter); without it, one CTA per tile. Like any buffer it serves one call
+    /// at a time: calls that may overlap in time (on other streams, from other threads even on one
+    /// stream, graphs replayed concurrently) need their own. It may share no byte with the tensors or
+    /// the descales. The host backend checks it and does not use it.
+    pub workspace: *mut c_void,
+    /// Added in 0.3: the bytes at `workspace` (ignored when it is NULL); at least
+    /// `fmha_fwd_workspace_size`.
+    pub workspace_size: usize,
 }
 
 // SAFETY: repr(C), begins with `struct_size`, every field is an integer, a float or a raw pointer.
 unsafe impl Extensible for fmha_fwd_args {
-    /// The struct of 0.1 and 0.2, up to `window_size_right` (before the fp8 descales).
-    const EARLIER_VERSION_SIZES: &'static [usize] = &[240];
+    /// The struct of 0.1 and 0.2, up to `window_size_right` (before the fp8 descales); the struct with
+    /// the fp8 descales, up to `v_descale` (before the scheduler workspace).
+    const EARLIER_VERSION_SIZES: &'static [usize] = &[240, 336];
 }
 
 pub(crate) fn mask_type(value: i32) -> Result<MaskType> {
@@ -211,6 +223,8 @@ impl fmha_fwd_args {
             q_descale: self.q_descale.to_descale(),
             k_descale: self.k_descale.to_descale(),
             v_descale: self.v_descale.to_descale(),
+            workspace: DevicePtr::new(self.workspace as usize),
+            workspace_size: self.workspace_size,
         })
     }
 }
@@ -227,6 +241,19 @@ pub extern "C" fn fmha_fwd(
         let traits = read_extensible(traits, "traits")?.to_traits()?;
         let args = read_extensible(args, "args")?.to_args()?;
         crate::fwd::run(&traits, &args, Stream(stream as usize))
+    })
+}
+
+/// Writes into `*bytes` the size of the scheduler workspace `fmha_fwd_args.workspace` that a forward
+/// with `traits` takes (16 bytes today, on every backend; ask rather than assume it). The traits are
+/// validated as `fmha_fwd` validates them (the same status and message); nothing else is read, and no
+/// device is needed. A workspace serves any number of forward calls, one at a time (see
+/// `fmha_fwd_args.workspace`).
+#[no_mangle]
+pub extern "C" fn fmha_fwd_workspace_size(traits: *const fmha_fwd_traits, bytes: *mut usize) -> fmha_status {
+    boundary(|| {
+        let traits = read_extensible(traits, "traits")?.to_traits()?;
+        write_out(bytes, "bytes", crate::fwd::workspace_size(&traits)?)
     })
 }
 
@@ -265,4 +292,85 @@ pub extern "C" fn fmha_fwd_plan_json(
         let args = read_extensible(args, "args")?.to_args()?;
         super::write_json(&crate::fwd::plan(&traits, &args)?.to_json(), buffer, length, required)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::last_error;
+    use crate::ffi::status::{FMHA_ERR_NO_DEVICE, FMHA_ERR_NULL_POINTER, FMHA_OK};
+    use std::ptr::{null, null_mut};
+
+    fn traits() -> fmha_fwd_traits {
+        fmha_fwd_traits {
+            struct_size: std::mem::size_of::<fmha_fwd_traits>(),
+            dtype: FMHA_DTYPE_BF16,
+            hdim_q: 128,
+            hdim_v: 128,
+            is_group_mode: 0,
+            mask_type: FMHA_MASK_NONE,
+            bias_type: FMHA_BIAS_NONE,
+            has_dropout: 0,
+            o_dtype: 0,
+        }
+    }
+
+    #[test]
+    fn workspace_size_is_the_constant_for_every_valid_traits() {
+        assert_eq!(crate::fwd::FWD_WORKSPACE_BYTES, 16);
+        for (dtype, o_dtype) in [(FMHA_DTYPE_FP16, 0), (FMHA_DTYPE_BF16, 0), (FMHA_DTYPE_FP8_E4M3FN, FMHA_DTYPE_BF16)] {
+            for (hdim_q, hdim_v) in [(1, 1), (64, 64), (128, 128), (192, 128), (256, 256)] {
+                for (mask_type, is_group_mode) in
+                    [(FMHA_MASK_NONE, 0), (FMHA_MASK_TOP_LEFT, 1), (FMHA_MASK_BOTTOM_RIGHT, 1)]
+                {
+                    let t = fmha_fwd_traits { dtype, o_dtype, hdim_q, hdim_v, mask_type, is_group_mode, ..traits() };
+                    let mut bytes = 0;
+                    assert_eq!(fmha_fwd_workspace_size(&t, &mut bytes), FMHA_OK, "{t:?}: {}", last_error());
+                    assert_eq!(bytes, crate::fwd::FWD_WORKSPACE_BYTES);
+                }
+            }
+        }
+    }
+
+    /// Null pointers are named; bad traits get the status and message `fmha_fwd` gives them, and
+    /// nothing is written.
+    #[test]
+    fn workspace_size_refuses_the_traits_fmha_fwd_refuses() {
+        let mut bytes = 7;
+        assert_eq!(fmha_fwd_workspace_size(null(), &mut bytes), FMHA_ERR_NULL_POINTER);
+        assert!(last_error().starts_with("traits"), "{}", last_error());
+        assert_eq!(fmha_fwd_workspace_size(&traits(), null_mut()), FMHA_ERR_NULL_POINTER);
+        assert!(last_error().starts_with("bytes"), "{}", last_error());
+        assert_eq!(bytes, 7);
+        // Arguments that are never reached: each call stops at the traits.
+        // SAFETY: all-zero bytes are a valid fmha_fwd_args (integers, floats, raw pointers).
+        let args = fmha_fwd_args { struct_size: std::mem::size_of::<fmha_fwd_args>(), ..unsafe { std::mem::zeroed() } };
+        let t = traits();
+        for bad in [
+            fmha_fwd_traits { struct_size: 8, ..t },
+            fmha_fwd_traits { dtype: 7, ..t },
+            fmha_fwd_traits { dtype: crate::abi_values::FMHA_DTYPE_FP32, ..t },
+            fmha_fwd_traits { dtype: FMHA_DTYPE_FP8_E4M3FN, o_dtype: FMHA_DTYPE_FP16, ..t },
+            fmha_fwd_traits { dtype: FMHA_DTYPE_FP8_E4M3FN, o_dtype: crate::abi_values::FMHA_DTYPE_FP32, ..t },
+            fmha_fwd_traits { hdim_q: 0, ..t },
+            fmha_fwd_traits { hdim_v: 257, ..t },
+            fmha_fwd_traits { is_group_mode: -1, ..t },
+            fmha_fwd_traits { mask_type: 3, ..t },
+            fmha_fwd_traits { mask_type: 4, ..t },
+            fmha_fwd_traits { bias_type: FMHA_BIAS_ALIBI, ..t },
+            fmha_fwd_traits { bias_type: FMHA_BIAS_ELEMENTWISE, ..t },
+            fmha_fwd_traits { bias_type: -1, ..t },
+            fmha_fwd_traits { has_dropout: 1, ..t },
+            fmha_fwd_traits { has_dropout: 2, ..t },
+        ] {
+            let status = fmha_fwd_workspace_size(&bad, &mut bytes);
+            let message = last_error();
+            assert_ne!(status, FMHA_OK, "{bad:?}");
+            assert_eq!(bytes, 7, "{bad:?}: written on failure");
+            let fwd_status = fmha_fwd(&bad, &args, null_mut());
+            if fwd_status != FMHA_ERR_NO_DEVICE {
+                assert_eq!((status, message), (fwd_status, last_error()), "{bad:?}");
+            }
+        }
+    }
 }

@@ -1,6 +1,6 @@
 //! Runs the forward on a stream.
 
-use super::{FwdArgs, FwdTraits};
+use super::{FwdArgs, FwdTraits, FWD_WORKSPACE_BYTES};
 use crate::error::Result;
 use crate::registry::{Operation, Plan, Stage};
 use crate::runtime::{self, Stream};
@@ -18,4 +18,11 @@ pub fn plan(traits: &FwdTraits, args: &FwdArgs) -> Result<Plan> {
     let arch = runtime::current()?.arch()?;
     let kargs = args.validate(traits, arch)?;
     Ok(Plan { operation: Operation::Forward, arch, stages: vec![Stage::instance("fwd", kargs.instance)] })
+}
+
+/// Bytes of the scheduler workspace (`FwdArgs::workspace`) a forward with `traits` takes: the traits
+/// are validated as [`run`] validates them; the size is the same on every backend and device.
+pub fn workspace_size(traits: &FwdTraits) -> Result<usize> {
+    traits.validate()?;
+    Ok(FWD_WORKSPACE_BYTES)
 }

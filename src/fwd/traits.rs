@@ -1,7 +1,8 @@
 //! The forward dispatch key.
 
+use crate::error::{ensure, Result};
 use crate::problem::mask::MaskType;
-use crate::problem::{BiasType, CacheDtype, Mode};
+use crate::problem::{require_no_dropout, BiasType, CacheDtype, Mode, MAX_HEAD_DIM};
 
 /// What selects the forward kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,4 +15,17 @@ pub struct FwdTraits {
     pub mask_type: MaskType,
     pub bias_type: BiasType,
     pub has_dropout: bool,
+}
+
+impl FwdTraits {
+    /// What the forward checks of the traits alone, before any argument (the FFI checked the enum
+    /// values and flags): no bias, no dropout, head dims in range.
+    pub fn validate(&self) -> Result<()> {
+        self.bias_type.require_none()?;
+        require_no_dropout(self.has_dropout)?;
+        for (name, d) in [("hdim_q", self.hdim_q), ("hdim_v", self.hdim_v)] {
+            ensure((1..=MAX_HEAD_DIM).contains(&d), name, || format!("{d} is outside 1..={MAX_HEAD_DIM}"))?;
+        }
+        Ok(())
+    }
 }

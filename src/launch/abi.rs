@@ -70,6 +70,10 @@ pub struct FwdParams {
     pub q_descale: DescaleParams,
     pub k_descale: DescaleParams,
     pub v_descale: DescaleParams,
+    /// Device address of the scheduler workspace's tile counter (int32), 0 when the call has no
+    /// workspace: the sm_90a launch zeroes it on the stream and runs a persistent grid that takes tiles
+    /// from it.
+    pub tile_counter: u64,
 }
 
 /// The backward kernels' parameters, shared by the three stages. The workspace fields are the layout

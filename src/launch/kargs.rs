@@ -30,6 +30,9 @@ pub struct FwdKargs {
     /// (q, k, v); none for 16-bit inputs.
     pub descales: Descales,
     pub descale_extents: [usize; 3],
+    /// The scheduler workspace (its first 4 bytes: the tile counter of the sm_90a persistent grid), null
+    /// when the call has none. Validated: 16-byte aligned, `FWD_WORKSPACE_BYTES` that overlap no tensor.
+    pub workspace: DevicePtr<u8>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -60,6 +60,7 @@ impl FwdParams {
             q_descale: DescaleParams::new(&k.descales.q),
             k_descale: DescaleParams::new(&k.descales.k),
             v_descale: DescaleParams::new(&k.descales.v),
+            tile_counter: addr(k.workspace.addr()),
         }
     }
 }

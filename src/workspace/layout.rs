@@ -15,10 +15,10 @@ pub fn check_section_aligned(field: &str, address: usize) -> Result<()> {
         format!("{address:#x} is not {SECTION_ALIGNMENT}-byte aligned (address mod {SECTION_ALIGNMENT} = {misalign})")
     })
 }
-/// Checks a launcher's workspace argument at `address`: not null, [`SECTION_ALIGNMENT`]-aligned (the
-/// kernels read its sections as aligned structs), and — when the caller says how large it is
-/// (`bytes > 0`, or always with `size_required`) — at least `need` bytes, the size
-/// `size_function` reports.
+/// Checks a workspace argument at `address` (a launcher's, or the forward's scheduler workspace): not
+/// null, [`SECTION_ALIGNMENT`]-aligned (the kernels read its sections as aligned structs), and — when the
+/// caller says how large it is (`bytes > 0`, or always with `size_required`) — at least `need` bytes,
+/// the size `size_function` reports.
 pub fn check_workspace_argument(
     address: usize,
     bytes: usize,
@@ -33,7 +33,7 @@ pub fn check_workspace_argument(
     if (size_required || bytes > 0) && bytes < need {
         return Err(Error::new(
             Status::WorkspaceTooSmall,
-            format!("workspace_size: {bytes} bytes given, this launcher needs {need} ({size_function})"),
+            format!("workspace_size: {bytes} bytes given, {need} needed ({size_function})"),
         ));
     }
     Ok(())

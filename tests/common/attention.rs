@@ -511,16 +511,22 @@ impl Buffers {
             q_descale: fmha_scale::default(),
             k_descale: fmha_scale::default(),
             v_descale: fmha_scale::default(),
+            workspace: null_mut(),
+            workspace_size: 0,
         }
     }
 
     /// Poisons O and LSE, runs the forward, synchronizes.
     pub fn forward(&self, case: &Case) -> fmha_status {
+        self.forward_with(case, &self.fwd_args(case))
+    }
+
+    /// [`forward`](Self::forward) with these arguments (e.g. `fwd_args` with a scheduler workspace).
+    pub fn forward_with(&self, case: &Case, args: &fmha_fwd_args) -> fmha_status {
         poison_16(case, &self.o);
         poison_32(&self.lse);
         let traits = Self::fwd_traits(case);
-        let args = self.fwd_args(case);
-        let status = fmha_fwd(&traits, &args, null_mut());
+        let status = fmha_fwd(&traits, args, null_mut());
         if status != FMHA_OK {
             return status;
         }
@@ -589,6 +595,33 @@ pub fn check_forward(case: &Case, rng: &mut Rng) -> (Buffers, Inputs) {
     let lse_floor = rounding_floor(&lse64, 2f64.powi(-20)) + 4.0 * 2f64.powi(-22) * max_keys.sqrt();
     check_rule(case, "LSE", &lse, &lse64, &lse_lp, 2.0, lse_floor);
     (buffers, inputs)
+}
+
+/// [`check_forward`], then the same call twice with a scheduler workspace whose bytes are garbage before
+/// the first (the call zeroes its counter; the first leaves it counted past the grid): O and LSE must
+/// have the bits of the call without one (on a GPU, a persistent grid taking tiles from the counter
+/// where the tiles outnumber the SMs, one CTA per tile without it).
+pub fn check_forward_with_workspace(case: &Case, rng: &mut Rng) {
+    let (buffers, _) = check_forward(case, rng);
+    let bits = |b: &Buffers| (b.o.download(), b.lse.download());
+    let expected = bits(&buffers);
+    let mut size = 0usize;
+    ok(fmha_fwd_workspace_size(&Buffers::fwd_traits(case), &mut size));
+    let mut workspace = null_mut();
+    ok(fmha_device_malloc(&mut workspace, size));
+    ok(fmha_memset(workspace, 0x5A, size));
+    let args = fmha_fwd_args { workspace, workspace_size: size, ..buffers.fwd_args(case) };
+    for run in 0..2 {
+        let status = buffers.forward_with(case, &args);
+        assert_eq!(status, FMHA_OK, "forward with a workspace failed: {} ({})", last_error(), case.name());
+        let got = bits(&buffers);
+        assert!(
+            got == expected,
+            "run {run} with a scheduler workspace differs from the call without one ({})",
+            case.name()
+        );
+    }
+    ok(fmha_device_free(workspace));
 }
 
 /// Gradients as raw bits, for bitwise comparisons between runs.

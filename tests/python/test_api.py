@@ -373,3 +373,93 @@ def test_deterministic_backward_of_a_templated_shape_uses_a_deterministic_launch
     step(True)
     traits = [dict(zip([n for n, _ in _lib.fmha_bwd_traits._fields_[1:]], key[1:])) for key in ops._cache]
     assert sorted(t["is_deterministic"] for t in traits) == [0, 1], traits
+
+
+def _spy_fwd_workspaces(monkeypatch):
+    """(address, bytes) of the scheduler workspace of every fmha_fwd call from here on."""
+    seen = []
+    call = _lib.call
+
+    def spy(name, *args):
+        if name == "fmha_fwd":
+            a = args[1]._obj
+            seen.append((a.workspace, a.workspace_size))
+        return call(name, *args)
+
+    monkeypatch.setattr(_lib, "call", spy)
+    return seen
+
+
+def test_forward_workspace_size_and_host_calls_pass_none(monkeypatch):
+    """fmha_fwd_workspace_size through ctypes: 16 bytes, NULL refused; on the host backend every forward (the
+    checked path and the template's) passes no workspace, and on a GPU each passes one of that size."""
+    traits = _lib.fmha_fwd_traits(dtype=_lib.DTYPE_BF16, hdim_q=64, hdim_v=64, mask_type=_lib.MASK_BOTTOM_RIGHT)
+    size = ctypes.c_size_t()
+    _lib.call("fmha_fwd_workspace_size", ctypes.byref(traits), ctypes.byref(size))
+    assert size.value == 16
+    with pytest.raises(fmha.FmhaError) as info:
+        _lib.call("fmha_fwd_workspace_size", ctypes.byref(traits), None)
+    assert info.value.status == fmha.ERR_NULL_POINTER and "bytes" in info.value.message
+    bad = _lib.fmha_fwd_traits(dtype=_lib.DTYPE_BF16, hdim_q=0, hdim_v=64)
+    with pytest.raises(fmha.FmhaError) as info:
+        _lib.call("fmha_fwd_workspace_size", ctypes.byref(bad), ctypes.byref(size))
+    assert info.value.status == fmha.ERR_INVALID_ARGUMENT and "hdim_q" in info.value.message
+
+    seen = _spy_fwd_workspaces(monkeypatch)
+    q = randn(2, 24, 4, 64, dtype=torch.bfloat16)
+    ops._fwd_templates.clear()
+    call_or_skip(lambda: fmha.flash_attn_func(q, q, q, causal=True), op="fwd", dtype=q.dtype, hdim_q=64, hdim_v=64,
+                 masked=True)
+    fmha.flash_attn_func(q, q, q, causal=True)  # the template's path
+    cu = cu_seqlens([24, 24])
+    flat = q.reshape(48, 4, 64)
+    fmha.flash_attn_varlen_func(flat, flat, flat, cu, cu, 24, 24, causal=True)
+    assert len(seen) == 3 and len(ops._fwd_templates) >= 1
+    if HOST:
+        assert seen == [(None, 0)] * 3, seen
+    else:
+        assert all(address and address % 16 == 0 and n == 16 for address, n in seen), seen
+
+
+@pytest.mark.skipif(HOST, reason="the scheduler workspace is passed on a GPU only")
+def test_forward_workspace_per_stream_thread_and_captured_call(monkeypatch):
+    """Eager forwards reuse one cached workspace per (stream, thread): no allocation per call, another on
+    another stream or thread. A CUDA graph's captured calls get fresh ones (graphs may replay concurrently),
+    and a replay gives the eager call's bits."""
+    seen = _spy_fwd_workspaces(monkeypatch)
+    q, k, v = (randn(2, 40, 4, 64, dtype=torch.bfloat16) for _ in range(3))
+
+    def call():
+        return fmha.flash_attn_func(q, k, v, causal=True)
+
+    eager = call_or_skip(call, op="fwd", dtype=q.dtype, hdim_q=64, hdim_v=64, masked=True)
+    call()
+    main = seen[-1][0]
+    assert seen[-2][0] == main
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    assert seen[-1][0] == seen[-2][0] != main
+    other = []
+    thread = threading.Thread(target=lambda: (call(), other.append(seen[-1][0])))
+    thread.start()
+    thread.join()
+    assert other and other[0] not in (main, seen[-3][0])
+    cached = len(ops._fwd_workspaces)
+
+    graphs = [torch.cuda.CUDAGraph() for _ in range(2)]
+    outs = []
+    for graph in graphs:  # both captured on torch.cuda.graph's one capture stream
+        with torch.cuda.graph(graph):
+            outs.append(call())
+    captured = [address for address, _ in seen[-2:]]
+    assert len(set(captured)) == 2 and not set(captured) & {main, seen[-5][0], other[0]}, (captured, main)
+    assert len(ops._fwd_workspaces) == cached  # nothing cached for the graphs
+    for graph in graphs:
+        graph.replay()
+    torch.cuda.synchronize()
+    for out in outs:
+        assert torch.equal(out, eager)

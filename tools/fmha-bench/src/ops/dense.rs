@@ -28,6 +28,9 @@ struct Tensors {
     lse: Buffer,
     seqstart_q: Buffer,
     seqstart_k: Buffer,
+    /// The forward's scheduler workspace (`fmha_fwd_workspace_size` bytes), allocated once and passed
+    /// to every call, as the Python binding does on a GPU.
+    workspace: Buffer,
 }
 
 fn starts(lengths: impl Iterator<Item = usize>) -> Vec<usize> {
@@ -36,6 +39,20 @@ fn starts(lengths: impl Iterator<Item = usize>) -> Vec<usize> {
         out.push(out.last().unwrap() + len);
     }
     out
+}
+
+fn fwd_traits(c: &Case) -> fmha_fwd_traits {
+    fmha_fwd_traits {
+        struct_size: std::mem::size_of::<fmha_fwd_traits>(),
+        dtype: c.dtype.abi(),
+        hdim_q: c.hdim_q as i32,
+        hdim_v: c.hdim_v as i32,
+        is_group_mode: c.varlen as i32,
+        mask_type: c.mask.kind as i32,
+        bias_type: FMHA_BIAS_NONE,
+        has_dropout: 0,
+        o_dtype: if c.dtype.is_fp8() { FMHA_DTYPE_BF16 } else { 0 },
+    }
 }
 
 impl Tensors {
@@ -50,6 +67,8 @@ impl Tensors {
             Ok((t, buffer))
         };
         let i32s = |v: &[usize]| v.iter().map(|&x| x as i32).collect::<Vec<i32>>();
+        let mut workspace_bytes = 0usize;
+        check(fmha_fwd_workspace_size(&fwd_traits(case), &mut workspace_bytes), "fmha_fwd_workspace_size")?;
         Ok(Tensors {
             q: tensor(total_q * case.nhead_q * case.hdim_q, rng)?,
             k: tensor(total_k * case.nhead_k * case.hdim_q, rng)?,
@@ -58,6 +77,7 @@ impl Tensors {
             lse: Buffer::zeroed(total_q * case.nhead_q * 4)?,
             seqstart_q: Buffer::upload(&i32s(&starts_q))?,
             seqstart_k: Buffer::upload(&i32s(&starts_k))?,
+            workspace: Buffer::zeroed(workspace_bytes)?,
             case: case.clone(),
             seqlens,
             starts_q,
@@ -85,18 +105,7 @@ impl Tensors {
     }
 
     fn traits(&self) -> fmha_fwd_traits {
-        let c = &self.case;
-        fmha_fwd_traits {
-            struct_size: std::mem::size_of::<fmha_fwd_traits>(),
-            dtype: c.dtype.abi(),
-            hdim_q: c.hdim_q as i32,
-            hdim_v: c.hdim_v as i32,
-            is_group_mode: c.varlen as i32,
-            mask_type: c.mask.kind as i32,
-            bias_type: FMHA_BIAS_NONE,
-            has_dropout: 0,
-            o_dtype: if c.dtype.is_fp8() { FMHA_DTYPE_BF16 } else { 0 },
-        }
+        fwd_traits(&self.case)
     }
 
     /// (seqlen_q, seqlen_k, max_seqlen_q, max_seqlen_k) as the C args take them.
@@ -138,6 +147,8 @@ impl Tensors {
             q_descale: fmha_scale::default(),
             k_descale: fmha_scale::default(),
             v_descale: fmha_scale::default(),
+            workspace: self.workspace.ptr,
+            workspace_size: self.workspace.bytes,
         }
     }
 
