@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::attention::{check_forward, forward_supported, Case, Dtype, Layout, Rng};
+use common::attention::{check_forward, check_forward_with_workspace, forward_supported, Case, Dtype, Layout, Rng};
 
 fn check(case: &Case, rng: &mut Rng) {
     if forward_supported(case) {
@@ -93,6 +93,49 @@ fn long_sequences() {
             let dtype = if i % 2 == 0 { Dtype::Bf16 } else { Dtype::F16 };
             let case = Case::batch_mode(dtype, 1, 2, 1, (sq, sk), (128, 128), mask);
             check(&case, &mut rng);
+        }
+    }
+}
+
+/// A scheduler workspace changes which CTA computes a tile, never a bit of the result: causal with GQA,
+/// varlen with a window and empty sequences, unmasked varlen, and head dim 256 with more heads than one
+/// L2 section holds (a whole section and the rest). On a GPU the masked shapes have more tiles than the
+/// SMs, so that the persistent grid takes them from the counter.
+#[test]
+fn scheduler_workspace_keeps_every_bit() {
+    let mut rng = Rng::fresh();
+    eprintln!("seed {}", rng.0);
+    let host = fmha::ffi::version::fmha_backend() == fmha::ffi::version::FMHA_BACKEND_HOST;
+    let scale = |n: usize| if host && n > 0 { n / 10 + 1 } else { n };
+    let causal = Mask::causal(MaskType::BottomRight);
+    let gqa = Case::batch_mode(Dtype::Bf16, 3, 6, 2, (scale(1100), scale(700)), (128, 128), causal);
+    let mut windowed = Case::batch_mode(
+        Dtype::F16,
+        6,
+        4,
+        4,
+        (0, 0),
+        (64, 64),
+        Mask { kind: MaskType::BottomRight, left: 300, right: 20 },
+    );
+    windowed.group = true;
+    windowed.seqlens =
+        [(1500, 800), (0, 300), (700, 500), (1, 1), (1200, 600), (333, 0)].map(|(q, k)| (scale(q), scale(k))).to_vec();
+    let mut unmasked = windowed.clone();
+    unmasked.mask = Mask::NONE;
+    // (D 256, 1 MiB of K and V a head: 16 heads a section of 16 MiB, and 8 more)
+    let wide = Case::batch_mode(
+        Dtype::Bf16,
+        2,
+        12,
+        12,
+        (scale(700), scale(1024)),
+        (256, 256),
+        Mask::causal(MaskType::TopLeft),
+    );
+    for case in [gqa, windowed, unmasked, wide] {
+        if forward_supported(&case) {
+            check_forward_with_workspace(&case, &mut rng);
         }
     }
 }

@@ -91,14 +91,27 @@ int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const F
                             p.v_row_stride, p.v_head_stride, p.v_batch_stride, Tile::kBlockN);
   if (!described) return fallback();
   // Unmasked batch-mode tiles all cost the same: a persistent grid of one CTA per SM walks them (a CTA's
-  // epilogue runs under its next tile's loads). Masked or varlen tiles differ, and one CTA per tile lets
-  // the hardware hand the next tile to whichever SM frees first; masked batch-mode calls over at most 4 q
-  // blocks (tiles too short to hide a CTA's start) walk them persistently, heaviest first.
+  // epilogue runs under its next tile's loads). Masked tiles differ: given a tile counter (the call's
+  // workspace), a persistent grid takes them from it (fwd/sm90/tile_queue.h); without one, one CTA per
+  // tile lets the hardware hand the next tile to whichever SM frees first, and masked batch-mode calls over
+  // at most 4 q blocks (tiles too short to hide a CTA's start) walk them persistently, heaviest first.
+  // Unmasked varlen tiles keep one CTA per tile, which measured faster there than the counter
+  // (docs/perf.md, the 2026-11-26 12:51 UTC section).
   const int64_t m_blocks = (p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM;
   const int64_t tiles = m_blocks * p.nhead_q * p.batch;
-  const bool persistent = (p.group_mode == 0 && (!kMasked || m_blocks <= 4)) || tiles > INT32_MAX;  // (x < 2^31)
-  const int64_t ctas = persistent && tiles > multiprocessor_count() ? multiprocessor_count() : tiles;
-  return launch_specialized_kernel<Tile, T>(p, maps, ctas, stream);
+  const int64_t sms = multiprocessor_count();
+  const bool uniform = p.group_mode == 0 && !kMasked;
+  const bool counted = p.tile_counter != 0 && kMasked && tiles > sms && tiles <= INT32_MAX - sms;
+  fmha_fwd_params q = p;
+  if (counted) {
+    const cudaError_t zeroed = cudaMemsetAsync(reinterpret_cast<void*>(p.tile_counter), 0, sizeof(int32_t), stream);
+    if (zeroed != cudaSuccess) return static_cast<int32_t>(zeroed);
+  } else {
+    q.tile_counter = 0;
+  }
+  const bool persistent = counted || uniform || (p.group_mode == 0 && m_blocks <= 4) || tiles > INT32_MAX;  // (x < 2^31)
+  const int64_t ctas = persistent && tiles > sms ? sms : tiles;
+  return launch_specialized_kernel<Tile, T>(q, maps, ctas, stream);
 }
 
 // The kv cache's 16-bit forward at D = 128 (no per-page descales), prefill or packed decode: the

@@ -32,6 +32,7 @@
 #include "fwd/sm90/key_range.h"
 #include "fwd/sm90/mainloop.h"
 #include "fwd/sm90/specialized_work.h"
+#include "fwd/sm90/tile_queue.h"
 #include "launch.h"
 
 namespace fmha {
@@ -52,6 +53,7 @@ struct SpecializedShared {
   __device__ uint32_t full_v(int s) const { return barriers + 8 * (1 + 2 * Tile::kStages + s); }
   __device__ uint32_t empty_v(int s) const { return barriers + 8 * (1 + 3 * Tile::kStages + s); }
   __device__ uint32_t scratch(int consumer_thread) const { return barriers + 8 * Tile::kBarriers + 4 * consumer_thread; }
+  __device__ uint32_t queue() const { return barriers + 8 * Tile::kBarriers + Tile::kScratchBytes; }
 };
 
 // Named barriers of the ping-pong: consumer c syncs on kPingPong + c before issuing its products and
@@ -67,6 +69,12 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   constexpr int kNTiles = N / 8, kSteps = N * Tile::kElementBytes / arch::kStepBytes;
   extern __shared__ __align__(1024) unsigned char shared_bytes[];
   const SpecializedShared<Tile> smem(swizzle128_base(shared_bytes));
+  // The grid's tiles (the source's work of each, computed alike by the producer and the consumers), taken
+  // in the order fwd/sm90/tile_queue.h describes: with the source's tile counter, dynamically.
+  using Source = SpecializedSource<Params, Tile, T>;
+  const int64_t tiles = Source::tiles(p);
+  const int64_t ctas = arch::grid_blocks_x(), cta = arch::block_index_x();
+  const TileQueue queue(smem.queue(), Source::tile_counter(p), cta, ctas);
 
   const int thread = static_cast<int>(arch::thread_index());
   if (thread == 0) {
@@ -80,16 +88,10 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       arch::mbarrier_init(smem.empty_k(s), Tile::kConsumers);
       arch::mbarrier_init(smem.empty_v(s), Tile::kConsumers);
     }
+    queue.init(Tile::kConsumers * 4);
     arch::mbarrier_init_fence();
   }
   arch::block_barrier();
-
-  // The grid's tiles (the source's work of each, computed alike by the producer and the consumers).
-  // CTA c's k-th tile is tile k · gridDim.x + c: a persistent grid walks the tiles (uniform ones: the
-  // launch picks it for unmasked batch-mode calls), any other grid has one CTA per tile.
-  using Source = SpecializedSource<Params, Tile, T>;
-  const int64_t tiles = Source::tiles(p);
-  const int64_t ctas = arch::grid_blocks_x(), cta = arch::block_index_x();
 
   const int warpgroup = arch::warpgroup_index();
   if (warpgroup == 0) {  // the producer
@@ -107,9 +109,19 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       arch::mbarrier_arrive(smem.full_k(s));
       arch::mbarrier_arrive(smem.full_v(s));
     };
-    for (int64_t tile = cta; tile < tiles; tile += ctas) {
+    int64_t tile = queue.first();
+    for (int lap = 0;; ++lap) {
+      tile = queue.publish<Tile::Producer::kThreads>(lap, thread, tile);
+      if (tile >= tiles) break;
       const auto w = Source::work(p, tile, tiles, ctas);
-      if (w.steps == 0) continue;
+      // (taken once the tile's loads are issued: a counter's answer arrives under them)
+      const auto take_next = [&] {
+        if (thread == 0) tile = queue.next(tile);
+      };
+      if (w.steps == 0) {
+        take_next();
+        continue;
+      }
       if (thread < Tile::kQueryLoaders) {
         arch::mbarrier_wait(smem.empty_q(), (queries & 1) ^ 1);  // the first tile's passes
         ++queries;
@@ -141,6 +153,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         }
         page = next_page;
       }
+      take_next();
       if constexpr (Tile::kGather) hand_over(std::integral_constant<int, 0>{}, (ring - 1) % S);
     }
     return;
@@ -162,7 +175,9 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   if (c == 0) arch::named_barrier_arrive(kPingPong, 2 * 128);
 
   int ring = 0, queries = 0;
-  for (int64_t tile = cta; tile < tiles; tile += ctas) {
+  for (int lap = 0;; ++lap) {
+    const int64_t tile = queue.take(lap, thread % arch::kWarpSize);
+    if (tile >= tiles) break;
     const auto w = Source::work(p, tile, tiles, ctas);
     if (!w.live) continue;
     RowState<Tile> st;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "arch/nvidia/shared_tile.h"
+#include "fwd/sm90/tile_queue.h"
 
 namespace fmha {
 
@@ -46,8 +47,8 @@ struct SpecializedTile {
   // A float per consumer thread: the softmax's sums, stored to keep the softmax ahead of the wait for
   // the previous P·V (arch::complete_before).
   static constexpr int kScratchBytes = 4 * 128 * kConsumers;
-  static constexpr int kSharedBytes =
-      kQBytes + kStages * (kKBytes + kVBytes) + 8 * kBarriers + kScratchBytes + kSwizzle128Slack;
+  static constexpr int kSharedBytes = kQBytes + kStages * (kKBytes + kVBytes) + 8 * kBarriers + kScratchBytes +
+                                      TileQueue::kBytes + kSwizzle128Slack;
   static_assert(kSharedBytes <= 227 * 1024, "Hopper's shared memory per CTA");
 
   // The producer: one warp of warpgroup 0 (the others leave), or with kGather the whole warpgroup. Its

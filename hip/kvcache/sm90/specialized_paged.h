@@ -39,6 +39,8 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
   FMHA_HOST_DEVICE static int64_t tiles(const fmha_kvcache_params& p) {
     return static_cast<int64_t>(grid_x(p)) * grid_heads(p) * p.batch;
   }
+  // (the grid has one CTA per tile: no tile counter)
+  __device__ static int32_t* tile_counter(const fmha_kvcache_params&) { return nullptr; }
   __device__ static Work work(const fmha_kvcache_params& p, int64_t t, int64_t, int64_t) {
     Work w;
     const int splits = kvcache::grid_splits(p), gx = grid_x(p);
