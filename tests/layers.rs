@@ -19,7 +19,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("registry", &["error", "problem", "runtime"]),
     ("workspace", &["error", "host_buffer", "schedule"]),
     ("launch", &["error", "host_buffer", "problem", "registry", "runtime", "schedule", "workspace"]),
-    ("fwd", &["error", "launch", "problem", "registry", "runtime"]),
+    ("fwd", &["error", "launch", "problem", "registry", "runtime", "workspace"]),
     (
         "bwd",
         &[
