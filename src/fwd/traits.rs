@@ -1,8 +1,8 @@
 //! The forward dispatch key.
 
-use crate::error::{ensure, Result};
+use crate::error::Result;
 use crate::problem::mask::MaskType;
-use crate::problem::{require_no_dropout, BiasType, CacheDtype, Mode, MAX_HEAD_DIM};
+use crate::problem::{check_head_dims, require_no_dropout, BiasType, CacheDtype, Mode};
 
 /// What selects the forward kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,9 +23,6 @@ impl FwdTraits {
     pub fn validate(&self) -> Result<()> {
         self.bias_type.require_none()?;
         require_no_dropout(self.has_dropout)?;
-        for (name, d) in [("hdim_q", self.hdim_q), ("hdim_v", self.hdim_v)] {
-            ensure((1..=MAX_HEAD_DIM).contains(&d), name, || format!("{d} is outside 1..={MAX_HEAD_DIM}"))?;
-        }
-        Ok(())
+        check_head_dims(self.hdim_q, self.hdim_v)
     }
 }

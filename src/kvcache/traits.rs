@@ -4,7 +4,7 @@ use crate::error::{ensure, Error, Result};
 use crate::problem::mask::MaskType;
 use crate::problem::paged::{PoolLayout, TableKind};
 use crate::problem::scale::ScaleGranularity;
-use crate::problem::{CacheDtype, Mode, MAX_HEAD_DIM};
+use crate::problem::{check_head_dims, CacheDtype, Mode};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvCacheTraits {
@@ -39,9 +39,7 @@ pub const MAX_SPLITS: i64 = 256;
 impl KvCacheTraits {
     /// Checks what the traits alone decide (each error names its field).
     pub fn validate(&self) -> Result<()> {
-        for (field, value) in [("hdim_q", self.hdim_q), ("hdim_v", self.hdim_v)] {
-            ensure((1..=MAX_HEAD_DIM).contains(&value), field, || format!("{value} is outside 1..={MAX_HEAD_DIM}"))?;
-        }
+        check_head_dims(self.hdim_q, self.hdim_v)?;
         for (field, value) in [("nhead_q", self.nhead_q), ("nhead_k", self.nhead_k), ("page_size", self.page_size)] {
             ensure(value >= 1, field, || format!("{value} is less than 1"))?;
         }

@@ -23,7 +23,7 @@ use crate::abi_values::{
     abi_enum, FMHA_BIAS_ALIBI, FMHA_BIAS_ELEMENTWISE, FMHA_BIAS_NONE, FMHA_DTYPE_BF16, FMHA_DTYPE_FP16,
     FMHA_DTYPE_FP32, FMHA_DTYPE_FP8_E4M3FN, FMHA_DTYPE_FP8_E4M3FNUZ,
 };
-use crate::error::{Error, Result};
+use crate::error::{ensure, Error, Result};
 
 abi_enum! {
     /// Input element type (`FMHA_DTYPE_*`).
@@ -217,3 +217,12 @@ pub fn require_no_dropout(has_dropout: bool) -> Result<()> {
 
 /// Largest head dimension any instance supports.
 pub const MAX_HEAD_DIM: i64 = 256;
+
+/// Checks that both head dims lie in `1..=MAX_HEAD_DIM` (the forward's and the kv cache's traits, and
+/// every shape); errors name `hdim_q` or `hdim_v`.
+pub fn check_head_dims(hdim_q: i64, hdim_v: i64) -> Result<()> {
+    for (field, d) in [("hdim_q", hdim_q), ("hdim_v", hdim_v)] {
+        ensure((1..=MAX_HEAD_DIM).contains(&d), field, || format!("{d} is outside 1..={MAX_HEAD_DIM}"))?;
+    }
+    Ok(())
+}

@@ -1,6 +1,6 @@
 //! The validated shape of one attention call, and the sequence arrays it implies.
 
-use super::{check_device_array, CacheDtype, Mask, MaskType, Mode, MAX_HEAD_DIM};
+use super::{check_device_array, check_head_dims, CacheDtype, Mask, MaskType, Mode};
 use crate::error::{ensure, Result};
 use crate::runtime::DevicePtr;
 
@@ -45,9 +45,7 @@ impl Shape {
         ensure(nhead_q % nhead_k == 0, "nhead_q", || {
             format!("{nhead_q} is not a multiple of nhead_k = {nhead_k} (GQA/MQA need nhead_q % nhead_k == 0)")
         })?;
-        for (name, d) in [("hdim_q", hdim_q), ("hdim_v", hdim_v)] {
-            ensure((1..=MAX_HEAD_DIM).contains(&d), name, || format!("{d} is outside 1..={MAX_HEAD_DIM}"))?;
-        }
+        check_head_dims(hdim_q, hdim_v)?;
         for (name, s) in [
             ("seqlen_q", seqlen_q),
             ("seqlen_k", seqlen_k),
