@@ -150,8 +150,8 @@ fn forward_rejects_bad_inputs() {
 /// The forward's optional scheduler workspace (`fmha_fwd_args.workspace`): `fmha_fwd_workspace_size`
 /// says 16 bytes; a workspace that is too small, misaligned or shares bytes with a tensor is refused
 /// (nothing queued); NULL is none whatever `workspace_size` says; a valid one, whatever its contents,
-/// gives the bits the call without it gives (on sm_90a it switches masked and varlen calls to the
-/// persistent grid).
+/// gives the bits the call without it gives (on sm_90a masked calls with more tiles than SMs take them
+/// from its counter).
 #[test]
 fn forward_scheduler_workspace_is_checked_and_changes_no_result() {
     let mut rng = Rng::fresh();

@@ -382,6 +382,15 @@ def _fwd_workspace(traits, device, stream):
     return entry
 
 
+def _call_fwd(traits, args, device):
+    """``fmha_fwd`` on the current stream of ``device``, with its scheduler workspace."""
+    with _device_guard(device):
+        stream = _stream_handle(device)
+        args.workspace, args.workspace_size, keep = _fwd_workspace(traits, device, stream)  # noqa: F841 (held)
+        L.call("fmha_fwd", byref(traits), byref(args), stream)
+        _finish(device)
+
+
 # --- forward -----------------------------------------------------------------------------------------
 
 
@@ -481,11 +490,7 @@ def _forward(
         window_size_right=int(right),
         **descales,
     )
-    with _device_guard(device):
-        stream = _stream_handle(device)
-        args.workspace, args.workspace_size, keep = _fwd_workspace(traits, device, stream)  # noqa: F841 (held)
-        L.call("fmha_fwd", byref(traits), byref(args), stream)
-        _finish(device)
+    _call_fwd(traits, args, device)
     # A template serves calls whose inputs need no copy (the copies' strides are not the caller's) and
     # whose outputs fmha allocates.
     if signature is not None and not p.fp8 and all(a is b and a.numel() for a, b in zip((q, k, v), given)):
@@ -503,11 +508,7 @@ def _fwd_from_template(template, q, k, v, cu_seqlens_q, cu_seqlens_k):
     args.q.data, args.k.data, args.v.data = q.data_ptr(), k.data_ptr(), v.data_ptr()
     args.o.data, args.lse.data = out.data_ptr(), lse.data_ptr()
     args.seqstart_q, args.seqstart_k = _ptr(cu_seqlens_q), _ptr(cu_seqlens_k)
-    with _device_guard(device):
-        stream = _stream_handle(device)
-        args.workspace, args.workspace_size, keep = _fwd_workspace(traits, device, stream)  # noqa: F841 (held)
-        L.call("fmha_fwd", byref(traits), byref(args), stream)
-        _finish(device)
+    _call_fwd(traits, args, device)
     return out, lse
 
 

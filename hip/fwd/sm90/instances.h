@@ -102,16 +102,16 @@ int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const F
   const int64_t sms = multiprocessor_count();
   const bool uniform = p.group_mode == 0 && !kMasked;
   const bool counted = p.tile_counter != 0 && kMasked && tiles > sms && tiles <= INT32_MAX - sms;
-  fmha_fwd_params q = p;
+  fmha_fwd_params params = p;  // (without the counter where the grid does not take it)
   if (counted) {
     const cudaError_t zeroed = cudaMemsetAsync(reinterpret_cast<void*>(p.tile_counter), 0, sizeof(int32_t), stream);
     if (zeroed != cudaSuccess) return static_cast<int32_t>(zeroed);
   } else {
-    q.tile_counter = 0;
+    params.tile_counter = 0;
   }
   const bool persistent = counted || uniform || (p.group_mode == 0 && m_blocks <= 4) || tiles > INT32_MAX;  // (x < 2^31)
   const int64_t ctas = persistent && tiles > sms ? sms : tiles;
-  return launch_specialized_kernel<Tile, T>(q, maps, ctas, stream);
+  return launch_specialized_kernel<Tile, T>(params, maps, ctas, stream);
 }
 
 // The kv cache's 16-bit forward at D = 128 (no per-page descales), prefill or packed decode: the
