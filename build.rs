@@ -93,6 +93,7 @@ fn build_cpu_twins() {
         .file("hip/bwd/prepare_workspace_cpu.cpp")
         .file("hip/bwd/schedule_cpu.cpp")
         .file("hip/kvcache/prepare_cpu.cpp")
+        .file("hip/fwd/sm90/tile_walk_cpu.cpp")
         .compile("fmha_cpu_twins");
 }
 

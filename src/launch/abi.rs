@@ -495,6 +495,15 @@ extern "C" {
     /// compiled for the host CPU: `out[0]` the count, `out[1]` the key tiles per chunk.
     pub fn fmha_cpu_kvcache_chunks(params: *const KvCacheParams, kv_len: i64, out: *mut i64);
 
+    /// The warp-specialized dense forward's grid (`hip/fwd/sm90/tile_walk.h`) compiled for the host CPU:
+    /// the grid of `*params` on `sms` SMs into `out` (its tiles, CTAs, 1 if counted, then each tile's q
+    /// block and pair), if `capacity` values hold it; returns the count of values it has.
+    pub fn fmha_cpu_dense_grid(params: *const FwdParams, sms: i64, out: *mut i64, capacity: i64) -> i64;
+
+    /// `hip/common/fast_divide.h` compiled for the host CPU: `n` divided by `*divisor`, `out[0]` the
+    /// quotient, `out[1]` the remainder.
+    pub fn fmha_cpu_fast_divide(divisor: *const i64, n: i64, out: *mut i64);
+
     /// The deterministic walkers compiled for the host CPU (every backend): the units workgroup
     /// `args.worker` runs, in order, into `units` (at most `capacity`); returns how many there are (more
     /// than `capacity` when they did not fit).

@@ -3,11 +3,12 @@
 //! to the Rust code that the host executor runs, so that CI checks the device code paths without a GPU.
 
 use super::abi::{
-    self, BwdParams, KvCacheFault, KvCacheParams, KvCacheSplitPlan, PrepareArgs, PrepareParams, UnitRecord, WalkArgs,
+    self, BwdParams, FwdParams, KvCacheFault, KvCacheParams, KvCacheSplitPlan, PrepareArgs, PrepareParams, UnitRecord,
+    WalkArgs,
 };
 use crate::host_buffer::AlignedBytes;
 use crate::problem::split::Chunks;
-use crate::runtime::foreign::{call_pair, call_stub, call_walker};
+use crate::runtime::foreign::{call_pair, call_stub, call_table, call_walker};
 use crate::runtime::Stream;
 use crate::schedule::WorkUnit;
 use crate::workspace::WorkspaceLayout;
@@ -103,4 +104,27 @@ pub fn batch_jobs(params: &BwdParams, worker: i64, masked: bool, capacity: usize
 pub fn group_jobs(params: &BwdParams, worker: i32, masked: bool, capacity: usize) -> Option<Vec<WorkUnit>> {
     let args = WalkArgs { params: *params, worker: i64::from(worker), masked: i32::from(masked), pad: 0 };
     call_walker(abi::fmha_cpu_group_jobs, &args, capacity).map(units)
+}
+
+/// The warp-specialized dense forward's grid of `params` on `sms` SMs (`hip/fwd/sm90/tile_walk.h`, the
+/// code its launch and kernel run): 128-row tiles of 16-bit elements.
+pub struct DenseGrid {
+    pub ctas: i64,
+    pub counted: bool,
+    /// Each tile's (q block, batch · nhead_q + query head), in the order the grid takes them.
+    pub tiles: Vec<(i64, i64)>,
+}
+
+pub fn dense_grid(params: &FwdParams, sms: i64) -> DenseGrid {
+    let tiles = (i64::from(params.max_seqlen_q) + 127) / 128 * i64::from(params.nhead_q) * i64::from(params.batch);
+    let values = 3 + 2 * usize::try_from(tiles).expect("a test-sized grid");
+    let out = call_table(abi::fmha_cpu_dense_grid, params, sms, values).expect("the grid has the tiles computed here");
+    assert_eq!(out[0], tiles, "the C++ grid's tile count");
+    DenseGrid { ctas: out[1], counted: out[2] != 0, tiles: out[3..].chunks(2).map(|p| (p[0], p[1])).collect() }
+}
+
+/// `hip/common/fast_divide.h`'s quotient and remainder of `n` by `divisor`.
+pub fn fast_divide(divisor: i64, n: i64) -> (i64, i64) {
+    let [q, r] = call_pair(abi::fmha_cpu_fast_divide, &divisor, n);
+    (q, r)
 }

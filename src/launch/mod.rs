@@ -114,6 +114,8 @@ mod kvcache_prepare_tests;
 #[cfg(test)]
 mod prepare_tests;
 #[cfg(test)]
+mod tile_walk_tests;
+#[cfg(test)]
 mod walker_tests;
 
 #[cfg(test)]

@@ -15,6 +15,10 @@ pub type Walker<A, R> = unsafe extern "C" fn(args: *const A, out: *mut R, capaci
 /// A CPU-compiled function of one value under `*args`, answering two values in `out`.
 pub type PairFunction<A> = unsafe extern "C" fn(args: *const A, x: i64, out: *mut i64);
 
+/// A CPU-compiled routine of one value under `*args` that writes at most `capacity` values to `out` and
+/// returns how many it has.
+pub type TableFunction<A> = unsafe extern "C" fn(args: *const A, x: i64, out: *mut i64, capacity: i64) -> i64;
+
 /// A module loader of the launch stubs: no arguments, the runtime's error code.
 pub type Loader = unsafe extern "C" fn() -> i32;
 
@@ -49,6 +53,18 @@ pub(crate) fn call_pair<A>(function: PairFunction<A>, args: &A, x: i64) -> [i64;
     // holds two (the C++ contract of `hip/launch.h`).
     unsafe { function(args, x, out.as_mut_ptr()) };
     out
+}
+
+/// Calls a CPU table function with `args` and `x`, collecting its values; `None` when `capacity` was too
+/// small.
+pub(crate) fn call_table<A>(function: TableFunction<A>, args: &A, x: i64, capacity: usize) -> Option<Vec<i64>> {
+    let mut out = vec![0i64; capacity];
+    // SAFETY: `args` is valid for the call; the routine writes at most `capacity` values to `out`, which
+    // holds exactly that many (the C++ contract of `hip/fwd/sm90/tile_walk_cpu.cpp`).
+    let count = unsafe { function(args, x, out.as_mut_ptr(), capacity as i64) };
+    let count = usize::try_from(count).ok().filter(|&n| n <= capacity)?;
+    out.truncate(count);
+    Some(out)
 }
 
 /// Calls a module loader.

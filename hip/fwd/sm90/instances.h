@@ -56,12 +56,14 @@ bool encode_query_map(const Params& p, CUtensorMap* map) {
                                Tile::kBlockM);
 }
 template <typename Tile, typename T, typename Params>
-int32_t launch_specialized_kernel(const Params& p, const ForwardMaps& maps, int64_t ctas, hipStream_t stream) {
+int32_t launch_specialized_kernel(const Params& p, const ForwardMaps& maps,
+                                  const typename SpecializedSource<Params, Tile, T>::Walk& walk, int64_t ctas,
+                                  hipStream_t stream) {
   auto kernel = specialized_forward_kernel<Tile, T, Params>;
   static const cudaError_t configured =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes);
   if (configured != cudaSuccess) return static_cast<int32_t>(configured);
-  kernel<<<static_cast<uint32_t>(ctas), Tile::kThreads, Tile::kSharedBytes, stream>>>(p, maps);
+  kernel<<<static_cast<uint32_t>(ctas), Tile::kThreads, Tile::kSharedBytes, stream>>>(p, maps, walk);
   return static_cast<int32_t>(cudaGetLastError());
 }
 
@@ -90,28 +92,16 @@ int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const F
       arch::encode_rows_map(&maps.v, reinterpret_cast<const void*>(p.v), p.hdim_v, p.seqlen_k, p.nhead_k, batches,
                             p.v_row_stride, p.v_head_stride, p.v_batch_stride, Tile::kBlockN);
   if (!described) return fallback();
-  // Unmasked batch-mode tiles all cost the same: a persistent grid of one CTA per SM walks them (a CTA's
-  // epilogue runs under its next tile's loads). Masked tiles differ: given a tile counter (the call's
-  // workspace), a persistent grid takes them from it (fwd/sm90/tile_queue.h); without one, one CTA per
-  // tile lets the hardware hand the next tile to whichever SM frees first, and masked batch-mode calls over
-  // at most 4 q blocks (tiles too short to hide a CTA's start) walk them persistently, heaviest first.
-  // Unmasked varlen tiles keep one CTA per tile, which measured faster there than the counter
-  // (docs/perf.md, the 2026-11-26 12:51 UTC section).
-  const int64_t m_blocks = (p.max_seqlen_q + Tile::kBlockM - 1) / Tile::kBlockM;
-  const int64_t tiles = m_blocks * p.nhead_q * p.batch;
-  const int64_t sms = multiprocessor_count();
-  const bool uniform = p.group_mode == 0 && !kMasked;
-  const bool counted = p.tile_counter != 0 && kMasked && tiles > sms && tiles <= INT32_MAX - sms;
+  // The grid and its walk: fwd/sm90/tile_walk.h.
+  const DenseGrid grid = dense_grid(p, Tile::kBlockM, sizeof(T), multiprocessor_count());
   fmha_fwd_params params = p;  // (without the counter where the grid does not take it)
-  if (counted) {
+  if (grid.counted) {
     const cudaError_t zeroed = cudaMemsetAsync(reinterpret_cast<void*>(p.tile_counter), 0, sizeof(int32_t), stream);
     if (zeroed != cudaSuccess) return static_cast<int32_t>(zeroed);
   } else {
     params.tile_counter = 0;
   }
-  const bool persistent = counted || uniform || (p.group_mode == 0 && m_blocks <= 4) || tiles > INT32_MAX;  // (x < 2^31)
-  const int64_t ctas = persistent && tiles > sms ? sms : tiles;
-  return launch_specialized_kernel<Tile, T>(params, maps, ctas, stream);
+  return launch_specialized_kernel<Tile, T>(params, maps, grid.walk, grid.ctas, stream);
 }
 
 // The kv cache's 16-bit forward at D = 128 (no per-page descales), prefill or packed decode: the
@@ -151,8 +141,8 @@ int32_t launch_specialized(const fmha_kvcache_params& p, hipStream_t stream, con
   const int64_t tiles = Source::tiles(p);  // (the boxed tile's grid: the same M)
   // (a grid's x is below 2^31; the launcher's CU count, as its splits use)
   const int64_t ctas = tiles > INT32_MAX ? (p.cu_count > 0 ? p.cu_count : 1) : tiles;
-  return boxed ? launch_specialized_kernel<BoxedTile, T>(p, maps, ctas, stream)
-               : launch_specialized_kernel<GatheredTile, T>(p, maps, ctas, stream);
+  return boxed ? launch_specialized_kernel<BoxedTile, T>(p, maps, Source::walk(p), ctas, stream)
+               : launch_specialized_kernel<GatheredTile, T>(p, maps, Source::walk(p), ctas, stream);
 }
 
 // One bucket of the dense 16-bit forward, masked or not: the warp-specialized kernel, with the cp.async

@@ -7,6 +7,7 @@
 #include "arch/nvidia/tensor_map.h"
 #include "fwd/sm90/dense_tiles.h"
 #include "fwd/sm90/specialized_work.h"
+#include "fwd/sm90/tile_walk.h"
 #include "launch.h"
 
 namespace fmha {
@@ -15,12 +16,8 @@ template <typename Tile, typename T>
 struct SpecializedSource<fmha_fwd_params, Tile, T> {
   static constexpr int M = Tile::kBlockM, N = Tile::kBlockN;
 
-  // Tile t of `tiles` walked by `ctas` CTAs. One CTA per tile: q blocks fastest, so that the CTAs running
-  // together share a head's K and V in L2, masked calls taking the last ones (for causal masks the
-  // heaviest) first. A static persistent walk over masked tiles (short sequences): q blocks slowest, the
-  // heaviest of every head first, so that each CTA gets its share of heavy and light ones. Tiles taken
-  // from a counter (masked calls given a workspace): the heads in sections whose K and V fit
-  // in L2 together (kL2Bytes), sections in turn, each one's q blocks slowest and heaviest first.
+  // The grid's tiles and the order its CTAs take them in: fwd/sm90/tile_walk.h, decided by the launch.
+  using Walk = DenseTileWalk;
   __device__ static int64_t tiles(const fmha_fwd_params& p) {
     return static_cast<int64_t>((p.max_seqlen_q + M - 1) / M) * p.nhead_q * p.batch;
   }
@@ -28,41 +25,15 @@ struct SpecializedSource<fmha_fwd_params, Tile, T> {
   __device__ static int32_t* tile_counter(const fmha_fwd_params& p) {
     return Tile::kMasked ? reinterpret_cast<int32_t*>(p.tile_counter) : nullptr;
   }
-  // (a third of the 50 MB L2: sections of 32 MiB re-read K and V from DRAM, docs/perf.md)
-  static constexpr int64_t kL2Bytes = int64_t{16} << 20;
-  // Query heads per section: a power of two of kv heads (a sequence's K and V of one) times the GQA group.
-  __device__ static int64_t section_heads(const fmha_fwd_params& p) {
-    const int64_t rows = p.group_mode ? p.seqlen_k / max(p.batch, 1) : p.seqlen_k;
-    const int64_t fit = kL2Bytes / (max(rows, int64_t{1}) * (p.hdim_q + p.hdim_v) * static_cast<int64_t>(sizeof(T)));
-    const int64_t kv_heads = fit < 1 ? 1 : int64_t{1} << (63 - __clzll(static_cast<unsigned long long>(fit)));
-    return kv_heads * (p.nhead_q / p.nhead_k);
-  }
   using Work = SpecializedWork;
-  __device__ static Work work(const fmha_fwd_params& p, int64_t t, int64_t tiles, int64_t ctas) {
+  __device__ static Work work(const fmha_fwd_params& p, const Walk& walk, int64_t t) {
     Work w;
-    const int m_blocks = (p.max_seqlen_q + M - 1) / M;
-    const int64_t heads = static_cast<int64_t>(p.nhead_q) * p.batch;
-    int m;
-    int64_t rest;  // b · nhead_q + y
-    if (tile_counter(p) != nullptr) {  // (the launch keeps counted grids below 2^31 tiles: 32-bit arithmetic)
-      const uint32_t tt = static_cast<uint32_t>(t), all = static_cast<uint32_t>(heads);
-      const uint32_t width = static_cast<uint32_t>(min(section_heads(p), heads)), whole = all / width * width;
-      const uint32_t blocks = static_cast<uint32_t>(m_blocks), section_tiles = width * blocks;
-      const bool last = tt >= whole * blocks;  // the heads past the whole sections
-      const uint32_t first_head = last ? whole : tt / section_tiles * width;
-      const uint32_t heads_here = last ? all - whole : width;
-      const uint32_t within = last ? tt - whole * blocks : tt % section_tiles;
-      m = static_cast<int>(within / heads_here);
-      rest = first_head + within % heads_here;
-    } else {
-      const bool heaviest_first = Tile::kMasked && ctas < tiles;
-      m = static_cast<int>(heaviest_first ? t / heads : t % m_blocks);
-      rest = heaviest_first ? t % heads : t / m_blocks;
-    }
-    w.i0 = (Tile::kMasked ? m_blocks - 1 - m : m) * M;
-    w.y = static_cast<int>(rest % p.nhead_q);
-    w.b = static_cast<int>(rest / p.nhead_q);
-    w.hk = w.y / (p.nhead_q / p.nhead_k);
+    const TilePosition at = walk.at(t);
+    const int64_t b = walk.nhead_q.quotient(at.pair);
+    w.y = static_cast<int>(at.pair - b * p.nhead_q);
+    w.b = static_cast<int>(b);
+    w.hk = static_cast<int>(walk.group.quotient(w.y));
+    w.i0 = static_cast<int>(at.block) * M;
     w.group = 1;
     w.batch = p.group_mode ? 0 : w.b;
     w.rows = batch_rows(p, w.b);

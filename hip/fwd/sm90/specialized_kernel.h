@@ -64,13 +64,15 @@ constexpr uint32_t kSoftmaxDone = 3;
 
 template <typename Tile, typename T, typename Params>
 __global__ void __launch_bounds__(Tile::kThreads, 1)
-    specialized_forward_kernel(const __grid_constant__ Params p, const __grid_constant__ ForwardMaps maps) {
+    specialized_forward_kernel(const __grid_constant__ Params p, const __grid_constant__ ForwardMaps maps,
+                               const __grid_constant__ typename SpecializedSource<Params, Tile, T>::Walk walk) {
   constexpr int N = Tile::kBlockN, S = Tile::kStages, DQK = Tile::kDimQK;
   constexpr int kNTiles = N / 8, kSteps = N * Tile::kElementBytes / arch::kStepBytes;
   extern __shared__ __align__(1024) unsigned char shared_bytes[];
   const SpecializedShared<Tile> smem(swizzle128_base(shared_bytes));
-  // The grid's tiles (the source's work of each, computed alike by the producer and the consumers), taken
-  // in the order fwd/sm90/tile_queue.h describes: with the source's tile counter, dynamically.
+  // The grid's tiles (the source's work of each, computed alike by the producer and the consumers from the
+  // launch's `walk`), taken in the order fwd/sm90/tile_queue.h describes: with the source's tile counter,
+  // dynamically.
   using Source = SpecializedSource<Params, Tile, T>;
   const int64_t tiles = Source::tiles(p);
   const int64_t ctas = arch::grid_blocks_x(), cta = arch::block_index_x();
@@ -113,7 +115,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     for (int lap = 0;; ++lap) {
       tile = queue.publish<Tile::Producer::kThreads>(lap, thread, tile);
       if (tile >= tiles) break;
-      const auto w = Source::work(p, tile, tiles, ctas);
+      const auto w = Source::work(p, walk, tile);
       // (taken once the tile's loads are issued: a counter's answer arrives under them)
       const auto take_next = [&] {
         if (thread == 0) tile = queue.next(tile);
@@ -178,7 +180,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   for (int lap = 0;; ++lap) {
     const int64_t tile = queue.take(lap, thread % arch::kWarpSize);
     if (tile >= tiles) break;
-    const auto w = Source::work(p, tile, tiles, ctas);
+    const auto w = Source::work(p, walk, tile);
     if (!w.live) continue;
     RowState<Tile> st;
     st.clear();

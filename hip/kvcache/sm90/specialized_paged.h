@@ -12,12 +12,19 @@
 #include "arch/nvidia/pipeline.h"
 #include "arch/nvidia/shared_tile.h"
 #include "arch/nvidia/tensor_map.h"
+#include "common/fast_divide.h"
 #include "fwd/sm90/specialized_work.h"
 #include "kvcache/page_table.h"
 #include "kvcache/split.h"
 #include "launch.h"
 
 namespace fmha {
+
+// The paged grid's divisions by the call's sizes (its x, its heads, the GQA group), precomputed by the
+// launch (common/fast_divide.h).
+struct PagedTileWalk {
+  FastDivide x, heads, group;
+};
 
 template <typename Tile, typename T>
 struct SpecializedSource<fmha_kvcache_params, Tile, T> {
@@ -41,16 +48,21 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
   }
   // (the grid has one CTA per tile: no tile counter)
   __device__ static int32_t* tile_counter(const fmha_kvcache_params&) { return nullptr; }
-  __device__ static Work work(const fmha_kvcache_params& p, int64_t t, int64_t, int64_t) {
+  using Walk = PagedTileWalk;
+  static Walk walk(const fmha_kvcache_params& p) {
+    return {FastDivide(grid_x(p)), FastDivide(grid_heads(p)), FastDivide(p.nhead_q / p.nhead_k)};
+  }
+  __device__ static Work work(const fmha_kvcache_params& p, const Walk& walk, int64_t t) {
     Work w;
     const int splits = kvcache::grid_splits(p), gx = grid_x(p);
-    const int64_t rest = t / gx;
-    const kvcache::GridTile slot = kvcache::grid_tile(static_cast<int>(t % gx), gx, splits, Tile::kMasked);
-    const int heads = grid_heads(p);
-    w.y = static_cast<int>(rest % heads);
-    w.b = kvcache::sequence_at(p, static_cast<int32_t>(rest / heads));
+    const int64_t rest = walk.x.quotient(t);
+    const kvcache::GridTile slot =
+        kvcache::grid_tile(static_cast<int>(t - rest * walk.x.divisor()), gx, splits, Tile::kMasked);
+    const int64_t b = walk.heads.quotient(rest);
+    w.y = static_cast<int>(rest - b * walk.heads.divisor());
+    w.b = kvcache::sequence_at(p, static_cast<int32_t>(b));
     w.group = kvcache::packed_heads(p);
-    w.hk = p.pack_gqa != 0 ? w.y : w.y / (p.nhead_q / p.nhead_k);
+    w.hk = p.pack_gqa != 0 ? w.y : static_cast<int>(walk.group.quotient(w.y));
     kvcache::Fault ignored = {kvcache::kNoFault, 0, 0};  // the prepare reports faults; kernels clamp
     w.seq = kvcache::resolve(p, w.b, ignored);
     w.rows.q_start = w.seq.q_start;
