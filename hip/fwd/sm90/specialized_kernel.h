@@ -188,6 +188,28 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     const int64_t query_of[2] = {w.query_of(row_of[0]), w.query_of(row_of[1])};                // their query rows
     const float scale_log2 = p.scale_log2;  // 16-bit inputs: no descales
 
+    // A consumer whose rows all lie past the tile's (a decode tile of at most 64 (query row, query head)
+    // pairs, a sequence's last q block) computes nothing: it keeps the pipeline's and the ping-pong's
+    // protocol, so that the other consumer runs its products back to back.
+    if (w.steps > 0 && w.i0 + c * 64 >= w.tile_rows()) {
+      arch::mbarrier_wait(smem.full_q(), queries & 1);
+      ++queries;
+      for (int i = 0; i < w.steps; ++i) {
+        const int s = (ring + i) % S;
+        const uint32_t phase = static_cast<uint32_t>(((ring + i) / S) & 1);
+        arch::mbarrier_wait(smem.full_k(s), phase);
+        turn_begin();
+        turn_end();
+        arch::mbarrier_wait(smem.full_v(s), phase);
+        if (leader) {
+          arch::mbarrier_arrive(smem.empty_k(s));
+          arch::mbarrier_arrive(smem.empty_v(s));
+          if (i == w.steps - 1) arch::mbarrier_arrive(smem.empty_q());
+        }
+      }
+      ring += w.steps;
+      continue;
+    }
     if (w.steps > 0) {
       const int steps = w.steps;
       const KeptKeys kept = KeptKeys::of<Tile::kMasked>(w.keys.mask, query_of, w.rows.sk);
