@@ -778,9 +778,9 @@ fn packed_decode_on_every_group_and_page() {
         let page = pages[i % pages.len()];
         let group_size = hq / hk;
         let varlen = i % 3 == 1;
-        // sm_90a's warp-specialized tile (128 rows) where it takes the group, the pages and the
-        // queries (batch mode), else the one-warpgroup tile (64 rows).
-        let boxes = 128 % group_size == 0 && page % 16 == 0 && !varlen;
+        // sm_90a's warp-specialized tile (128 rows) where it takes the group and the pages, else the
+        // one-warpgroup tile (64 rows).
+        let boxes = 128 % group_size == 0 && page % 16 == 0;
         let rows = (if boxes { 128 } else { 64 } / group_size).max(1);
         // One sequence fills the tile (varlen), the others take fewer rows; kv lengths of none, one
         // key, a page boundary and several key tiles.

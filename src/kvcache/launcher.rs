@@ -45,7 +45,7 @@ fn select(traits: &KvCacheTraits) -> Result<Instance> {
     let group = traits.nhead_q / traits.nhead_k;
     let packed = crate::registry::serving(arch, &Request { packed_gqa: true, ..request })
         .into_iter()
-        .find(|i| i.packs(group, traits.max_seqlen_q, traits.page_size, traits.mode));
+        .find(|i| i.packs(group, traits.max_seqlen_q, traits.page_size));
     match packed {
         Some(instance) => Ok(instance),
         None => crate::registry::select(arch, &request),

@@ -5,7 +5,7 @@
 //! answers "unsupported" and names the nearest instances.
 
 use crate::error::{Error, Result};
-use crate::problem::{CacheDtype, Dtype, Fp8Format, Mode};
+use crate::problem::{CacheDtype, Dtype, Fp8Format};
 use crate::runtime::Arch;
 
 mod plan;
@@ -68,21 +68,19 @@ const AMD_MAX_INPUT_ROW_STRIDE: i64 = 1 << 24;
 
 impl Instance {
     /// Whether this packed-GQA instance takes a kv-cache call of `group` query heads per kv head, at most
-    /// `max_seqlen_q` query rows per sequence, pages of `page_size` tokens and queries in `mode`: every
-    /// sequence's (query row, query head) pairs of one kv head fit one tile; the warp-specialized tile
-    /// loads its rows as TMA boxes of `group` heads, so the group also divides its rows, its producer
-    /// takes pages of whole key tiles or of a multiple of `SM90_GATHER_PAGE_MULTIPLE` (16) tokens, and it
-    /// takes batch-mode queries only (varlen decode through flashinfer's wrapper read 5–10 % below the
-    /// one-warpgroup tile in two runs, within the machine's spread; not shown better, so not adopted:
-    /// docs/perf.md, 2026-11-26 10:36 UTC). Its kernel takes other calls too, through the cp.async
-    /// kernel of its shape, which is slower than the one-warpgroup tiles that take them here.
-    pub fn packs(&self, group: i64, max_seqlen_q: i64, page_size: i64, mode: Mode) -> bool {
+    /// `max_seqlen_q` query rows per sequence and pages of `page_size` tokens: every sequence's (query
+    /// row, query head) pairs of one kv head fit one tile; the warp-specialized tile loads its rows as TMA
+    /// boxes of `group` heads, so the group also divides its rows, and its producer takes pages of whole
+    /// key tiles or of a multiple of `SM90_GATHER_PAGE_MULTIPLE` (16) tokens. Its kernel takes other calls
+    /// too, through the cp.async kernel of its shape, which is slower than the one-warpgroup tiles that
+    /// take them here.
+    pub fn packs(&self, group: i64, max_seqlen_q: i64, page_size: i64) -> bool {
         let fits_tile = self.packed_gqa && max_seqlen_q * group <= self.m0;
         if self.pipeline != SM90_DECODE_WS_PIPELINE {
             return fits_tile;
         }
         let pages = page_size > 0 && (page_size % self.n0 == 0 || page_size % SM90_GATHER_PAGE_MULTIPLE == 0);
-        fits_tile && group > 0 && self.m0 % group == 0 && pages && mode == Mode::Batch
+        fits_tile && group > 0 && self.m0 % group == 0 && pages
     }
 
     /// Refuses tensors the instance cannot address with its vector loads, naming the field. Group mode
@@ -620,7 +618,7 @@ mod tests {
             };
             serving_in(&all, &request)
                 .into_iter()
-                .find(|i| i.packs(group, max_seqlen_q, page_size, Mode::Batch))
+                .find(|i| i.packs(group, max_seqlen_q, page_size))
                 .map(|i| (i.m0, i.n0, i.pipeline))
         };
         let ws = Some((128, 128, SM90_DECODE_WS_PIPELINE));
@@ -638,8 +636,6 @@ mod tests {
             assert_eq!(pick(128, 4, 1, page), cp_async, "page {page}");
         }
         assert_eq!(pick(64, 4, 1, 16), cp_async);
-        let ws_instance = all.iter().find(|i| i.pipeline == SM90_DECODE_WS_PIPELINE).unwrap();
-        assert!(!ws_instance.packs(4, 1, 16, Mode::Group), "varlen queries: the one-warpgroup tile");
     }
 
     #[test]
