@@ -501,6 +501,18 @@ extern void fmha_cpu_kvcache_chunks(const struct fmha_kvcache_params *params,
                                     int64_t kv_len,
                                     int64_t *out);
 
+// The warp-specialized dense forward's grid (`hip/fwd/sm90/tile_walk.h`) compiled for the host CPU:
+// the grid of `*params` on `sms` SMs into `out` (its tiles, CTAs, 1 if counted, then each tile's q
+// block and pair), if `capacity` values hold it; returns the count of values it has.
+extern int64_t fmha_cpu_dense_grid(const struct fmha_fwd_params *params,
+                                   int64_t sms,
+                                   int64_t *out,
+                                   int64_t capacity);
+
+// `hip/common/fast_divide.h` compiled for the host CPU: `n` divided by `*divisor`, `out[0]` the
+// quotient, `out[1]` the remainder.
+extern void fmha_cpu_fast_divide(const int64_t *divisor, int64_t n, int64_t *out);
+
 // The deterministic walkers compiled for the host CPU (every backend): the units workgroup
 // `args.worker` runs, in order, into `units` (at most `capacity`); returns how many there are (more
 // than `capacity` when they did not fit).
