@@ -15,7 +15,7 @@
 //   the softmax of S_j runs while the tensor cores finish P_{j-1}·V_{j-1}, and each stage is released
 //   as soon as the product reading it has retired. V lags K by one tile.
 // - ping-pong: the consumers take turns issuing their products (two named barriers), so one's softmax
-//   runs under the other's GEMMs.
+//   runs under the other's GEMMs. A consumer with no rows in a tile takes its turns without products.
 // No CTA-wide barrier after the setup. The epilogue is the forward's (fwd/sm90/epilogue.h).
 #pragma once
 
@@ -188,6 +188,10 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     const int64_t query_of[2] = {w.query_of(row_of[0]), w.query_of(row_of[1])};                // their query rows
     const float scale_log2 = p.scale_log2;  // 16-bit inputs: no descales
 
+    // Ring stage and phase of the tile's step i.
+    const auto stage = [&](int i) { return (ring + i) % S; };
+    const auto phase = [&](int i) { return static_cast<uint32_t>(((ring + i) / S) & 1); };
+
     // A consumer whose rows all lie past the tile's (a decode tile of at most 64 (query row, query head)
     // pairs, a sequence's last q block) computes nothing: it keeps the pipeline's and the ping-pong's
     // protocol, so that the other consumer runs its products back to back.
@@ -195,15 +199,13 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       arch::mbarrier_wait(smem.full_q(), queries & 1);
       ++queries;
       for (int i = 0; i < w.steps; ++i) {
-        const int s = (ring + i) % S;
-        const uint32_t phase = static_cast<uint32_t>(((ring + i) / S) & 1);
-        arch::mbarrier_wait(smem.full_k(s), phase);
+        arch::mbarrier_wait(smem.full_k(stage(i)), phase(i));
         turn_begin();
         turn_end();
-        arch::mbarrier_wait(smem.full_v(s), phase);
+        arch::mbarrier_wait(smem.full_v(stage(i)), phase(i));
         if (leader) {
-          arch::mbarrier_arrive(smem.empty_k(s));
-          arch::mbarrier_arrive(smem.empty_v(s));
+          arch::mbarrier_arrive(smem.empty_k(stage(i)));
+          arch::mbarrier_arrive(smem.empty_v(stage(i)));
           if (i == w.steps - 1) arch::mbarrier_arrive(smem.empty_q());
         }
       }
@@ -226,9 +228,6 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
 #pragma unroll
         for (int kk = 0; kk < kSteps; ++kk) arch::a_fragment<T>(p_frag[kk], s, kk);
       };
-      // Ring stage and phase of step i.
-      const auto stage = [&](int i) { return (ring + i) % S; };
-      const auto phase = [&](int i) { return static_cast<uint32_t>(((ring + i) / S) & 1); };
 
       arch::mbarrier_wait(smem.full_q(), queries & 1);
       ++queries;
