@@ -107,7 +107,8 @@ int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const F
 // The kv cache's 16-bit forward at D = 128 (no per-page descales), prefill or packed decode: the
 // warp-specialized kernel over the paged pool (kvcache/sm90/specialized_paged.h). Its producer loads K
 // and V as TMA boxes where pages hold whole 128-key tiles, and gathers them with cp.async where they
-// hold a multiple of 16 rows (page pieces as TMA boxes do not stream at the memory's rate, docs/perf.md).
+// hold a multiple of 16 rows (page pieces as TMA boxes do not stream at the memory's rate, docs/perf.md;
+// a page lookup per row, for other pages, ran at half the cp.async kernel's speed at pages of 1).
 // `fallback` (the cp.async kernel of the same tile shape) takes other pages, tensors TMA cannot describe,
 // and packed tiles whose rows TMA cannot box (the GQA group must divide them). Same grid and splits as
 // the cp.async kernel's. The gathering producer keeps its loop in registers (88: a spill's reload would

@@ -20,10 +20,10 @@
 
 namespace fmha {
 
-// The paged grid's divisions by the call's sizes (its x, its heads, the GQA group), precomputed by the
-// launch (common/fast_divide.h).
+// The paged grid's divisions by the call's sizes (its x, its heads, the GQA group, the page size),
+// precomputed by the launch (common/fast_divide.h).
 struct PagedTileWalk {
-  FastDivide x, heads, group;
+  FastDivide x, heads, group, page;
 };
 
 template <typename Tile, typename T>
@@ -32,6 +32,7 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
 
   struct Work : SpecializedWork {
     kvcache::Sequence seq;
+    FastDivide page;  // keys per page
   };
 
   // The grid of the cp.async kernel, [q tiles · splits, query heads (packed GQA, the decode tile: kv
@@ -50,7 +51,8 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
   __device__ static int32_t* tile_counter(const fmha_kvcache_params&) { return nullptr; }
   using Walk = PagedTileWalk;
   static Walk walk(const fmha_kvcache_params& p) {
-    return {FastDivide(grid_x(p)), FastDivide(grid_heads(p)), FastDivide(p.nhead_q / p.nhead_k)};
+    return {FastDivide(grid_x(p)), FastDivide(grid_heads(p)), FastDivide(p.nhead_q / p.nhead_k),
+            FastDivide(p.page_size)};
   }
   __device__ static Work work(const fmha_kvcache_params& p, const Walk& walk, int64_t t) {
     Work w;
@@ -63,6 +65,7 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
     w.b = kvcache::sequence_at(p, static_cast<int32_t>(b));
     w.group = kvcache::packed_heads(p);
     w.hk = p.pack_gqa != 0 ? w.y : static_cast<int>(walk.group.quotient(w.y));
+    w.page = walk.page;
     kvcache::Fault ignored = {kvcache::kNoFault, 0, 0};  // the prepare reports faults; kernels clamp
     w.seq = kvcache::resolve(p, w.b, ignored);
     w.rows.q_start = w.seq.q_start;
@@ -122,7 +125,7 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
   // tile ahead, so that the table load is in flight while it waits for a stage.
   __device__ static int64_t page_of(const fmha_kvcache_params& p, const Work& w, int64_t j0, int lane) {
     const int64_t token = Tile::kGather ? j0 + (lane / Tile::kChunks) * kRun : j0;
-    return kvcache::PageLookup::of(p).page_id(w.seq, token / p.page_size);
+    return kvcache::PageLookup::of(p).page_id(w.seq, w.page.quotient(token));
   }
 
   // The K or V (kValues) tile of keys j0.. (kCols columns, kBytes) from the pool's page `id` (page_of)
@@ -139,7 +142,7 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
       arch::copy_async_commit();
     } else {
       arch::tma_load_tile<kCols>(shared, Tile::KLayout::kBlockBytes, map, bar, kBytes,
-                                 static_cast<int>(j0 % p.page_size), w.hk, static_cast<int>(id), lane);
+                                 static_cast<int>(w.page.remainder(j0)), w.hk, static_cast<int>(id), lane);
     }
   }
 
@@ -155,7 +158,7 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
     const int column = chunk * (16 / static_cast<int>(sizeof(T)));
     const bool column_valid = column < (values ? p.hdim_v : p.hdim_q);
     const int valid_rows = static_cast<int>(min(w.rows.sk - j0, static_cast<int64_t>(N))) - first;
-    const T* row = pool + id * page_stride + ((j0 + first) % p.page_size) * row_stride + column;
+    const T* row = pool + id * page_stride + w.page.remainder(j0 + first) * row_stride + column;
     // Row first + i's chunk: the run starts on a swizzle period, so its slot is the run's first one with
     // bits 4-6 XORed by i mod 8 (Swizzle128 on absolute addresses): two instructions per copy rather
     // than 16 offsets held across the producer's loop (which spill, and a spill's reload waits behind
@@ -180,10 +183,9 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
     const TileCopy<typename Tile::Producer, N, typename Tile::VLayout> copy;
     using Copy = decltype(copy);
     const T* v = reinterpret_cast<const T*>(p.v) + w.hk * p.v_head_stride;
-    const int64_t page = p.page_size;
     const auto row_address = [&](int i) {
-      const int64_t token = j0 + copy.first_row() + i * Copy::kRowStep;
-      return v + lookup.page_id(w.seq, token / page) * p.v_batch_stride + (token % page) * p.v_row_stride;
+      const int64_t token = j0 + copy.first_row() + i * Copy::kRowStep, index = w.page.quotient(token);
+      return v + lookup.page_id(w.seq, index) * p.v_batch_stride + (token - index * w.page.divisor()) * p.v_row_stride;
     };
     copy.issue_rows(shared, row_address, v, static_cast<int>(w.rows.sk - j0), p.hdim_v);
   }
