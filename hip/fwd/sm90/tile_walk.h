@@ -76,6 +76,7 @@ FMHA_HOST_DEVICE inline DenseGrid dense_grid(const fmha_fwd_params& p, int block
   g.counted = p.tile_counter != 0 && masked && g.tiles > sms && g.tiles <= 0x7fffffff - sms;
   const bool persistent = g.counted || (p.group_mode == 0 && (!masked || m_blocks <= 4)) || g.tiles > 0x7fffffff;
   g.ctas = persistent && g.tiles > sms ? sms : g.tiles;
+  const int64_t group = p.nhead_k > 0 ? p.nhead_q / p.nhead_k : 1;  // query heads per kv head
   // Pairs per section: a power of two of kv heads (a sequence's K and V of one), times the GQA group.
   int64_t width = pairs;
   if (g.counted) {
@@ -83,13 +84,12 @@ FMHA_HOST_DEVICE inline DenseGrid dense_grid(const fmha_fwd_params& p, int block
     const int64_t head_bytes = (rows > 1 ? rows : 1) * (p.hdim_q + p.hdim_v) * static_cast<int64_t>(element_bytes);
     int64_t kv_heads = 1;
     while (kv_heads * 2 * head_bytes <= kDenseSectionBytes) kv_heads *= 2;
-    const int64_t group = p.nhead_k > 0 ? p.nhead_q / p.nhead_k : 1;
     width = kv_heads * group < pairs ? kv_heads * group : pairs;
   }
   DenseTileWalk& w = g.walk;
   w.blocks = FastDivide(m_blocks);
   w.nhead_q = FastDivide(p.nhead_q);
-  w.group = FastDivide(p.nhead_k > 0 ? p.nhead_q / p.nhead_k : 1);
+  w.group = FastDivide(group);
   w.masked = masked;
   w.blocks_fastest = !(masked && g.ctas < g.tiles);
   w.width = FastDivide(width);

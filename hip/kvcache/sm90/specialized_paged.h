@@ -56,10 +56,9 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
   }
   __device__ static Work work(const fmha_kvcache_params& p, const Walk& walk, int64_t t) {
     Work w;
-    const int splits = kvcache::grid_splits(p), gx = grid_x(p);
+    const int splits = kvcache::grid_splits(p), gx = static_cast<int>(walk.x.divisor());  // grid_x(p)
     const int64_t rest = walk.x.quotient(t);
-    const kvcache::GridTile slot =
-        kvcache::grid_tile(static_cast<int>(t - rest * walk.x.divisor()), gx, splits, Tile::kMasked);
+    const kvcache::GridTile slot = kvcache::grid_tile(static_cast<int>(t - rest * gx), gx, splits, Tile::kMasked);
     const int64_t b = walk.heads.quotient(rest);
     w.y = static_cast<int>(rest - b * walk.heads.divisor());
     w.b = kvcache::sequence_at(p, static_cast<int32_t>(b));
