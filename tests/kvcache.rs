@@ -861,6 +861,54 @@ fn prefill_at_d128_on_every_page() {
     }
 }
 
+/// fp8 prefill where pages hold whole 128-key tiles and the descales are uniform: on sm_90a the
+/// warp-specialized tile, its K and V tiles TMA boxes and V transposed by the producer warpgroup. Pages
+/// of 128 to 1024 tokens, both table formats and layouts, batch and varlen queries, every mask, GQA and
+/// MHA, head dims 128 and 64 (zero columns past it), sequences that end inside a tile (their last V tile
+/// copied with zeros past them), empty ones, split and unsplit.
+#[test]
+fn fp8_prefill_on_whole_tile_pages() {
+    if skip() {
+        return;
+    }
+    let mut rng = Rng::fresh();
+    let seed = rng.0;
+    for (i, page) in [128usize, 256, 1024, 128, 256, 128].into_iter().enumerate() {
+        let varlen = i % 3 != 2;
+        let lens = if varlen {
+            vec![(200, 333), (1, 1), (130, 700), (0, 5), (257, 257), (3, 0)]
+        } else {
+            vec![(140, 333), (140, 1100), (140, 140)]
+        };
+        let (hq, hk) = if i % 2 == 0 { (8, 2) } else { (4, 4) };
+        let case = Case {
+            input: Input::Fp8(Fp8Format::E4m3fn),
+            kind: if i % 2 == 0 { FMHA_KV_BLOCK_TABLE } else { FMHA_KV_PAGE_CSR },
+            pool: if i % 4 < 2 { Pool::Hnd } else { Pool::Nhd },
+            page,
+            group: varlen,
+            mask: [
+                Mask::causal(MaskType::BottomRight),
+                Mask::NONE,
+                Mask { kind: MaskType::BottomRight, left: 100, right: 20 },
+            ][i % 3],
+            per_page_scales: false,
+            hq,
+            hk,
+            d: if i < 4 { 128 } else { 64 },
+            lens,
+            share_prefix: i % 2 == 1,
+            splits: (if i == 5 { 3 } else { 0 }, 0),
+        };
+        let ctx = format!("seed {seed}: page {page} {case:?}");
+        let arch = fmha::runtime::current().and_then(|r| r.arch()).unwrap_or(Arch::Other);
+        if arch == Arch::Sm90 {
+            assert_eq!(planned_pipeline(&case), "wgmma_ws_paged_vt", "{ctx}");
+        }
+        run_case(&case, &mut rng, &ctx);
+    }
+}
+
 /// Pages laid out contiguously give the dense forward's bits (same tiles, same loop, same descales),
 /// for bf16 and for fp8 inputs with per-(sequence, kv head) descales.
 #[test]

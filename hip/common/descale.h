@@ -19,4 +19,16 @@ __device__ inline float uniform_descale(const fmha_descale_params& d, int b, int
   return data != nullptr ? data[b * d.batch_stride + hk * d.head_stride] : 1.f;
 }
 
+// The descales of a call of element type T uniform over sequence b and kv head hk: `k` q's times k's,
+// `v` v's; 1 for 16-bit inputs (which carry none).
+template <typename T, typename Params>
+__device__ inline TileScales uniform_descales(const Params& p, int b, int hk) {
+  if constexpr (sizeof(T) == 1) {
+    return TileScales{uniform_descale(p.q_descale, b, hk) * uniform_descale(p.k_descale, b, hk),
+                      uniform_descale(p.v_descale, b, hk)};
+  } else {
+    return TileScales{1.f, 1.f};
+  }
+}
+
 }  // namespace fmha

@@ -216,8 +216,8 @@ const FORWARD_TILES: [(i64, i64, i64); 4] = [(32, 64, 64), (64, 64, 64), (128, 6
 const SM90_DENSE_FORWARD_TILES: [(i64, i64, i64); 3] = [(64, 128, 128), (128, 128, 128), (256, 128, 80)];
 /// The same kernel's tile for Q/K head dims up to 192 with V head dims up to 128 (hdim_v set apart).
 const SM90_DENSE_FORWARD_192_128: (i64, i64, i64) = (192, 128, 128);
-/// sm_90a's kv-cache forward and dense fp8 forward (`hip/fwd/sm90/kernel.h`): warpgroups of 64 q rows
-/// (one at D = 64, two at D = 128).
+/// sm_90a's kv-cache forward and dense fp8 forward: warpgroups of 64 q rows (one at D = 64, two at
+/// D = 128), of the cp.async kernel (`hip/fwd/sm90/kernel.h`) or at D = 128 of the warp-specialized one.
 const SM90_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 64, 128), (128, 128, 128)];
 /// sm_90a's decode tiles (packed GQA) of the cp.async kernel: one warpgroup of 64 (query row, query
 /// head) pairs; 64 keys for 16-bit types, 128 for fp8.
@@ -306,20 +306,22 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
         Arch::Sm90 if cfg!(feature = "cuda") => {
             let mut list = sm90_dense_forward_instances();
             // fp8 (OCP, the format Hopper's tensor cores take) with the D = 128 shape only, as the
-            // kv cache's; V transposed in shared memory (hip/fwd/sm90/transpose_v.h).
+            // kv cache's: the warp-specialized kernel, its producer warpgroup transposing V in shared
+            // memory (hip/fwd/sm90/transpose_v.h); tensors TMA cannot describe take the cp.async kernel.
             list.extend(gpu_instances(
                 arch,
                 Operation::Forward,
                 &[CacheDtype::Fp8(Fp8Format::E4m3fn)],
                 &SM90_FORWARD_TILES[1..],
-                "wgmma_cp_async_vt",
+                "wgmma_ws_tma_vt",
             ));
             list.extend(gpu_instances(arch, Operation::Backward, &HALF_DTYPES, &SM90_BACKWARD_TILES, "wgmma_cp_async"));
             // The forward kernels with paged K/V tiles (hip/kvcache/kvcache.hip): at D = 128 the
             // warp-specialized one, its producer loading K/V as TMA boxes of whole pages or gathering
             // them row by row (smaller pages; tensors TMA cannot describe take the cp.async kernel); at
             // D = 64 the cp.async kernel. fp8 in the OCP format (the one Hopper's tensor cores take)
-            // with the D = 128 shape only.
+            // with the D = 128 shape only: the warp-specialized kernel where pages hold whole key tiles
+            // and the descales are uniform, the cp.async kernel for other pages and per-page descales.
             list.extend(gpu_instances(
                 arch,
                 Operation::KvCache,
@@ -339,7 +341,7 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
                 Operation::KvCache,
                 &[CacheDtype::Fp8(Fp8Format::E4m3fn)],
                 &SM90_FORWARD_TILES[1..],
-                "wgmma_cp_async_paged_vt",
+                "wgmma_ws_paged_vt",
             ));
             list.extend(sm90_decode_instances());
             list

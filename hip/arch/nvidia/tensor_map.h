@@ -1,11 +1,11 @@
 // The Tensor Memory Accelerator (TMA) on Hopper (sm_90a): tensor maps encoded on the host, and the
 // device's tile copies into shared memory that complete on an mbarrier's transaction count.
 //
-// A map describes a [batch, rows, heads, dim] tensor of 16-bit elements (any strides that are whole
-// 16-byte multiples) as 4-D with a box of 64 columns by `box_rows` rows (or, packed, `group` heads by
-// rows) in the 128-byte swizzle, which is exactly Swizzle128's layout (arch/nvidia/shared_tile.h): a
-// tile of D columns is D / 64 boxes into consecutive 64-column blocks. Elements outside the tensor land
-// as zeros (and count toward the transaction bytes).
+// A map describes a [batch, rows, heads, dim] tensor of 16- or 8-bit elements (any strides that are
+// whole 16-byte multiples) as 4-D with a box of 128 bytes of columns (64 16-bit ones, 128 8-bit ones) by
+// `box_rows` rows (or, packed, `group` heads by rows) in the 128-byte swizzle, which is exactly
+// Swizzle128's layout (arch/nvidia/shared_tile.h): a tile's rows are one box per 128-byte block of
+// columns. Elements outside the tensor land as zeros (and count toward the transaction bytes).
 #pragma once
 
 #include <cuda.h>
@@ -32,45 +32,49 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encoder;
 }
 
-// Encodes `map` for a 16-bit tensor at `base` of 64-column boxes (the 128-byte swizzle) over the 3
-// outer dimensions `sizes` (innermost first) with element strides `strides`, each box `box` of them.
-// False where TMA cannot describe it (alignment, strides, sizes, no encoder).
-inline bool encode_map(CUtensorMap* map, const void* base, int64_t cols, const int64_t (&sizes)[3],
+// Encodes `map` for a tensor of `element_bytes` (2 or 1) at `base` of 128-byte boxes of columns (the
+// 128-byte swizzle) over the 3 outer dimensions `sizes` (innermost first) with element strides
+// `strides`, each box `box` of them. False where TMA cannot describe it (alignment, strides, sizes, no
+// encoder).
+inline bool encode_map(CUtensorMap* map, const void* base, int element_bytes, int64_t cols, const int64_t (&sizes)[3],
                        const int64_t (&strides)[3], const uint32_t (&box)[3]) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr || base == nullptr || reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
+  if (element_bytes != 1 && element_bytes != 2) return false;
   if (cols < 1 || cols > (int64_t{1} << 32)) return false;
   cuuint64_t dims[4] = {static_cast<cuuint64_t>(cols)};
   cuuint64_t byte_strides[3];
   for (int d = 0; d < 3; ++d) {
     // (a dimension of one is never stepped over: its stride only has to be valid)
-    const int64_t stride = sizes[d] > 1 ? strides[d] * 2 : 16;
+    const int64_t stride = sizes[d] > 1 ? strides[d] * element_bytes : 16;
     if (sizes[d] < 1 || sizes[d] > (int64_t{1} << 32) || box[d] < 1 || box[d] > 256) return false;
     if (stride <= 0 || stride % 16 != 0 || stride >= (int64_t{1} << 40)) return false;
     dims[d + 1] = static_cast<cuuint64_t>(sizes[d]);
     byte_strides[d] = static_cast<cuuint64_t>(stride);
   }
-  const cuuint32_t boxes[4] = {64, box[0], box[1], box[2]};
+  const cuuint32_t boxes[4] = {static_cast<cuuint32_t>(128 / element_bytes), box[0], box[1], box[2]};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, const_cast<void*>(base), dims, byte_strides, boxes,
-                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  const CUtensorMapDataType type = element_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_UINT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  return encode(map, type, 4, const_cast<void*>(base), dims, byte_strides, boxes, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// A [batch, rows, heads, cols] tensor (strides in elements) as (column, row, head, batch) boxes of
-// `box_rows` rows of one head.
-inline bool encode_rows_map(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, int64_t heads,
-                            int64_t batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride,
-                            uint32_t box_rows) {
-  return encode_map(map, base, cols, {rows, heads, batch}, {row_stride, head_stride, batch_stride}, {box_rows, 1, 1});
+// A [batch, rows, heads, cols] tensor of `element_bytes` (strides in elements) as (column, row, head,
+// batch) boxes of `box_rows` rows of one head.
+inline bool encode_rows_map(CUtensorMap* map, const void* base, int element_bytes, int64_t cols, int64_t rows,
+                            int64_t heads, int64_t batch, int64_t row_stride, int64_t head_stride,
+                            int64_t batch_stride, uint32_t box_rows) {
+  return encode_map(map, base, element_bytes, cols, {rows, heads, batch}, {row_stride, head_stride, batch_stride},
+                    {box_rows, 1, 1});
 }
 
 // The same tensor as (column, head, row, batch) boxes of `group` consecutive heads by `box_rows` rows:
 // box row r is row r / group of head r % group from the box's first ones (the packed-GQA tile's rows).
-inline bool encode_packed_rows_map(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, int64_t heads,
-                                   int64_t batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride,
-                                   uint32_t group, uint32_t box_rows) {
-  return encode_map(map, base, cols, {heads, rows, batch}, {head_stride, row_stride, batch_stride},
+inline bool encode_packed_rows_map(CUtensorMap* map, const void* base, int element_bytes, int64_t cols, int64_t rows,
+                                   int64_t heads, int64_t batch, int64_t row_stride, int64_t head_stride,
+                                   int64_t batch_stride, uint32_t group, uint32_t box_rows) {
+  return encode_map(map, base, element_bytes, cols, {heads, rows, batch}, {head_stride, row_stride, batch_stride},
                     {group, box_rows, 1});
 }
 
@@ -92,16 +96,19 @@ __device__ inline void tma_load(uint32_t shared, const CUtensorMap& map, uint32_
       : "memory");
 }
 
-// A tile of kCols columns at (row, head, batch) of `map`: arms `bar` with its `bytes` (every box counts
-// in full) and loads its kCols / 64 boxes into consecutive 64-column blocks `block_bytes` apart
-// (Swizzle128's). Lane 0 issues; the producer warp's other lanes arrive.
-template <int kCols>
+// A tile of kCols columns of T at (row, head, batch) of `map`: arms `bar` with its `bytes` (every box
+// counts in full) and loads its boxes into consecutive 128-byte blocks of columns `block_bytes` apart
+// (Swizzle128's). Lane 0 issues; the producer's other threads arrive.
+template <typename T, int kCols>
 __device__ inline void tma_load_tile(uint32_t shared, uint32_t block_bytes, const CUtensorMap& map, uint32_t bar,
                                      uint32_t bytes, int row, int head, int batch, int lane) {
+  constexpr int kBoxCols = 128 / static_cast<int>(sizeof(T));
   if (lane == 0) {
     mbarrier_arrive_expect_bytes(bar, bytes);
 #pragma unroll
-    for (int col = 0; col < kCols; col += 64) tma_load(shared + (col / 64) * block_bytes, map, bar, col, row, head, batch);
+    for (int col = 0; col < kCols; col += kBoxCols) {
+      tma_load(shared + (col / kBoxCols) * block_bytes, map, bar, col, row, head, batch);
+    }
   } else {
     mbarrier_arrive(bar);
   }

@@ -17,15 +17,14 @@ struct KeyValueTiles<fmha_fwd_params, Tile, T> {
   int hdim_q, hdim_v;
   // fp8 descales of this sequence and kv head (per tensor or per (sequence, kv head)): q's times k's,
   // and v's; 1 for 16-bit inputs.
-  float qk_descale = 1.f, v_descale = 1.f;
+  float qk_descale, v_descale;
 
   __device__ KeyValueTiles(const fmha_fwd_params& p, int b, int hk)
       : rows(batch_rows(p, b)), k_row_stride(p.k_row_stride), v_row_stride(p.v_row_stride), hdim_q(p.hdim_q),
         hdim_v(p.hdim_v) {
-    if constexpr (sizeof(T) == 1) {
-      qk_descale = uniform_descale(p.q_descale, b, hk) * uniform_descale(p.k_descale, b, hk);
-      v_descale = uniform_descale(p.v_descale, b, hk);
-    }
+    const TileScales descales = uniform_descales<T>(p, b, hk);
+    qk_descale = descales.k;
+    v_descale = descales.v;
     const int64_t batch = p.group_mode ? 0 : b;
     k = reinterpret_cast<const T*>(p.k) + batch * p.k_batch_stride + hk * p.k_head_stride + rows.k_start * k_row_stride;
     v = reinterpret_cast<const T*>(p.v) + batch * p.v_batch_stride + hk * p.v_head_stride + rows.k_start * v_row_stride;

@@ -51,9 +51,9 @@ inline int multiprocessor_count() {
 // sequences in group mode) and its launch of `ctas` CTAs, the tile's shared memory opted into once.
 template <typename Tile, typename Params>
 bool encode_query_map(const Params& p, CUtensorMap* map) {
-  return arch::encode_rows_map(map, reinterpret_cast<const void*>(p.q), p.hdim_q, p.seqlen_q, p.nhead_q,
-                               p.group_mode ? 1 : p.batch, p.q_row_stride, p.q_head_stride, p.q_batch_stride,
-                               Tile::kBlockM);
+  return arch::encode_rows_map(map, reinterpret_cast<const void*>(p.q), Tile::kElementBytes, p.hdim_q, p.seqlen_q,
+                               p.nhead_q, p.group_mode ? 1 : p.batch, p.q_row_stride, p.q_head_stride,
+                               p.q_batch_stride, Tile::kBlockM);
 }
 template <typename Tile, typename T, typename Params>
 int32_t launch_specialized_kernel(const Params& p, const ForwardMaps& maps,
@@ -67,19 +67,27 @@ int32_t launch_specialized_kernel(const Params& p, const ForwardMaps& maps,
   return static_cast<int32_t>(cudaGetLastError());
 }
 
-// The dense forward's 16-bit tiles of the warp-specialized kernel (fwd/sm90/specialized_kernel.h), 128
-// query rows each, per head-dim bucket:
+// The warp-specialized kernel's fp8 tile (D = 128, 128 keys), the dense forward's and the kv cache's:
+// three stages of K, V staged and Vᵀ (160 KiB); the producer warpgroup, which transposes V, keeps 56
+// registers (16 words of V and 16 of Vᵀ per thread), the consumers 224.
+template <typename T, bool kMasked>
+using Fp8SpecializedTile = SpecializedTile<T, 128, 128, 3, kMasked, 72>;
+
+// The dense forward's tiles of the warp-specialized kernel (fwd/sm90/specialized_kernel.h), 128 query
+// rows each, per head-dim bucket:
 //   64, 128: 128 keys, three stages of K and V (224 KiB at D = 128);
 //   192 (Q/K) with 128 (V): 128 keys, two stages (208 KiB);
-//   256: 80 keys, two stages (224 KiB; O takes 128 of a consumer's 240 registers, S 40).
+//   256: 80 keys, two stages (224 KiB; O takes 128 of a consumer's 240 registers, S 40);
+//   fp8 (128 only): Fp8SpecializedTile.
 template <typename T, int kBucket, bool kMasked>
-using DenseSpecializedTile =
+using DenseSpecializedTile = std::conditional_t<
+    sizeof(T) == 1, Fp8SpecializedTile<T, kMasked>,
     std::conditional_t<kBucket == 256, SpecializedTile<T, 256, 80, 2, kMasked>,
                        std::conditional_t<kBucket == 192, SpecializedTile<T, 192, 128, 2, kMasked, 24, 128>,
-                                          SpecializedTile<T, kBucket, 128, 3, kMasked>>>;
+                                          SpecializedTile<T, kBucket, 128, 3, kMasked>>>>;
 
-// The dense forward's 16-bit instances. Tensors TMA cannot describe (fmha_fwd_params allows strides TMA
-// does not: zero, e.g. a batch-broadcast K) take `fallback`, the cp.async kernel.
+// The dense forward's warp-specialized instances. Tensors TMA cannot describe (fmha_fwd_params allows
+// strides TMA does not: zero, e.g. a batch-broadcast K) take `fallback`, the cp.async kernel.
 template <typename T, int kBucket, bool kMasked, typename Fallback>
 int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const Fallback& fallback) {
   using Tile = DenseSpecializedTile<T, kBucket, kMasked>;
@@ -87,10 +95,10 @@ int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const F
   const int64_t batches = p.group_mode ? 1 : p.batch;
   const bool described =
       encode_query_map<Tile>(p, &maps.q) &&
-      arch::encode_rows_map(&maps.k, reinterpret_cast<const void*>(p.k), p.hdim_q, p.seqlen_k, p.nhead_k, batches,
-                            p.k_row_stride, p.k_head_stride, p.k_batch_stride, Tile::kBlockN) &&
-      arch::encode_rows_map(&maps.v, reinterpret_cast<const void*>(p.v), p.hdim_v, p.seqlen_k, p.nhead_k, batches,
-                            p.v_row_stride, p.v_head_stride, p.v_batch_stride, Tile::kBlockN);
+      arch::encode_rows_map(&maps.k, reinterpret_cast<const void*>(p.k), Tile::kElementBytes, p.hdim_q, p.seqlen_k,
+                            p.nhead_k, batches, p.k_row_stride, p.k_head_stride, p.k_batch_stride, Tile::kBlockN) &&
+      arch::encode_rows_map(&maps.v, reinterpret_cast<const void*>(p.v), Tile::kElementBytes, p.hdim_v, p.seqlen_k,
+                            p.nhead_k, batches, p.v_row_stride, p.v_head_stride, p.v_batch_stride, Tile::kBlockN);
   if (!described) return fallback();
   // The grid and its walk: fwd/sm90/tile_walk.h.
   const DenseGrid grid = dense_grid(p, Tile::kBlockM, sizeof(T), multiprocessor_count());
@@ -104,49 +112,59 @@ int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const F
   return launch_specialized_kernel<Tile, T>(params, maps, grid.walk, grid.ctas, stream);
 }
 
-// The kv cache's 16-bit forward at D = 128 (no per-page descales), prefill or packed decode: the
+// The kv cache's forward at D = 128 (no per-page descales), prefill or packed decode: the
 // warp-specialized kernel over the paged pool (kvcache/sm90/specialized_paged.h). Its producer loads K
-// and V as TMA boxes where pages hold whole 128-key tiles, and gathers them with cp.async where they
-// hold a multiple of 16 rows (page pieces as TMA boxes do not stream at the memory's rate, docs/perf.md;
-// a page lookup per row, for other pages, ran at half the cp.async kernel's speed at pages of 1).
-// `fallback` (the cp.async kernel of the same tile shape) takes other pages, tensors TMA cannot describe,
-// and packed tiles whose rows TMA cannot box (the GQA group must divide them). Same grid and splits as
-// the cp.async kernel's. The gathering producer keeps its loop in registers (88: a spill's reload would
-// wait behind its copies in flight), the consumers take the rest.
+// and V as TMA boxes where pages hold whole 128-key tiles, and, for 16-bit types, gathers them with
+// cp.async where they hold a multiple of 16 rows (page pieces as TMA boxes do not stream at the memory's
+// rate, docs/perf.md; a page lookup per row, for other pages, ran at half the cp.async kernel's speed at
+// pages of 1). `fallback` (the cp.async kernel of the same tile shape) takes other pages, tensors TMA
+// cannot describe, and packed tiles whose rows TMA cannot box (the GQA group must divide them). Same grid
+// and splits as the cp.async kernel's. The gathering producer keeps its loop in registers (88: a spill's
+// reload would wait behind its copies in flight), the consumers take the rest.
 template <typename T, bool kMasked, typename Fallback>
 int32_t launch_specialized(const fmha_kvcache_params& p, hipStream_t stream, const Fallback& fallback) {
-  using BoxedTile = SpecializedTile<T, 128, 128, 3, kMasked, 40>;
+  // (8-bit pools: TMA boxes only)
+  constexpr bool kGathers = sizeof(T) == 2;
+  using BoxedTile =
+      std::conditional_t<kGathers, SpecializedTile<T, 128, 128, 3, kMasked, 40>, Fp8SpecializedTile<T, kMasked>>;
   using GatheredTile = SpecializedTile<T, 128, 128, 3, kMasked, 88, 128, true>;
   constexpr int M = BoxedTile::kBlockM, N = BoxedTile::kBlockN;
-  using Source = SpecializedSource<fmha_kvcache_params, GatheredTile, T>;
+  using Source = SpecializedSource<fmha_kvcache_params, BoxedTile, T>;
   const int64_t page = p.page_size;
   const int group = kvcache::packed_heads(p);
   const bool boxed = page > 0 && page % N == 0;
-  if (!(boxed || (page > 0 && page % Source::kRun == 0)) || group < 1 || M % group != 0) return fallback();
+  bool gathered = false;
+  if constexpr (kGathers) {
+    gathered = page > 0 && page % SpecializedSource<fmha_kvcache_params, GatheredTile, T>::kRun == 0;
+  }
+  if (!(boxed || gathered) || group < 1 || M % group != 0) return fallback();
   const int64_t batches = p.group_mode ? 1 : p.batch;
   ForwardMaps maps{};
   const bool query_described =
       p.pack_gqa != 0
-          ? arch::encode_packed_rows_map(&maps.q, reinterpret_cast<const void*>(p.q), p.hdim_q, p.seqlen_q, p.nhead_q,
-                                         batches, p.q_row_stride, p.q_head_stride, p.q_batch_stride,
-                                         static_cast<uint32_t>(group), static_cast<uint32_t>(M / group))
+          ? arch::encode_packed_rows_map(&maps.q, reinterpret_cast<const void*>(p.q), BoxedTile::kElementBytes,
+                                         p.hdim_q, p.seqlen_q, p.nhead_q, batches, p.q_row_stride, p.q_head_stride,
+                                         p.q_batch_stride, static_cast<uint32_t>(group),
+                                         static_cast<uint32_t>(M / group))
           : encode_query_map<BoxedTile>(p, &maps.q);
   const bool described =
       query_described &&
       (!boxed ||
-       (arch::encode_rows_map(&maps.k, reinterpret_cast<const void*>(p.k), p.hdim_q, page, p.nhead_k, p.num_pages,
-                              p.k_row_stride, p.k_head_stride, p.k_batch_stride, N) &&
-        arch::encode_rows_map(&maps.v, reinterpret_cast<const void*>(p.v), p.hdim_v, page, p.nhead_k, p.num_pages,
-                              p.v_row_stride, p.v_head_stride, p.v_batch_stride, N)));
+       (arch::encode_rows_map(&maps.k, reinterpret_cast<const void*>(p.k), BoxedTile::kElementBytes, p.hdim_q, page,
+                              p.nhead_k, p.num_pages, p.k_row_stride, p.k_head_stride, p.k_batch_stride, N) &&
+        arch::encode_rows_map(&maps.v, reinterpret_cast<const void*>(p.v), BoxedTile::kElementBytes, p.hdim_v, page,
+                              p.nhead_k, p.num_pages, p.v_row_stride, p.v_head_stride, p.v_batch_stride, N)));
   if (!described) return fallback();
-  const int64_t tiles = Source::tiles(p);  // (the boxed tile's grid: the same M)
+  const int64_t tiles = Source::tiles(p);  // (the gathered tile's grid too: the same M)
   // (a grid's x is below 2^31; the launcher's CU count, as its splits use)
   const int64_t ctas = tiles > INT32_MAX ? (p.cu_count > 0 ? p.cu_count : 1) : tiles;
-  return boxed ? launch_specialized_kernel<BoxedTile, T>(p, maps, Source::walk(p), ctas, stream)
-               : launch_specialized_kernel<GatheredTile, T>(p, maps, Source::walk(p), ctas, stream);
+  if constexpr (kGathers) {
+    if (!boxed) return launch_specialized_kernel<GatheredTile, T>(p, maps, Source::walk(p), ctas, stream);
+  }
+  return launch_specialized_kernel<BoxedTile, T>(p, maps, Source::walk(p), ctas, stream);
 }
 
-// One bucket of the dense 16-bit forward, masked or not: the warp-specialized kernel, with the cp.async
+// One bucket of the dense forward, masked or not: the warp-specialized kernel, with the cp.async
 // kernel of head dim kFallbackDim (kFallbackWarpgroups warpgroups, kFallbackKeys keys per tile) for
 // tensors TMA cannot describe.
 template <typename T, int kBucket, int kFallbackDim, int kFallbackWarpgroups, int kFallbackKeys>
@@ -211,7 +229,7 @@ template <typename T, bool kPageScales = false, typename Params>
 int32_t dispatch_forward(const Params& p, hipStream_t stream) {
   if constexpr (std::is_same_v<Params, fmha_kvcache_params>) {
     if (p.pack_gqa != 0) return dispatch_packed<T, kPageScales>(p, stream);
-    if constexpr (sizeof(T) == 2 && !kPageScales) {
+    if constexpr (!kPageScales) {
       if (p.hdim_bucket == 128) {
         return p.masked ? launch_specialized<T, true>(
                               p, stream, [&] { return launch_forward<T, 128, 2, 128, true, false>(p, stream); })
@@ -219,6 +237,9 @@ int32_t dispatch_forward(const Params& p, hipStream_t stream) {
                               p, stream, [&] { return launch_forward<T, 128, 2, 128, false, false>(p, stream); });
       }
     }
+  }
+  if constexpr (std::is_same_v<Params, fmha_fwd_params> && sizeof(T) == 1) {
+    if (p.hdim_bucket == 128) return launch_dense<T, 128, 128, 2, 128>(p, stream);
   }
   if constexpr (std::is_same_v<Params, fmha_fwd_params> && sizeof(T) == 2) {
     switch (p.hdim_bucket) {

@@ -30,6 +30,7 @@
 #include "fwd/sm90/epilogue.h"
 #include "fwd/sm90/key_range.h"
 #include "fwd/sm90/mainloop.h"
+#include "fwd/sm90/transpose_v.h"
 #include "kvcache/split.h"
 
 namespace fmha {

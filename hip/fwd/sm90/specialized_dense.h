@@ -51,7 +51,7 @@ struct SpecializedSource<fmha_fwd_params, Tile, T> {
   // The tile's Q rows from `map` (encode_query_map) into `shared`, completing on `bar`.
   __device__ static void load_query(const fmha_fwd_params&, const CUtensorMap& map, uint32_t shared, uint32_t bar,
                                     const Work& w, int lane) {
-    arch::tma_load_tile<Tile::kDimQK>(shared, Tile::QLayout::kBlockBytes, map, bar, Tile::kQBytes,
+    arch::tma_load_tile<T, Tile::kDimQK>(shared, Tile::QLayout::kBlockBytes, map, bar, Tile::kQBytes,
                                       static_cast<int>(w.rows.q_start + w.i0), w.y, static_cast<int>(w.batch), lane);
   }
 
@@ -63,7 +63,7 @@ struct SpecializedSource<fmha_fwd_params, Tile, T> {
   template <int kCols, uint32_t kBytes, bool kValues>
   __device__ static void load(const fmha_fwd_params&, const CUtensorMap& map, uint32_t shared, uint32_t bar,
                               const Work& w, int64_t j0, int lane, int64_t) {
-    arch::tma_load_tile<kCols>(shared, Tile::KLayout::kBlockBytes, map, bar, kBytes,
+    arch::tma_load_tile<T, kCols>(shared, Tile::KLayout::kBlockBytes, map, bar, kBytes,
                            static_cast<int>(w.rows.k_start + j0), w.hk, static_cast<int>(w.batch), lane);
   }
 

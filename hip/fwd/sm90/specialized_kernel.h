@@ -9,7 +9,9 @@
 //   padding, whose values P·V must not see) is copied with cp.async instead, with zeros past the end;
 //   past the tensor's last row TMA itself brings zeros. With Tile::kGather (a paged pool of small
 //   pages) the whole warpgroup gathers K and V with cp.async instead, each thread arriving on a stage's
-//   full barriers once its copies have landed;
+//   full barriers once its copies have landed. With 8-bit inputs (Tile::kTransposeV) V lands in a
+//   staging tile and the whole warpgroup transposes it into the stage's Vᵀ tile, a tile behind the
+//   loads (fwd/sm90/transpose_v.h), arriving on the stage's V full barrier;
 // - two consumers (warpgroups 1 and 2, 64 rows each, the registers the producer gave up) run the
 //   mainloop with intra-warpgroup overlap: S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} are issued together,
 //   the softmax of S_j runs while the tensor cores finish P_{j-1}·V_{j-1}, and each stage is released
@@ -27,12 +29,14 @@
 #include "arch/nvidia/tensor_core.h"
 #include "arch/nvidia/warpgroup.h"
 #include "arch/thread.h"
+#include "common/descale.h"
 #include "common/sequence.h"
 #include "fwd/sm90/epilogue.h"
 #include "fwd/sm90/key_range.h"
 #include "fwd/sm90/mainloop.h"
 #include "fwd/sm90/specialized_work.h"
 #include "fwd/sm90/tile_queue.h"
+#include "fwd/sm90/transpose_v.h"
 #include "launch.h"
 
 namespace fmha {
@@ -40,18 +44,20 @@ namespace fmha {
 // The shared-memory layout of a SpecializedTile from its 1024-aligned base: tiles, then barriers.
 template <typename Tile>
 struct SpecializedShared {
-  uint32_t q, k, v, barriers;
+  uint32_t q, k, v, vt, barriers;
   __device__ explicit SpecializedShared(uint32_t base)
-      : q(base), k(base + Tile::kQBytes), v(k + Tile::kStages * Tile::kKBytes),
-        barriers(v + Tile::kStages * Tile::kVBytes) {}
+      : q(base), k(base + Tile::kQBytes), v(k + Tile::kStages * Tile::kKBytes), vt(v + Tile::kStages * Tile::kVBytes),
+        barriers(vt + Tile::kStages * Tile::kVtBytes) {}
   __device__ uint32_t k_stage(int s) const { return k + s * Tile::kKBytes; }
-  __device__ uint32_t v_stage(int s) const { return v + s * Tile::kVBytes; }
+  __device__ uint32_t v_stage(int s) const { return v + s * Tile::kVBytes; }  // 8-bit inputs: V staged
+  __device__ uint32_t vt_stage(int s) const { return vt + s * Tile::kVtBytes; }
   __device__ uint32_t full_q() const { return barriers; }
   __device__ uint32_t empty_q() const { return barriers + 8 * (1 + 4 * Tile::kStages); }
   __device__ uint32_t full_k(int s) const { return barriers + 8 * (1 + s); }
   __device__ uint32_t empty_k(int s) const { return barriers + 8 * (1 + Tile::kStages + s); }
   __device__ uint32_t full_v(int s) const { return barriers + 8 * (1 + 2 * Tile::kStages + s); }
   __device__ uint32_t empty_v(int s) const { return barriers + 8 * (1 + 3 * Tile::kStages + s); }
+  __device__ uint32_t staged_v(int s) const { return barriers + 8 * (2 + 4 * Tile::kStages + s); }
   __device__ uint32_t scratch(int consumer_thread) const { return barriers + 8 * Tile::kBarriers + 4 * consumer_thread; }
   __device__ uint32_t queue() const { return barriers + 8 * Tile::kBarriers + Tile::kScratchBytes; }
 };
@@ -61,6 +67,8 @@ struct SpecializedShared {
 constexpr uint32_t kPingPong = 1;
 // Named barriers that keep consumer c's softmax ahead of its wait for the previous P·V: kSoftmaxDone + c.
 constexpr uint32_t kSoftmaxDone = 3;
+// The named barrier of the producer warpgroup after a V transpose: the staging tile may be reloaded.
+constexpr uint32_t kTransposed = 5;
 
 template <typename Tile, typename T, typename Params>
 __global__ void __launch_bounds__(Tile::kThreads, 1)
@@ -89,6 +97,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       arch::mbarrier_init(smem.full_v(s), Tile::Producer::kThreads);
       arch::mbarrier_init(smem.empty_k(s), Tile::kConsumers);
       arch::mbarrier_init(smem.empty_v(s), Tile::kConsumers);
+      if constexpr (Tile::kTransposeV) arch::mbarrier_init(smem.staged_v(s), Tile::Producer::kThreads);
     }
     queue.init(Tile::kConsumers * 4);
     arch::mbarrier_init_fence();
@@ -110,6 +119,20 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       arch::fence_shared_for_async_proxy();
       arch::mbarrier_arrive(smem.full_k(s));
       arch::mbarrier_arrive(smem.full_v(s));
+    };
+    // 8-bit inputs: the V tile of ring step r, once staged, into its stage's Vᵀ tile once the consumers
+    // have released that (parities as the loads'); the barrier after it frees the staging tile.
+    const auto transpose = [&](int r) {
+      if constexpr (Tile::kTransposeV) {
+        const int s = r % S;
+        const uint32_t parity = (r / S) & 1;
+        arch::mbarrier_wait(smem.staged_v(s), parity);
+        arch::mbarrier_wait(smem.empty_v(s), parity ^ 1);
+        transpose_values<Tile::Producer::kThreads, N>(smem.v_stage(s), smem.vt_stage(s));
+        arch::fence_shared_for_async_proxy();
+        arch::mbarrier_arrive(smem.full_v(s));
+        arch::named_barrier_sync(kTransposed, Tile::Producer::kThreads);
+      }
     };
     int64_t tile = queue.first();
     for (int lap = 0;; ++lap) {
@@ -139,24 +162,30 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         arch::mbarrier_wait(smem.empty_k(s), parity);
         Source::template load<DQK, Tile::kKBytes, false>(p, maps.k, smem.k_stage(s), smem.full_k(s), w, j0, lane,
                                                          page);
-        arch::mbarrier_wait(smem.empty_v(s), parity);
+        // (8-bit inputs: the staging tile, free since its last transpose; the Vᵀ tile waits there)
+        if constexpr (!Tile::kTransposeV) arch::mbarrier_wait(smem.empty_v(s), parity);
+        const uint32_t v_full = Tile::kTransposeV ? smem.staged_v(s) : smem.full_v(s);
         if (j0 + N <= w.rows.sk || zeros_past) {
-          Source::template load<Tile::kDim, Tile::kVBytes, true>(p, maps.v, smem.v_stage(s), smem.full_v(s), w, j0,
-                                                                 lane, page);
+          Source::template load<Tile::kDim, Tile::kVBytes, true>(p, maps.v, smem.v_stage(s), v_full, w, j0, lane,
+                                                                 page);
         } else {  // the sequence's last tile
           Source::copy_values(p, smem.v_stage(s), w, j0);
           arch::copy_async_commit();
           arch::copy_async_wait<0>();
           arch::fence_shared_for_async_proxy();
-          arch::mbarrier_arrive(smem.full_v(s));
+          arch::mbarrier_arrive(v_full);
         }
         if constexpr (Tile::kGather) {
           if (i > 0) hand_over(std::integral_constant<int, 2>{}, (ring - 1) % S);
+        }
+        if constexpr (Tile::kTransposeV) {
+          if (i > 0) transpose(ring - 1);
         }
         page = next_page;
       }
       take_next();
       if constexpr (Tile::kGather) hand_over(std::integral_constant<int, 0>{}, (ring - 1) % S);
+      if constexpr (Tile::kTransposeV) transpose(ring - 1);
     }
     return;
   }
@@ -169,7 +198,17 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   const bool leader = thread % 128 == 0;  // releases the warpgroup's stages
   const uint64_t q_rows = arch::k_major_descriptor(smem.q + c * 64 * 128);
   const uint64_t k_tile = arch::k_major_descriptor(smem.k);
-  const uint64_t v_tile = arch::mn_major_descriptor(smem.v, Tile::VLayout::kBlockBytes);
+  // O += P·V of ring stage s: V read N-major, or for 8-bit inputs its Vᵀ tile K-major.
+  const uint64_t v_tile = Tile::kTransposeV ? arch::k_major_descriptor(smem.vt)
+                                            : arch::mn_major_descriptor(smem.v, Tile::VLayout::kBlockBytes);
+  const auto add_products = [&](float(&o)[Tile::kDim / 8][4], const uint32_t(&a)[kSteps][4], int s) {
+    if constexpr (Tile::kTransposeV) {
+      arch::mma_registers_by_rows<T, kSteps, Tile::VtLayout::kBlockBytes>(
+          o, a, arch::descriptor_plus(v_tile, s * Tile::kVtBytes));
+    } else {
+      arch::mma_registers_by_columns<T>(o, a, arch::descriptor_plus(v_tile, s * Tile::kVBytes));
+    }
+  };
   // Ping-pong: consumer 0 issues first; every sync has one arrival to match, the last one consumed by
   // consumer 0 at the end.
   const auto turn_begin = [&] { arch::named_barrier_sync(kPingPong + c, 2 * 128); };
@@ -186,7 +225,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     st.clear();
     const int64_t row_of[2] = {w.i0 + c * 64 + warp * 16 + g, w.i0 + c * 64 + warp * 16 + g + 8};  // tile rows
     const int64_t query_of[2] = {w.query_of(row_of[0]), w.query_of(row_of[1])};                // their query rows
-    const float scale_log2 = p.scale_log2;  // 16-bit inputs: no descales
+    const TileScales descales = uniform_descales<T>(p, w.b, w.hk);
+    const float scale_log2 = p.scale_log2 * descales.k;
 
     // Ring stage and phase of the tile's step i.
     const auto stage = [&](int i) { return (ring + i) % S; };
@@ -260,7 +300,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         rescale_output(st, correction);
         arch::mbarrier_wait(smem.full_v(stage(i - 1)), phase(i - 1));
         arch::warpgroup_fence();
-        arch::mma_registers_by_columns<T>(st.o, p_frag, arch::descriptor_plus(v_tile, stage(i - 1) * Tile::kVBytes));
+        add_products(st.o, p_frag, stage(i - 1));
         arch::warpgroup_commit();
         turn_end();
         arch::warpgroup_wait<1>();  // S_i (issued first) has retired; P_{i-1}·V_{i-1} may still run
@@ -281,7 +321,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       rescale_output(st, correction);
       arch::mbarrier_wait(smem.full_v(stage(steps - 1)), phase(steps - 1));
       arch::warpgroup_fence();
-      arch::mma_registers_by_columns<T>(st.o, p_frag, arch::descriptor_plus(v_tile, stage(steps - 1) * Tile::kVBytes));
+      add_products(st.o, p_frag, stage(steps - 1));
       arch::warpgroup_commit();
       arch::warpgroup_wait<0>();
       arch::hold_registers(st.o);
@@ -290,8 +330,9 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       ring += steps;
     }
 
-    store_output<Tile>(p, st, scale_log2, 1.f, row_of, query_of, w.tile_rows(), [&](int64_t r) { return w.head_of(r); },
-                       w.rows, w.b, w.batch, t, w.partial, w.split, w.seq_q_start);
+    store_output<Tile>(p, st, scale_log2, descales.v, row_of, query_of, w.tile_rows(),
+                       [&](int64_t r) { return w.head_of(r); }, w.rows, w.b, w.batch, t, w.partial, w.split,
+                       w.seq_q_start);
   }
   if (c == 0) arch::named_barrier_sync(kPingPong, 2 * 128);
 }

@@ -1,7 +1,12 @@
 // The warp-specialized forward's tile on Hopper (sm_90a): one producer warp that copies, two
 // consumer warpgroups of 64 query rows each that compute, and the shared memory between them: Q, then
-// kStages stages of K and of V (the wgmma 128-byte swizzle), then the pipeline's mbarriers.
+// kStages stages of K and of V (the wgmma 128-byte swizzle; 8-bit inputs: V staging tiles, then kStages
+// Vᵀ tiles), then the pipeline's mbarriers.
 #pragma once
+
+#include <cuda_bf16.h>
+
+#include <type_traits>
 
 #include "arch/nvidia/shared_tile.h"
 #include "fwd/sm90/tile_queue.h"
@@ -11,6 +16,9 @@ namespace fmha {
 // kHeadDim: the columns of Q and K; kHeadDimV those of V and O. kGather_: the producer is a whole
 // warpgroup that gathers the K and V tiles row by row with cp.async (a paged pool whose pages are too
 // small for TMA boxes to stream at the memory's rate); otherwise one warp loads them with TMA.
+// 8-bit inputs (fp8 e4m3, D = 128, 128 keys): the whole producer warpgroup transposes each V tile from
+// its staging tile into a Vᵀ tile (fwd/sm90/transpose_v.h: 8-bit wgmmas read both operands K-major), P
+// is scaled by 2^kPShift before its rounding (as ForwardTile's) and O is bf16.
 template <typename T, int kHeadDim, int kBlockN_, int kStages_, bool kMasked_, int kProducerRegisters_ = 24,
           int kHeadDimV = kHeadDim, bool kGather_ = false>
 struct SpecializedTile {
@@ -22,42 +30,46 @@ struct SpecializedTile {
   static constexpr bool kGather = kGather_;
   static constexpr bool kPageScales = false;
   static constexpr bool kPackGqa = false;
-  static constexpr bool kTransposeV = false;
-  static constexpr float kPShift = 0.f;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kDimQK = kHeadDim;
   static constexpr int kDim = kHeadDimV;  // O's columns (RowState, the epilogue)
   static constexpr int kElementBytes = static_cast<int>(sizeof(T));
+  static constexpr bool kTransposeV = kElementBytes == 1;
+  static constexpr float kPShift = kTransposeV ? 8.f : 0.f;
   static constexpr int kChunksQK = kDimQK * kElementBytes / 16;  // 16-byte chunks per row of Q and K
   static constexpr int kChunks = kDim * kElementBytes / 16;      // and of V
-  using Output = T;
-  static_assert(kElementBytes == 2, "16-bit inputs (8-bit ones take the V transpose of ForwardTile)");
+  using Output = std::conditional_t<kTransposeV, __nv_bfloat16, T>;
+  static_assert(!kTransposeV || (kDimQK == 128 && kDim == 128 && kBlockN == 128 && !kGather),
+                "8-bit inputs: the D = 128, 128-key tile of TMA boxes (the shape transpose_values takes)");
   // The wgmma N shapes compiled in arch/nvidia/warpgroup.h: S is 64 x kBlockN, O 64 x kDim.
   static_assert(kDim == 64 || kDim == 128 || kDim == 256, "V head dims 64, 128 and 256");
   static_assert(kDimQK % 64 == 0 && kDimQK <= 256, "Q/K head dims of whole 128-byte swizzle blocks");
   static_assert(kBlockN == 64 || kBlockN == 80 || kBlockN == 128, "64, 80 or 128 keys per tile");
   using QLayout = Swizzle128<kChunksQK, kBlockM>;
   using KLayout = Swizzle128<kChunksQK, kBlockN>;
-  using VLayout = Swizzle128<kChunks, kBlockN>;
+  using VLayout = Swizzle128<kChunks, kBlockN>;                             // 8-bit inputs: the staging tile
+  using VtLayout = Swizzle128<kBlockN * kElementBytes / 16, kDim>;  // 8-bit inputs: the Vᵀ tile
   static constexpr uint32_t kQBytes = kBlockM * kDimQK * kElementBytes;
   static constexpr uint32_t kKBytes = kBlockN * kDimQK * kElementBytes;
   static constexpr uint32_t kVBytes = kBlockN * kDim * kElementBytes;
-  // mbarriers: Q full; K full and empty per stage; V full and empty per stage; Q empty.
-  static constexpr int kBarriers = 2 + 4 * kStages;
+  static constexpr uint32_t kVtBytes = kTransposeV ? kVBytes : 0;
+  // mbarriers: Q full; K full and empty per stage; V (the Vᵀ tile for 8-bit inputs) full and empty per
+  // stage; Q empty; 8-bit inputs: V staged per stage.
+  static constexpr int kBarriers = 2 + (kTransposeV ? 5 : 4) * kStages;
   // A float per consumer thread: the softmax's sums, stored to keep the softmax ahead of the wait for
   // the previous P·V (arch::complete_before).
   static constexpr int kScratchBytes = 4 * 128 * kConsumers;
-  static constexpr int kSharedBytes = kQBytes + kStages * (kKBytes + kVBytes) + 8 * kBarriers + kScratchBytes +
-                                      TileQueue::kBytes + kSwizzle128Slack;
+  static constexpr int kSharedBytes = kQBytes + kStages * (kKBytes + kVBytes + kVtBytes) + 8 * kBarriers +
+                                      kScratchBytes + TileQueue::kBytes + kSwizzle128Slack;
   static_assert(kSharedBytes <= 227 * 1024, "Hopper's shared memory per CTA");
 
-  // The producer: one warp of warpgroup 0 (the others leave), or with kGather the whole warpgroup. Its
-  // first warp loads Q with TMA; K and V come as TMA boxes, or gathered by every producer thread with
-  // cp.async (zeros past the sequence). A boxed V tile that reaches past the sequence is copied by the
-  // warp with cp.async instead (TileCopy with this shape), which writes zeros there rather than the
-  // next rows of the tensor. Each producer thread arrives on a stage's full barriers.
+  // The producer: one warp of warpgroup 0 (the others leave), or with kGather or kTransposeV the whole
+  // warpgroup. Its first warp loads Q with TMA; K and V come as TMA boxes, or gathered by every producer
+  // thread with cp.async (zeros past the sequence). A boxed V tile that reaches past the sequence is
+  // copied by the producer with cp.async instead (TileCopy with this shape), which writes zeros there
+  // rather than the next rows of the tensor. Each producer thread arrives on a stage's full barriers.
   struct Producer {
-    static constexpr int kThreads = kGather_ ? 128 : 32;
+    static constexpr int kThreads = kGather_ || kTransposeV ? 128 : 32;
     static constexpr int kChunks = SpecializedTile::kChunks;
   };
   static constexpr int kQueryLoaders = 32;  // the producer's first warp

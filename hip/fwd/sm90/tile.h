@@ -5,9 +5,10 @@
 
 #include <cuda_fp8.h>
 
+#include <type_traits>
+
 #include "arch/nvidia/shared_tile.h"
 #include "arch/nvidia/tensor_core.h"
-#include "fwd/sm90/transpose_v.h"
 
 namespace fmha {
 
@@ -40,8 +41,9 @@ struct ForwardTile {
   static_assert(kChunks % 8 == 0, "rows of whole 128-byte swizzle blocks");
   using QLayout = Swizzle128<kChunks, kBlockM>;
   using KLayout = Swizzle128<kChunks, kBlockN>;
-  // Where V tiles are copied to, and the tile the P·V product reads (Vᵀ for 8-bit inputs).
-  using VLayout = std::conditional_t<kTransposeV, ValueStaging<kBlockN>, Swizzle128<kChunks, kBlockN>>;
+  // Where V tiles are copied to (for 8-bit inputs, the staging tile), and the tile the P·V product reads
+  // for 8-bit inputs (Vᵀ).
+  using VLayout = Swizzle128<kChunks, kBlockN>;
   using VtLayout = Swizzle128<kBlockN * kElementBytes / 16, kHeadDim>;
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * kElementBytes;
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * kElementBytes;

@@ -1,8 +1,9 @@
 // The 8-bit forward's V on its way to the tensor cores. An 8-bit wgmma reads both operands K-major, so
 // the P·V product needs Vᵀ (keys along a row) where the copies bring V (dims along a row): V tiles are
-// copied into a staging tile, and the whole CTA transposes the current one into the Vᵀ tile while the
-// tensor cores compute S = Q·Kᵀ. The keys of each 32-key step are permuted as P's A fragments hold them
-// (arch/nvidia/tensor_core.h, a_fragment): position 4t + 2a + b of a 16-key chunk holds key 8a + 2t + b.
+// copied (cp.async or TMA) into a staging tile and transposed into a Vᵀ tile, by the whole CTA while the
+// tensor cores compute S = Q·Kᵀ (the cp.async kernel) or by the producer warpgroup (the warp-specialized
+// one). The keys of each 32-key step are permuted as P's A fragments hold them (arch/nvidia/tensor_core.h,
+// a_fragment): position 4t + 2a + b of a 16-key chunk holds key 8a + 2t + b.
 #pragma once
 
 #include "arch/nvidia/shared_tile.h"
@@ -11,21 +12,6 @@
 
 namespace fmha {
 
-// The staging tile: kRows key rows of 128 bytes (128 dims), 16-byte chunk c of row r at c XOR (r / 16
-// mod 8). The transpose's reads (16 keys x 4 dims per thread) then hit 32 distinct banks per warp.
-template <int kRows>
-struct ValueStaging {
-  static constexpr int kRowBytes = 128;
-  static constexpr int kSwizzlePeriod = 128;  // the chunk order repeats every 128 rows
-  __device__ static uint32_t offset(int row, int chunk) {
-    return static_cast<uint32_t>(row * 128 + ((chunk ^ ((row >> 4) & 7)) * 16));
-  }
-};
-
-// Transposes the staging tile at `staging` (kKeys key rows of 128 dims) into the Swizzle128 Vᵀ tile at
-// `vt` (128 dim rows of kKeys keys). Dim group w (of 8) lane l moves keys 16 c .. 16 c + 15, c = l mod 8,
-// of dims 16 w + 4 (l / 8) .. + 3: 16 four-byte reads, 32 byte permutes, 4 sixteen-byte writes (each
-// 8-lane phase writes 8 distinct chunk columns of one Vᵀ row). Warp i takes dim groups i, i + warps, ...
 template <int kThreads, int kKeys>
 __device__ inline void transpose_values(uint32_t staging, uint32_t vt) {
   static_assert((kThreads == 256 || kThreads == 128) && kKeys == 128, "128 keys x 128 dims, 4 or 8 warps");
@@ -33,13 +19,14 @@ __device__ inline void transpose_values(uint32_t staging, uint32_t vt) {
   const int c = l % 8, quad = l / 8;
 #pragma unroll
   for (int w = tid / 32; w < 8; w += kThreads / 32) {
+    const int dims = w ^ c;  // this lane's group of 16 dims
     uint32_t in[16];
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       const int key = 16 * c + j;
-      in[j] = arch::shared_load_4(staging + key * 128 + ((w ^ c) * 16) + 4 * quad);
+      in[j] = arch::shared_load_4(staging + key * 128 + ((dims ^ (j & 7)) * 16) + 4 * quad);
     }
-    uint32_t out[4][4];  // [dim x][word t]: keys 2t, 2t + 1, 8 + 2t, 9 + 2t of dim 16 w + 4 quad + x
+    uint32_t out[4][4];  // [dim x][word t]: keys 2t, 2t + 1, 8 + 2t, 9 + 2t of dim 16 dims + 4 quad + x
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
       const uint32_t ab_lo = __byte_perm(in[2 * t], in[2 * t + 1], 0x5140);  // a0 b0 a1 b1
@@ -53,7 +40,7 @@ __device__ inline void transpose_values(uint32_t staging, uint32_t vt) {
     }
 #pragma unroll
     for (int x = 0; x < 4; ++x) {
-      const int row = 16 * w + 4 * quad + x;
+      const int row = 16 * dims + 4 * quad + x;
       arch::shared_store_16(vt + row * 128 + ((c ^ (row & 7)) * 16), out[x][0], out[x][1], out[x][2], out[x][3]);
     }
   }
