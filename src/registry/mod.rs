@@ -320,8 +320,9 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
             // warp-specialized one, its producer loading K/V as TMA boxes of whole pages or gathering
             // them row by row (smaller pages; tensors TMA cannot describe take the cp.async kernel); at
             // D = 64 the cp.async kernel. fp8 in the OCP format (the one Hopper's tensor cores take)
-            // with the D = 128 shape only: the warp-specialized kernel where pages hold whole key tiles
-            // and the descales are uniform, the cp.async kernel for other pages and per-page descales.
+            // with the D = 128 shape only: the warp-specialized kernel for uniform descales (TMA boxes of
+            // whole-tile pages, gathered pages of a multiple of 8 tokens), the cp.async kernel for other
+            // pages and per-page descales.
             list.extend(gpu_instances(
                 arch,
                 Operation::KvCache,

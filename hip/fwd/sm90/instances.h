@@ -114,30 +114,24 @@ int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const F
 
 // The kv cache's forward at D = 128 (no per-page descales), prefill or packed decode: the
 // warp-specialized kernel over the paged pool (kvcache/sm90/specialized_paged.h). Its producer loads K
-// and V as TMA boxes where pages hold whole 128-key tiles, and, for 16-bit types, gathers them with
-// cp.async where they hold a multiple of 16 rows (page pieces as TMA boxes do not stream at the memory's
-// rate, docs/perf.md; a page lookup per row, for other pages, ran at half the cp.async kernel's speed at
-// pages of 1). `fallback` (the cp.async kernel of the same tile shape) takes other pages, tensors TMA
+// and V as TMA boxes where pages hold whole 128-key tiles, and gathers them with cp.async where they hold
+// a multiple of a producer thread's run of rows, 16 for 16-bit types and 8 for fp8 (page pieces as TMA
+// boxes do not stream at the memory's rate, docs/perf.md; a page lookup per row, for other pages, ran at
+// half the cp.async kernel's speed at pages of 1). `fallback` (the cp.async kernel of the same tile shape) takes other pages, tensors TMA
 // cannot describe, and packed tiles whose rows TMA cannot box (the GQA group must divide them). Same grid
 // and splits as the cp.async kernel's. The gathering producer keeps its loop in registers (88: a spill's
 // reload would wait behind its copies in flight), the consumers take the rest.
 template <typename T, bool kMasked, typename Fallback>
 int32_t launch_specialized(const fmha_kvcache_params& p, hipStream_t stream, const Fallback& fallback) {
-  // (8-bit pools: TMA boxes only)
-  constexpr bool kGathers = sizeof(T) == 2;
-  using BoxedTile =
-      std::conditional_t<kGathers, SpecializedTile<T, 128, 128, 3, kMasked, 40>, Fp8SpecializedTile<T, kMasked>>;
+  using BoxedTile = std::conditional_t<sizeof(T) == 2, SpecializedTile<T, 128, 128, 3, kMasked, 40>,
+                                      Fp8SpecializedTile<T, kMasked>>;
   using GatheredTile = SpecializedTile<T, 128, 128, 3, kMasked, 88, 128, true>;
   constexpr int M = BoxedTile::kBlockM, N = BoxedTile::kBlockN;
-  using Source = SpecializedSource<fmha_kvcache_params, BoxedTile, T>;
+  using Source = SpecializedSource<fmha_kvcache_params, GatheredTile, T>;
   const int64_t page = p.page_size;
   const int group = kvcache::packed_heads(p);
   const bool boxed = page > 0 && page % N == 0;
-  bool gathered = false;
-  if constexpr (kGathers) {
-    gathered = page > 0 && page % SpecializedSource<fmha_kvcache_params, GatheredTile, T>::kRun == 0;
-  }
-  if (!(boxed || gathered) || group < 1 || M % group != 0) return fallback();
+  if (!(boxed || (page > 0 && page % Source::kRun == 0)) || group < 1 || M % group != 0) return fallback();
   const int64_t batches = p.group_mode ? 1 : p.batch;
   ForwardMaps maps{};
   const bool query_described =
@@ -155,13 +149,11 @@ int32_t launch_specialized(const fmha_kvcache_params& p, hipStream_t stream, con
         arch::encode_rows_map(&maps.v, reinterpret_cast<const void*>(p.v), BoxedTile::kElementBytes, p.hdim_v, page,
                               p.nhead_k, p.num_pages, p.v_row_stride, p.v_head_stride, p.v_batch_stride, N)));
   if (!described) return fallback();
-  const int64_t tiles = Source::tiles(p);  // (the gathered tile's grid too: the same M)
+  const int64_t tiles = Source::tiles(p);  // (the boxed tile's grid: the same M)
   // (a grid's x is below 2^31; the launcher's CU count, as its splits use)
   const int64_t ctas = tiles > INT32_MAX ? (p.cu_count > 0 ? p.cu_count : 1) : tiles;
-  if constexpr (kGathers) {
-    if (!boxed) return launch_specialized_kernel<GatheredTile, T>(p, maps, Source::walk(p), ctas, stream);
-  }
-  return launch_specialized_kernel<BoxedTile, T>(p, maps, Source::walk(p), ctas, stream);
+  return boxed ? launch_specialized_kernel<BoxedTile, T>(p, maps, Source::walk(p), ctas, stream)
+               : launch_specialized_kernel<GatheredTile, T>(p, maps, Source::walk(p), ctas, stream);
 }
 
 // One bucket of the dense forward, masked or not: the warp-specialized kernel, with the cp.async

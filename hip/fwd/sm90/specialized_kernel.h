@@ -112,13 +112,14 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     int ring = 0, queries = 0;  // K/V stages and Q tiles used so far
     // Gathered tiles (cp.async, two commit groups per tile: K, V): once all but the last `pending_groups`
     // have landed, this thread's rows of stage s are made visible to the tensor cores and it arrives on
-    // the stage's full barriers. Each thread keeps two tiles in flight: the previous tile is handed over
-    // after this one's copies are issued, the work's last tile once its copies land.
+    // the stage's full barriers (8-bit inputs: V's staged one). Each thread keeps two tiles in flight: the
+    // previous tile is handed over after this one's copies are issued, the work's last tile once its
+    // copies land.
     const auto hand_over = [&](auto pending_groups, int s) {
       arch::copy_async_wait<decltype(pending_groups)::value>();
       arch::fence_shared_for_async_proxy();
       arch::mbarrier_arrive(smem.full_k(s));
-      arch::mbarrier_arrive(smem.full_v(s));
+      arch::mbarrier_arrive(Tile::kTransposeV ? smem.staged_v(s) : smem.full_v(s));
     };
     // 8-bit inputs: the V tile of ring step r, once staged, into its stage's Vᵀ tile once the consumers
     // have released that (parities as the loads'); the barrier after it frees the staging tile.

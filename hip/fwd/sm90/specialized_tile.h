@@ -39,8 +39,8 @@ struct SpecializedTile {
   static constexpr int kChunksQK = kDimQK * kElementBytes / 16;  // 16-byte chunks per row of Q and K
   static constexpr int kChunks = kDim * kElementBytes / 16;      // and of V
   using Output = std::conditional_t<kTransposeV, __nv_bfloat16, T>;
-  static_assert(!kTransposeV || (kDimQK == 128 && kDim == 128 && kBlockN == 128 && !kGather),
-                "8-bit inputs: the D = 128, 128-key tile of TMA boxes (the shape transpose_values takes)");
+  static_assert(!kTransposeV || (kDimQK == 128 && kDim == 128 && kBlockN == 128),
+                "8-bit inputs: the D = 128, 128-key tile (the shape transpose_values takes)");
   // The wgmma N shapes compiled in arch/nvidia/warpgroup.h: S is 64 x kBlockN, O 64 x kDim.
   static_assert(kDim == 64 || kDim == 128 || kDim == 256, "V head dims 64, 128 and 256");
   static_assert(kDimQK % 64 == 0 && kDimQK <= 256, "Q/K head dims of whole 128-byte swizzle blocks");
