@@ -758,12 +758,13 @@ fn planned_pipeline(case: &Case) -> String {
     json[at..at + json[at..].find('"').unwrap()].to_string()
 }
 
-/// Decode with packed GQA at D = 128 for 16-bit inputs: on sm_90a the warp-specialized tile where TMA
-/// boxes take a tile's (query row, query head) pairs (the GQA group divides its 128 rows) and its
-/// producer the pages (TMA boxes of whole-tile pages, gathered pages of a multiple of 16 tokens). Every
-/// group from 1 to 16, up to the 128 rows of one tile, pages of 4 to 256, both table formats and
-/// layouts, batch and varlen queries, every mask, split and unsplit; a group of 6, pages of 4 and 8 and
-/// varlen queries take the one-warpgroup tile of the cp.async kernel.
+/// Decode with packed GQA at D = 128 for 16-bit and fp8 inputs: on sm_90a the warp-specialized tile
+/// where TMA boxes take a tile's (query row, query head) pairs (the GQA group divides its 128 rows), its
+/// producer the pages (TMA boxes of whole-tile pages, gathered pages of a multiple of 16 tokens, 8 for
+/// fp8) and the descales are uniform. Every group from 1 to 16, up to the 128 rows of one tile, pages of
+/// 4 to 256, both table formats and layouts, batch and varlen queries, every mask, split and unsplit; a
+/// group of 6, smaller pages and fp8 per-page descales take the one-warpgroup tile of the cp.async
+/// kernel.
 #[test]
 fn packed_decode_on_every_group_and_page() {
     if skip() {
@@ -771,48 +772,66 @@ fn packed_decode_on_every_group_and_page() {
     }
     let mut rng = Rng::fresh();
     let seed = rng.0;
-    let heads = [(4, 4), (8, 4), (8, 2), (16, 2), (32, 2), (12, 2)];
     let pages = [8usize, 16, 32, 64, 128, 256, 4, 48];
     for i in 0..16 {
-        let (hq, hk) = heads[i % heads.len()];
-        let page = pages[i % pages.len()];
-        let group_size = hq / hk;
-        let varlen = i % 3 == 1;
-        // sm_90a's warp-specialized tile (128 rows) where it takes the group and the pages, else the
-        // one-warpgroup tile (64 rows).
-        let boxes = 128 % group_size == 0 && page % 16 == 0;
-        let rows = (if boxes { 128 } else { 64 } / group_size).max(1);
-        // One sequence fills the tile (varlen), the others take fewer rows; kv lengths of none, one
-        // key, a page boundary and several key tiles.
-        let sq = |full: bool| if full || !varlen { rows } else { 1 + i % rows };
-        let lens = vec![(sq(true), 700), (sq(false), 0), (sq(false), 1), (sq(false), 2 * page), (sq(false), 1025)];
-        let case = Case {
-            input: if i % 2 == 0 { Input::Bf16 } else { Input::F16 },
-            kind: if i % 2 == 0 { FMHA_KV_PAGE_CSR } else { FMHA_KV_BLOCK_TABLE },
-            pool: if i % 4 < 2 { Pool::Nhd } else { Pool::Hnd },
-            page,
-            group: varlen,
-            mask: [
-                Mask::NONE,
-                Mask::causal(MaskType::BottomRight),
-                Mask { kind: MaskType::BottomRight, left: 300, right: 0 },
-            ][i % 3],
-            per_page_scales: false,
-            hq,
-            hk,
-            d: 128,
-            lens,
-            share_prefix: i % 2 == 1,
-            splits: [(0, 0), (1, 0), (3, 0), (0, 256)][i % 4],
-        };
-        let ctx = format!("seed {seed}: case {i} {case:?}");
-        let arch = fmha::runtime::current().and_then(|r| r.arch()).unwrap_or(Arch::Other);
-        if arch == Arch::Sm90 {
-            let expected = if boxes { "wgmma_ws_paged_gqa" } else { "wgmma_cp_async_paged_gqa" };
-            assert_eq!(planned_pipeline(&case), expected, "{ctx}");
-        }
-        run_case(&case, &mut rng, &ctx);
+        let input = if i % 2 == 0 { Input::Bf16 } else { Input::F16 };
+        packed_decode(i, input, pages[i % pages.len()], false, &mut rng, seed);
     }
+    // fp8: the warp-specialized tile gathers pages of a multiple of 8 tokens; per-page descales take the
+    // one-warpgroup tile.
+    for (i, page) in [8usize, 16, 128, 4, 256, 48, 128, 24].into_iter().enumerate() {
+        packed_decode(i, Input::Fp8(Fp8Format::E4m3fn), page, i == 6, &mut rng, seed);
+    }
+}
+
+/// Case `i` of `packed_decode_on_every_group_and_page`: its heads, masks, lengths and splits by `i`.
+fn packed_decode(i: usize, input: Input, page: usize, per_page_scales: bool, rng: &mut Rng, seed: u64) {
+    let heads = [(4, 4), (8, 4), (8, 2), (16, 2), (32, 2), (12, 2)];
+    let (hq, hk) = heads[i % heads.len()];
+    let group_size = hq / hk;
+    let varlen = i % 3 == 1;
+    // sm_90a's warp-specialized tile (128 rows) where it takes the group, the pages (a multiple of a
+    // producer thread's run: 16 rows of 16-bit types, 8 of fp8) and the descales, else the
+    // one-warpgroup tile (64 rows).
+    let fp8 = fmha_fp8(input);
+    let run = if fp8 { 8 } else { 16 };
+    let boxes = 128 % group_size == 0 && page % run == 0 && !per_page_scales;
+    let rows = (if boxes { 128 } else { 64 } / group_size).max(1);
+    // One sequence fills the tile (varlen), the others take fewer rows; kv lengths of none, one key, a
+    // page boundary and several key tiles.
+    let sq = |full: bool| if full || !varlen { rows } else { 1 + i % rows };
+    let lens = vec![(sq(true), 700), (sq(false), 0), (sq(false), 1), (sq(false), 2 * page), (sq(false), 1025)];
+    let case = Case {
+        input,
+        kind: if i % 2 == 0 { FMHA_KV_PAGE_CSR } else { FMHA_KV_BLOCK_TABLE },
+        pool: if i % 4 < 2 { Pool::Nhd } else { Pool::Hnd },
+        page,
+        group: varlen,
+        mask: [
+            Mask::NONE,
+            Mask::causal(MaskType::BottomRight),
+            Mask { kind: MaskType::BottomRight, left: 300, right: 0 },
+        ][i % 3],
+        per_page_scales,
+        hq,
+        hk,
+        d: 128,
+        lens,
+        share_prefix: i % 2 == 1,
+        splits: [(0, 0), (1, 0), (3, 0), (0, 256)][i % 4],
+    };
+    let ctx = format!("seed {seed}: case {i} {case:?}");
+    let arch = fmha::runtime::current().and_then(|r| r.arch()).unwrap_or(Arch::Other);
+    if arch == Arch::Sm90 {
+        let expected = match (boxes, fp8) {
+            (true, false) => "wgmma_ws_paged_gqa",
+            (false, false) => "wgmma_cp_async_paged_gqa",
+            (true, true) => "wgmma_ws_paged_vt_gqa",
+            (false, true) => "wgmma_cp_async_paged_vt_gqa",
+        };
+        assert_eq!(planned_pipeline(&case), expected, "{ctx}");
+    }
+    run_case(&case, rng, &ctx);
 }
 
 /// Prefill at D = 128 for 16-bit inputs (on sm_90a the warp-specialized instance: its producer loads K

@@ -43,9 +43,10 @@ fn select(traits: &KvCacheTraits) -> Result<Instance> {
         packed_gqa: false,
     };
     let group = traits.nhead_q / traits.nhead_k;
-    let packed = crate::registry::serving(arch, &Request { packed_gqa: true, ..request })
-        .into_iter()
-        .find(|i| i.packs(group, traits.max_seqlen_q, traits.page_size));
+    let packed = crate::registry::serving(arch, &Request { packed_gqa: true, ..request }).into_iter().find(|i| {
+        let page_scales = traits.scale_granularity == ScaleGranularity::Page;
+        i.packs(group, traits.max_seqlen_q, traits.page_size, page_scales)
+    });
     match packed {
         Some(instance) => Ok(instance),
         None => crate::registry::select(arch, &request),

@@ -68,19 +68,20 @@ const AMD_MAX_INPUT_ROW_STRIDE: i64 = 1 << 24;
 
 impl Instance {
     /// Whether this packed-GQA instance takes a kv-cache call of `group` query heads per kv head, at most
-    /// `max_seqlen_q` query rows per sequence and pages of `page_size` tokens: every sequence's (query
-    /// row, query head) pairs of one kv head fit one tile; the warp-specialized tile loads its rows as TMA
-    /// boxes of `group` heads, so the group also divides its rows, and its producer takes pages of whole
-    /// key tiles or of a multiple of `SM90_GATHER_PAGE_MULTIPLE` (16) tokens. Its kernel takes other calls
-    /// too, through the cp.async kernel of its shape, which is slower than the one-warpgroup tiles that
-    /// take them here.
-    pub fn packs(&self, group: i64, max_seqlen_q: i64, page_size: i64) -> bool {
+    /// `max_seqlen_q` query rows per sequence, pages of `page_size` tokens and (fp8) per-page descales or
+    /// not: every sequence's (query row, query head) pairs of one kv head fit one tile; the
+    /// warp-specialized tile loads its rows as TMA boxes of `group` heads, so the group also divides its
+    /// rows, its producer takes pages of whole key tiles or of a multiple of its threads' runs of rows
+    /// (`sm90_gather_rows`), and its descales are uniform. Its kernel takes other calls too, through the
+    /// cp.async kernel of its shape, which is slower than the one-warpgroup tiles that take them here.
+    pub fn packs(&self, group: i64, max_seqlen_q: i64, page_size: i64, page_scales: bool) -> bool {
         let fits_tile = self.packed_gqa && max_seqlen_q * group <= self.m0;
-        if self.pipeline != SM90_DECODE_WS_PIPELINE {
+        if !SM90_DECODE_WS_PIPELINES.contains(&self.pipeline) {
             return fits_tile;
         }
-        let pages = page_size > 0 && (page_size % self.n0 == 0 || page_size % SM90_GATHER_PAGE_MULTIPLE == 0);
-        fits_tile && group > 0 && self.m0 % group == 0 && pages
+        let gathered = sm90_gather_rows(self.dtype);
+        let pages = page_size > 0 && (page_size % self.n0 == 0 || page_size % gathered == 0);
+        fits_tile && group > 0 && self.m0 % group == 0 && pages && !page_scales
     }
 
     /// Refuses tensors the instance cannot address with its vector loads, naming the field. Group mode
@@ -222,13 +223,17 @@ const SM90_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 64, 128), (128, 128, 128)
 /// sm_90a's decode tiles (packed GQA) of the cp.async kernel: one warpgroup of 64 (query row, query
 /// head) pairs; 64 keys for 16-bit types, 128 for fp8.
 const SM90_DECODE_TILES: [(i64, i64, i64); 2] = [(64, 64, 64), (128, 64, 64)];
-/// The warp-specialized kernel's 16-bit decode tile (`hip/kvcache/sm90/specialized_paged.h`): 128
-/// (query row, query head) pairs, 128 keys, its rows loaded as TMA boxes (see [`Instance::packs`]).
+/// The warp-specialized kernel's decode tile (`hip/kvcache/sm90/specialized_paged.h`): 128 (query row,
+/// query head) pairs, 128 keys, its rows loaded as TMA boxes (see [`Instance::packs`]); for 16-bit
+/// types and for fp8 (V transposed by the producer).
 const SM90_DECODE_WS_TILE: (i64, i64, i64) = (128, 128, 128);
-const SM90_DECODE_WS_PIPELINE: &str = "wgmma_ws_paged_gqa";
-/// Pages the warp-specialized kv-cache kernel's producer gathers (cp.async, 16 consecutive rows per
-/// thread from one page) hold a multiple of this many tokens; pages of whole key tiles are TMA boxes.
-const SM90_GATHER_PAGE_MULTIPLE: i64 = 16;
+const SM90_DECODE_WS_PIPELINES: [&str; 2] = ["wgmma_ws_paged_gqa", "wgmma_ws_paged_vt_gqa"];
+/// Pages the warp-specialized kv-cache kernel's producer gathers (cp.async, each of its 128 threads
+/// copying one 16-byte chunk of consecutive rows from one page: 16 rows of 128 16-bit columns, 8 of
+/// fp8) hold a multiple of that run; pages of whole key tiles are TMA boxes.
+fn sm90_gather_rows(dtype: CacheDtype) -> i64 {
+    8 * dtype.bytes() as i64
+}
 const SM90_DECODE_TILES_FP8: [(i64, i64, i64); 1] = [(128, 64, 128)];
 /// gfx942: 4 waves of 32 q rows; k rows such that the double-buffered K and Vᵀ tiles take at most
 /// half of the 64 KiB of LDS (two workgroups per CU).
@@ -367,17 +372,19 @@ fn sm90_dense_forward_instances() -> Vec<Instance> {
 }
 
 /// sm_90a's decode instances (packed GQA: tile rows pack the query heads of one kv head): the
-/// warp-specialized 16-bit tile at D = 128 first, the cp.async kernel's one-warpgroup tiles for the calls
-/// it does not take and the other head dims and fp8.
+/// warp-specialized tiles at D = 128 first (16-bit, fp8), the cp.async kernel's one-warpgroup tiles for
+/// the calls they do not take and the other head dims.
 fn sm90_decode_instances() -> Vec<Instance> {
     let packed = |dtypes: &[CacheDtype], tiles: &[(i64, i64, i64)], pipeline| {
         gpu_instances(Arch::Sm90, Operation::KvCache, dtypes, tiles, pipeline)
             .into_iter()
             .map(|i| Instance { packed_gqa: true, ..i })
     };
-    let mut list: Vec<Instance> = packed(&HALF_DTYPES, &[SM90_DECODE_WS_TILE], SM90_DECODE_WS_PIPELINE).collect();
+    let fp8 = [CacheDtype::Fp8(Fp8Format::E4m3fn)];
+    let mut list: Vec<Instance> = packed(&HALF_DTYPES, &[SM90_DECODE_WS_TILE], SM90_DECODE_WS_PIPELINES[0]).collect();
+    list.extend(packed(&fp8, &[SM90_DECODE_WS_TILE], SM90_DECODE_WS_PIPELINES[1]));
     list.extend(packed(&HALF_DTYPES, &SM90_DECODE_TILES, "wgmma_cp_async_paged_gqa"));
-    list.extend(packed(&[CacheDtype::Fp8(Fp8Format::E4m3fn)], &SM90_DECODE_TILES_FP8, "wgmma_cp_async_paged_vt_gqa"));
+    list.extend(packed(&fp8, &SM90_DECODE_TILES_FP8, "wgmma_cp_async_paged_vt_gqa"));
     list
 }
 
@@ -612,19 +619,22 @@ mod tests {
     #[test]
     fn sm90_decode_takes_the_warp_specialized_tile_where_its_producer_takes_the_rows_and_pages() {
         let all = sm90_decode_instances();
-        let pick = |hdim, group, max_seqlen_q, page_size| {
+        let pick_typed = |dtype, hdim, group, max_seqlen_q, page_size, page_scales| {
             let request = Request {
                 operation: Operation::KvCache,
+                dtype,
                 masked: false,
                 packed_gqa: true,
                 ..request(Operation::KvCache, hdim, hdim)
             };
             serving_in(&all, &request)
                 .into_iter()
-                .find(|i| i.packs(group, max_seqlen_q, page_size))
+                .find(|i| i.packs(group, max_seqlen_q, page_size, page_scales))
                 .map(|i| (i.m0, i.n0, i.pipeline))
         };
-        let ws = Some((128, 128, SM90_DECODE_WS_PIPELINE));
+        let bf16 = CacheDtype::Half(Dtype::Bf16);
+        let pick = |hdim, group, max_seqlen_q, page_size| pick_typed(bf16, hdim, group, max_seqlen_q, page_size, false);
+        let ws = Some((128, 128, SM90_DECODE_WS_PIPELINES[0]));
         let cp_async = Some((64, 64, "wgmma_cp_async_paged_gqa"));
         for page in [16, 48, 128, 256, 1024] {
             assert_eq!(pick(128, 4, 1, page), ws, "page {page}");
@@ -639,6 +649,16 @@ mod tests {
             assert_eq!(pick(128, 4, 1, page), cp_async, "page {page}");
         }
         assert_eq!(pick(64, 4, 1, 16), cp_async);
+        // fp8: gathered pages of a multiple of 8 tokens; per-page descales take the cp.async tile.
+        let fp8 = CacheDtype::Fp8(Fp8Format::E4m3fn);
+        let ws8 = Some((128, 128, SM90_DECODE_WS_PIPELINES[1]));
+        let cp_async8 = Some((64, 128, "wgmma_cp_async_paged_vt_gqa"));
+        for page in [8, 16, 24, 128, 1024] {
+            assert_eq!(pick_typed(fp8, 128, 4, 1, page, false), ws8, "fp8 page {page}");
+        }
+        assert_eq!(pick_typed(fp8, 128, 4, 1, 4, false), cp_async8);
+        assert_eq!(pick_typed(fp8, 128, 4, 1, 128, true), cp_async8, "per-page descales");
+        assert_eq!(pick_typed(fp8, 128, 6, 1, 128, false), cp_async8);
     }
 
     #[test]

@@ -183,15 +183,16 @@ int32_t launch_dense(const fmha_fwd_params& p, hipStream_t stream) {
 // carries nothing of them).
 // The kv-cache's decode (fmha_kvcache_params::pack_gqa): tiles whose rows are (query row, query head)
 // pairs of one kv head (the registry's "_gqa" instances), so that K/V are read once per kv head. The
-// 16-bit D = 128 tile of 128 rows and 128 keys (block_m 128) is the warp-specialized kernel: its producer
-// keeps three stages of K and V in flight, what a read-bound decode needs (the cp.async kernel of the
-// same shape where TMA cannot take the pages). The others, one warpgroup of 64 rows: 64-key tiles for
+// D = 128 tile of 128 rows and 128 keys (block_m 128; 16-bit, or fp8 with uniform descales) is the
+// warp-specialized kernel: its producer keeps three stages of K and V in flight, what a read-bound decode
+// needs (the cp.async kernel of the same shape where TMA cannot take the pages). The others, one
+// warpgroup of 64 rows: 64-key tiles for
 // 16-bit types (80 KiB at D = 128) let two CTAs share an SM and keep four tiles in flight; 8-bit ones
 // keep the 128 keys the V transpose is written for (88 KiB).
 template <typename T, bool kPageScales, typename Params>
 int32_t dispatch_packed(const Params& p, hipStream_t stream) {
   constexpr int N = sizeof(T) == 1 ? 128 : 64;
-  if constexpr (sizeof(T) == 2 && !kPageScales && std::is_same_v<Params, fmha_kvcache_params>) {
+  if constexpr (!kPageScales && std::is_same_v<Params, fmha_kvcache_params>) {
     if (p.hdim_bucket == 128 && p.block_m == 128) {
       const auto launch = [&](auto masked) {
         constexpr bool kMasked = decltype(masked)::value;
