@@ -68,8 +68,9 @@ int32_t launch_specialized_kernel(const Params& p, const ForwardMaps& maps,
 }
 
 // The warp-specialized kernel's fp8 tile (D = 128, 128 keys), the dense forward's and the kv cache's:
-// three stages of K, V staged and Vᵀ (160 KiB); the producer warpgroup, which transposes V, keeps 56
-// registers (16 words of V and 16 of Vᵀ per thread), the consumers 224.
+// three stages of K, V staged and Vᵀ (160 KiB; four measured no faster, docs/perf.md); the producer
+// warpgroup, which transposes V, keeps 72 registers (16 words of V and 16 of Vᵀ per thread, and the tile
+// queue's state without spills), the consumers 216.
 template <typename T, bool kMasked>
 using Fp8SpecializedTile = SpecializedTile<T, 128, 128, 3, kMasked, 72>;
 
