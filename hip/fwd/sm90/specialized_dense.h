@@ -52,7 +52,8 @@ struct SpecializedSource<fmha_fwd_params, Tile, T> {
   __device__ static void load_query(const fmha_fwd_params&, const CUtensorMap& map, uint32_t shared, uint32_t bar,
                                     const Work& w, int lane) {
     arch::tma_load_tile<T, Tile::kDimQK>(shared, Tile::QLayout::kBlockBytes, map, bar, Tile::kQBytes,
-                                      static_cast<int>(w.rows.q_start + w.i0), w.y, static_cast<int>(w.batch), lane);
+                                         static_cast<int>(w.rows.q_start + w.i0), w.y, static_cast<int>(w.batch),
+                                         lane);
   }
 
   // Dense tensors have no pages (the paged source's `page_of` looks its pages up a tile ahead).
@@ -64,7 +65,7 @@ struct SpecializedSource<fmha_fwd_params, Tile, T> {
   __device__ static void load(const fmha_fwd_params&, const CUtensorMap& map, uint32_t shared, uint32_t bar,
                               const Work& w, int64_t j0, int lane, int64_t) {
     arch::tma_load_tile<T, kCols>(shared, Tile::KLayout::kBlockBytes, map, bar, kBytes,
-                           static_cast<int>(w.rows.k_start + j0), w.hk, static_cast<int>(w.batch), lane);
+                                  static_cast<int>(w.rows.k_start + j0), w.hk, static_cast<int>(w.batch), lane);
   }
 
   // Whether the map reads the rows past w's sequence as zeros: a sequence that ends where the tensor does

@@ -105,11 +105,11 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
     const int batch = static_cast<int>(w.batch);
     const int row = static_cast<int>(w.rows.q_start + w.query_of(w.i0));
     if (p.pack_gqa != 0) {
-      arch::tma_load_tile<T, Tile::kDimQK>(shared, Tile::QLayout::kBlockBytes, map, bar, Tile::kQBytes, w.hk * w.group,
-                                        row, batch, lane);
+      arch::tma_load_tile<T, Tile::kDimQK>(shared, Tile::QLayout::kBlockBytes, map, bar, Tile::kQBytes,
+                                           w.hk * w.group, row, batch, lane);
     } else {
-      arch::tma_load_tile<T, Tile::kDimQK>(shared, Tile::QLayout::kBlockBytes, map, bar, Tile::kQBytes, row, w.y, batch,
-                                        lane);
+      arch::tma_load_tile<T, Tile::kDimQK>(shared, Tile::QLayout::kBlockBytes, map, bar, Tile::kQBytes, row, w.y,
+                                           batch, lane);
     }
   }
 
@@ -141,7 +141,7 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
       arch::copy_async_commit();
     } else {
       arch::tma_load_tile<T, kCols>(shared, Tile::KLayout::kBlockBytes, map, bar, kBytes,
-                                 static_cast<int>(w.page.remainder(j0)), w.hk, static_cast<int>(id), lane);
+                                    static_cast<int>(w.page.remainder(j0)), w.hk, static_cast<int>(id), lane);
     }
   }
 
