@@ -4,11 +4,8 @@
 // Vᵀ tiles), then the pipeline's mbarriers.
 #pragma once
 
-#include <cuda_bf16.h>
-
-#include <type_traits>
-
 #include "arch/nvidia/shared_tile.h"
+#include "fwd/sm90/tile.h"
 #include "fwd/sm90/tile_queue.h"
 
 namespace fmha {
@@ -16,9 +13,8 @@ namespace fmha {
 // kHeadDim: the columns of Q and K; kHeadDimV those of V and O. kGather_: the producer is a whole
 // warpgroup that gathers the K and V tiles row by row with cp.async (a paged pool whose pages are too
 // small for TMA boxes to stream at the memory's rate); otherwise one warp loads them with TMA.
-// 8-bit inputs (fp8 e4m3, D = 128, 128 keys): the whole producer warpgroup transposes each V tile from
-// its staging tile into a Vᵀ tile (fwd/sm90/transpose_v.h: 8-bit wgmmas read both operands K-major), P
-// is scaled by 2^kPShift before its rounding (as ForwardTile's) and O is bf16.
+// 8-bit inputs (fp8 e4m3, D = 128, 128 keys; InputPrecision in fwd/sm90/tile.h): the whole producer
+// warpgroup transposes each V tile from its staging tile into a Vᵀ tile (fwd/sm90/transpose_v.h).
 template <typename T, int kHeadDim, int kBlockN_, int kStages_, bool kMasked_, int kProducerRegisters_ = 24,
           int kHeadDimV = kHeadDim, bool kGather_ = false>
 struct SpecializedTile {
@@ -34,11 +30,11 @@ struct SpecializedTile {
   static constexpr int kDimQK = kHeadDim;
   static constexpr int kDim = kHeadDimV;  // O's columns (RowState, the epilogue)
   static constexpr int kElementBytes = static_cast<int>(sizeof(T));
-  static constexpr bool kTransposeV = kElementBytes == 1;
-  static constexpr float kPShift = kTransposeV ? 8.f : 0.f;
+  static constexpr bool kTransposeV = InputPrecision<T>::kTransposeV;
+  static constexpr float kPShift = InputPrecision<T>::kPShift;
   static constexpr int kChunksQK = kDimQK * kElementBytes / 16;  // 16-byte chunks per row of Q and K
   static constexpr int kChunks = kDim * kElementBytes / 16;      // and of V
-  using Output = std::conditional_t<kTransposeV, __nv_bfloat16, T>;
+  using Output = typename InputPrecision<T>::Output;
   static_assert(!kTransposeV || (kDimQK == 128 && kDim == 128 && kBlockN == 128),
                 "8-bit inputs: the D = 128, 128-key tile (the shape transpose_values takes)");
   // The wgmma N shapes compiled in arch/nvidia/warpgroup.h: S is 64 x kBlockN, O 64 x kDim.

@@ -12,6 +12,17 @@
 
 namespace fmha {
 
+// What the input type T decides in both forward kernels' tiles (ForwardTile, SpecializedTile): 8-bit
+// inputs have V transposed on its way to the tensor cores (8-bit wgmmas read both operands K-major), P
+// scaled by 2^kPShift before it is rounded (FA3's shift: the largest P, 1, becomes 256, inside e4m3's
+// normal range), and O in bf16.
+template <typename T>
+struct InputPrecision {
+  static constexpr bool kTransposeV = sizeof(T) == 1;
+  static constexpr float kPShift = kTransposeV ? 8.f : 0.f;
+  using Output = std::conditional_t<kTransposeV, __nv_bfloat16, T>;
+};
+
 // kPageScales_: fp8 K/V descales per page (pages of whole tiles), one K and one V descale per tile.
 // kPackGqa_: the kv-cache's decode tile, whose rows are (query row, query head of the CTA's kv head)
 // pairs (spec/inference.md §3.2), so that a K/V tile is read once for all the heads that share it.
@@ -29,11 +40,9 @@ struct ForwardTile {
   static constexpr int kDim = kHeadDim;
   static constexpr int kElementBytes = static_cast<int>(sizeof(T));
   static constexpr int kChunks = kHeadDim * kElementBytes / 16;  // 16-byte chunks per row
-  // 8-bit inputs: V is transposed on its way to the tensor cores, P is scaled by 2^kPShift before it is
-  // rounded (FA3's shift: the largest P, 1, becomes 256, inside e4m3's normal range), and O is bf16.
-  static constexpr bool kTransposeV = kElementBytes == 1;
-  static constexpr float kPShift = kTransposeV ? 8.f : 0.f;
-  using Output = std::conditional_t<kTransposeV, __nv_bfloat16, T>;
+  static constexpr bool kTransposeV = InputPrecision<T>::kTransposeV;
+  static constexpr float kPShift = InputPrecision<T>::kPShift;
+  using Output = typename InputPrecision<T>::Output;
   // The wgmma N shapes compiled in arch/nvidia/warpgroup.h (S is 64 x kBlockN, O 64 x D); D = 256 for
   // 16-bit inputs only.
   static_assert(kHeadDim == 64 || kHeadDim == 128 || (kHeadDim == 256 && !kTransposeV), "head dims 64, 128, 256");
