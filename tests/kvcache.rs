@@ -820,18 +820,13 @@ fn packed_decode(i: usize, input: Input, page: usize, per_page_scales: bool, rng
         share_prefix: i % 2 == 1,
         splits: [(0, 0), (1, 0), (3, 0), (0, 256)][i % 4],
     };
-    let ctx = format!("seed {seed}: case {i} {case:?}");
-    let arch = fmha::runtime::current().and_then(|r| r.arch()).unwrap_or(Arch::Other);
-    if arch == Arch::Sm90 {
-        let expected = match (boxes, fp8) {
-            (true, false) => "wgmma_ws_paged_gqa",
-            (false, false) => "wgmma_cp_async_paged_gqa",
-            (true, true) => "wgmma_ws_paged_vt_gqa",
-            (false, true) => "wgmma_cp_async_paged_vt_gqa",
-        };
-        assert_eq!(planned_pipeline(&case), expected, "{ctx}");
-    }
-    run_case(&case, rng, &ctx);
+    let expected = match (boxes, fp8) {
+        (true, false) => "wgmma_ws_paged_gqa",
+        (false, false) => "wgmma_cp_async_paged_gqa",
+        (true, true) => "wgmma_ws_paged_vt_gqa",
+        (false, true) => "wgmma_cp_async_paged_vt_gqa",
+    };
+    run_planned(&case, expected, rng, &format!("seed {seed}: case {i} {case:?}"));
 }
 
 /// Prefill at D = 128 for 16-bit inputs (on sm_90a the warp-specialized instance: its producer loads K
@@ -846,37 +841,8 @@ fn prefill_at_d128_on_every_page() {
     let mut rng = Rng::fresh();
     let seed = rng.0;
     for (i, page) in [1usize, 5, 16, 48, 64, 128, 256].into_iter().enumerate() {
-        let varlen = i % 3 != 2;
-        let lens = if varlen {
-            vec![(200, 333), (1, 1), (130, 700), (0, 5), (257, 257)]
-        } else {
-            vec![(140, 333), (140, 700), (140, 140)]
-        };
-        let case = Case {
-            input: if i % 2 == 0 { Input::Bf16 } else { Input::F16 },
-            kind: if i % 2 == 0 { FMHA_KV_BLOCK_TABLE } else { FMHA_KV_PAGE_CSR },
-            pool: if i % 4 < 2 { Pool::Hnd } else { Pool::Nhd },
-            page,
-            group: varlen,
-            mask: [
-                Mask::causal(MaskType::BottomRight),
-                Mask::NONE,
-                Mask { kind: MaskType::BottomRight, left: 100, right: 20 },
-            ][i % 3],
-            per_page_scales: false,
-            hq: 8,
-            hk: 2,
-            d: 128,
-            lens,
-            share_prefix: i % 2 == 1,
-            splits: (0, 0),
-        };
-        let ctx = format!("seed {seed}: page {page} {case:?}");
-        let arch = fmha::runtime::current().and_then(|r| r.arch()).unwrap_or(Arch::Other);
-        if arch == Arch::Sm90 {
-            assert_eq!(planned_pipeline(&case), "wgmma_ws_paged", "{ctx}");
-        }
-        run_case(&case, &mut rng, &ctx);
+        let case = prefill_case(i, if i % 2 == 0 { Input::Bf16 } else { Input::F16 }, page);
+        run_planned(&case, "wgmma_ws_paged", &mut rng, &format!("seed {seed}: page {page} {case:?}"));
     }
 }
 
@@ -893,39 +859,56 @@ fn fp8_prefill_on_the_warp_specialized_tile() {
     let mut rng = Rng::fresh();
     let seed = rng.0;
     for (i, page) in [128usize, 16, 1024, 48, 256, 8, 128, 32].into_iter().enumerate() {
-        let varlen = i % 3 != 2;
-        let lens = if varlen {
+        let base = prefill_case(i, Input::Fp8(Fp8Format::E4m3fn), page);
+        let lens = if base.group {
             vec![(200, 333), (1, 1), (130, 700), (0, 5), (257, 257), (3, 0)]
         } else {
             vec![(140, 333), (140, 1100), (140, 140)]
         };
         let (hq, hk) = if i % 2 == 0 { (8, 2) } else { (4, 4) };
-        let case = Case {
-            input: Input::Fp8(Fp8Format::E4m3fn),
-            kind: if i % 2 == 0 { FMHA_KV_BLOCK_TABLE } else { FMHA_KV_PAGE_CSR },
-            pool: if i % 4 < 2 { Pool::Hnd } else { Pool::Nhd },
-            page,
-            group: varlen,
-            mask: [
-                Mask::causal(MaskType::BottomRight),
-                Mask::NONE,
-                Mask { kind: MaskType::BottomRight, left: 100, right: 20 },
-            ][i % 3],
-            per_page_scales: false,
-            hq,
-            hk,
-            d: if i < 5 { 128 } else { 64 },
-            lens,
-            share_prefix: i % 2 == 1,
-            splits: (if i % 4 == 3 { 3 } else { 0 }, 0),
-        };
-        let ctx = format!("seed {seed}: page {page} {case:?}");
-        let arch = fmha::runtime::current().and_then(|r| r.arch()).unwrap_or(Arch::Other);
-        if arch == Arch::Sm90 {
-            assert_eq!(planned_pipeline(&case), "wgmma_ws_paged_vt", "{ctx}");
-        }
-        run_case(&case, &mut rng, &ctx);
+        let d = if i < 5 { 128 } else { 64 };
+        let case = Case { lens, hq, hk, d, splits: (if i % 4 == 3 { 3 } else { 0 }, 0), ..base };
+        run_planned(&case, "wgmma_ws_paged_vt", &mut rng, &format!("seed {seed}: page {page} {case:?}"));
     }
+}
+
+/// Case `i` of the D = 128 prefill tests: `input` on pages of `page` tokens, 8 query / 2 kv heads; by `i`
+/// the table format, the pool layout, the mask, shared prefixes, and varlen queries (batch mode when
+/// `i % 3 == 2`).
+fn prefill_case(i: usize, input: Input, page: usize) -> Case {
+    let varlen = i % 3 != 2;
+    Case {
+        input,
+        kind: if i % 2 == 0 { FMHA_KV_BLOCK_TABLE } else { FMHA_KV_PAGE_CSR },
+        pool: if i % 4 < 2 { Pool::Hnd } else { Pool::Nhd },
+        page,
+        group: varlen,
+        mask: [
+            Mask::causal(MaskType::BottomRight),
+            Mask::NONE,
+            Mask { kind: MaskType::BottomRight, left: 100, right: 20 },
+        ][i % 3],
+        per_page_scales: false,
+        hq: 8,
+        hk: 2,
+        d: 128,
+        lens: if varlen {
+            vec![(200, 333), (1, 1), (130, 700), (0, 5), (257, 257)]
+        } else {
+            vec![(140, 333), (140, 700), (140, 140)]
+        },
+        share_prefix: i % 2 == 1,
+        splits: (0, 0),
+    }
+}
+
+/// Runs `case` against the reference; on sm_90a first asserts that its launcher plans `pipeline`.
+fn run_planned(case: &Case, pipeline: &str, rng: &mut Rng, ctx: &str) {
+    let arch = fmha::runtime::current().and_then(|r| r.arch()).unwrap_or(Arch::Other);
+    if arch == Arch::Sm90 {
+        assert_eq!(planned_pipeline(case), pipeline, "{ctx}");
+    }
+    run_case(case, rng, ctx);
 }
 
 /// Pages laid out contiguously give the dense forward's bits (same tiles, same loop, same descales),
