@@ -759,12 +759,11 @@ fn planned_pipeline(case: &Case) -> String {
 }
 
 /// Decode with packed GQA at D = 128 for 16-bit and fp8 inputs: on sm_90a the warp-specialized tile
-/// where TMA boxes take a tile's (query row, query head) pairs (the GQA group divides its 128 rows), its
-/// producer the pages (TMA boxes of whole-tile pages, gathered pages of a multiple of 16 tokens, 8 for
-/// fp8) and the descales are uniform. Every group from 1 to 16, up to the 128 rows of one tile, pages of
-/// 4 to 256, both table formats and layouts, batch and varlen queries, every mask, split and unsplit; a
-/// group of 6, smaller pages and fp8 per-page descales take the one-warpgroup tile of the cp.async
-/// kernel.
+/// where TMA boxes take a tile's (query row, query head) pairs (the GQA group divides its 128 rows) and
+/// the descales are uniform (its producer takes every page: TMA boxes of whole-tile pages, gathered
+/// others). Every group from 1 to 16, up to the 128 rows of one tile, pages of 1 to 256, both table
+/// formats and layouts, batch and varlen queries, every mask, split and unsplit; a group of 6 and fp8
+/// per-page descales take the one-warpgroup tile of the cp.async kernel.
 #[test]
 fn packed_decode_on_every_group_and_page() {
     if skip() {
@@ -772,14 +771,13 @@ fn packed_decode_on_every_group_and_page() {
     }
     let mut rng = Rng::fresh();
     let seed = rng.0;
-    let pages = [8usize, 16, 32, 64, 128, 256, 4, 48];
+    let pages = [8usize, 16, 1, 64, 128, 256, 5, 48];
     for i in 0..16 {
         let input = if i % 2 == 0 { Input::Bf16 } else { Input::F16 };
         packed_decode(i, input, pages[i % pages.len()], false, &mut rng, seed);
     }
-    // fp8: the warp-specialized tile gathers pages of a multiple of 8 tokens; per-page descales take the
-    // one-warpgroup tile.
-    for (i, page) in [8usize, 16, 128, 4, 256, 48, 128, 24].into_iter().enumerate() {
+    // fp8: the warp-specialized tile takes every page size; per-page descales take the one-warpgroup tile.
+    for (i, page) in [8usize, 16, 128, 1, 256, 3, 128, 24].into_iter().enumerate() {
         packed_decode(i, Input::Fp8(Fp8Format::E4m3fn), page, i == 6, &mut rng, seed);
     }
 }
@@ -790,12 +788,10 @@ fn packed_decode(i: usize, input: Input, page: usize, per_page_scales: bool, rng
     let (hq, hk) = heads[i % heads.len()];
     let group_size = hq / hk;
     let varlen = i % 3 == 1;
-    // sm_90a's warp-specialized tile (128 rows) where it takes the group, the pages (a multiple of a
-    // producer thread's run: 16 rows of 16-bit types, 8 of fp8) and the descales, else the
+    // sm_90a's warp-specialized tile (128 rows) where it takes the group and the descales, else the
     // one-warpgroup tile (64 rows).
     let fp8 = fmha_fp8(input);
-    let run = if fp8 { 8 } else { 16 };
-    let boxes = 128 % group_size == 0 && page % run == 0 && !per_page_scales;
+    let boxes = 128 % group_size == 0 && !per_page_scales;
     let rows = (if boxes { 128 } else { 64 } / group_size).max(1);
     // One sequence fills the tile (varlen), the others take fewer rows; kv lengths of none, one key, a
     // page boundary and several key tiles.
@@ -830,9 +826,9 @@ fn packed_decode(i: usize, input: Input, page: usize, per_page_scales: bool, rng
 }
 
 /// Prefill at D = 128 for 16-bit inputs (on sm_90a the warp-specialized instance: its producer loads K
-/// and V as TMA boxes of whole-tile pages or gathers pages of a multiple of 16 tokens; other pages take
-/// the cp.async kernel of its shape): pages of 1 to 256 tokens, both table formats and layouts, batch
-/// and varlen queries, every mask, shared prefixes.
+/// and V as TMA boxes of whole-tile pages or gathers other pages, a page lookup per run of rows or, for
+/// pages that are not a multiple of the run, per row): pages of 1 to 256 tokens, both table formats and
+/// layouts, batch and varlen queries, every mask, shared prefixes.
 #[test]
 fn prefill_at_d128_on_every_page() {
     if skip() {
@@ -846,9 +842,9 @@ fn prefill_at_d128_on_every_page() {
     }
 }
 
-/// fp8 prefill with uniform descales on pages of a multiple of 8 tokens: on sm_90a the warp-specialized
-/// tile, V transposed by its producer warpgroup, K and V tiles TMA boxes of whole-tile pages or gathered
-/// (cp.async) from smaller ones. Pages of 8 to 1024 tokens, both table formats and layouts, batch and
+/// fp8 prefill with uniform descales: on sm_90a the warp-specialized tile, V transposed by its producer
+/// warpgroup, K and V tiles TMA boxes of whole-tile pages or gathered (cp.async) from other ones. Pages
+/// of 1 to 1024 tokens, both table formats and layouts, batch and
 /// varlen queries, every mask, GQA and MHA, head dims 128 and 64 (zero columns past it), sequences that
 /// end inside a tile (their last V tile with zeros past them), empty ones, split and unsplit.
 #[test]
@@ -858,7 +854,7 @@ fn fp8_prefill_on_the_warp_specialized_tile() {
     }
     let mut rng = Rng::fresh();
     let seed = rng.0;
-    for (i, page) in [128usize, 16, 1024, 48, 256, 8, 128, 32].into_iter().enumerate() {
+    for (i, page) in [128usize, 16, 1024, 1, 256, 8, 7, 32].into_iter().enumerate() {
         let base = prefill_case(i, Input::Fp8(Fp8Format::E4m3fn), page);
         let lens = if base.group {
             vec![(200, 333), (1, 1), (130, 700), (0, 5), (257, 257), (3, 0)]

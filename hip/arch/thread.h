@@ -20,6 +20,11 @@ __device__ inline void shared_atomic_add(int32_t* p, int32_t x) { atomicAdd(p, x
 __device__ inline void wave_barrier() { __syncwarp(); }
 // x of lane (this lane XOR mask); every lane of the warp must take part.
 __device__ inline float shuffle_xor(float x, int mask) { return __shfl_xor_sync(0xffffffffu, x, mask); }
+// x of lane `source` of this lane's group of `width` lanes (a power of two); every lane of the warp
+// must take part.
+__device__ inline int64_t shuffle(int64_t x, int source, int width) {
+  return __shfl_sync(0xffffffffu, static_cast<long long>(x), source, width);
+}
 #else
 constexpr int kWaveSize = 64;
 __device__ inline uint32_t thread_index() { return __builtin_amdgcn_workitem_id_x(); }

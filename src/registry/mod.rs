@@ -71,17 +71,15 @@ impl Instance {
     /// `max_seqlen_q` query rows per sequence, pages of `page_size` tokens and (fp8) per-page descales or
     /// not: every sequence's (query row, query head) pairs of one kv head fit one tile; the
     /// warp-specialized tile loads its rows as TMA boxes of `group` heads, so the group also divides its
-    /// rows, its producer takes pages of whole key tiles or of a multiple of its threads' runs of rows
-    /// (`sm90_gather_rows`), and its descales are uniform. Its kernel takes other calls too, through the
-    /// cp.async kernel of its shape, which is slower than the one-warpgroup tiles that take them here.
+    /// rows, and its descales are uniform (its producer takes every page size: TMA boxes of whole-tile
+    /// pages, other pages gathered). Its kernel takes other calls too, through the cp.async kernel of its
+    /// shape, which is slower than the one-warpgroup tiles that take them here.
     pub fn packs(&self, group: i64, max_seqlen_q: i64, page_size: i64, page_scales: bool) -> bool {
         let fits_tile = self.packed_gqa && max_seqlen_q * group <= self.m0;
         if !SM90_DECODE_WS_PIPELINES.contains(&self.pipeline) {
             return fits_tile;
         }
-        let gathered = sm90_gather_rows(self.dtype);
-        let pages = page_size > 0 && (page_size % self.n0 == 0 || page_size % gathered == 0);
-        fits_tile && group > 0 && self.m0 % group == 0 && pages && !page_scales
+        fits_tile && group > 0 && self.m0 % group == 0 && page_size > 0 && !page_scales
     }
 
     /// Refuses tensors the instance cannot address with its vector loads, naming the field. Group mode
@@ -228,12 +226,6 @@ const SM90_DECODE_TILES: [(i64, i64, i64); 2] = [(64, 64, 64), (128, 64, 64)];
 /// types and for fp8 (V transposed by the producer).
 const SM90_DECODE_WS_TILE: (i64, i64, i64) = (128, 128, 128);
 const SM90_DECODE_WS_PIPELINES: [&str; 2] = ["wgmma_ws_paged_gqa", "wgmma_ws_paged_vt_gqa"];
-/// Pages the warp-specialized kv-cache kernel's producer gathers (cp.async, each of its 128 threads
-/// copying one 16-byte chunk of consecutive rows from one page: 16 rows of 128 16-bit columns, 8 of
-/// fp8) hold a multiple of that run; pages of whole key tiles are TMA boxes.
-fn sm90_gather_rows(dtype: CacheDtype) -> i64 {
-    8 * dtype.bytes() as i64
-}
 const SM90_DECODE_TILES_FP8: [(i64, i64, i64); 1] = [(128, 64, 128)];
 /// gfx942: 4 waves of 32 q rows; k rows such that the double-buffered K and Vᵀ tiles take at most
 /// half of the 64 KiB of LDS (two workgroups per CU).
@@ -323,11 +315,10 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
             list.extend(gpu_instances(arch, Operation::Backward, &HALF_DTYPES, &SM90_BACKWARD_TILES, "wgmma_cp_async"));
             // The forward kernels with paged K/V tiles (hip/kvcache/kvcache.hip): at D = 128 the
             // warp-specialized one, its producer loading K/V as TMA boxes of whole pages or gathering
-            // them row by row (smaller pages; tensors TMA cannot describe take the cp.async kernel); at
+            // them row by row (other pages; tensors TMA cannot describe take the cp.async kernel); at
             // D = 64 the cp.async kernel. fp8 in the OCP format (the one Hopper's tensor cores take)
-            // with the D = 128 shape only: the warp-specialized kernel for uniform descales (TMA boxes of
-            // whole-tile pages, gathered pages of a multiple of 8 tokens), the cp.async kernel for other
-            // pages and per-page descales.
+            // with the D = 128 shape only: the warp-specialized kernel for uniform descales, the
+            // cp.async kernel for per-page descales.
             list.extend(gpu_instances(
                 arch,
                 Operation::KvCache,
@@ -646,17 +637,17 @@ mod tests {
         assert_eq!(pick(128, 6, 1, 16), cp_async, "a group that does not divide the rows");
         assert_eq!(pick(128, 6, 11, 16), None);
         for page in [1, 5, 8, 24, 100] {
-            assert_eq!(pick(128, 4, 1, page), cp_async, "page {page}");
+            assert_eq!(pick(128, 4, 1, page), ws, "page {page}");
         }
+        assert_eq!(pick(128, 4, 1, 0), cp_async, "no pages: the launcher refuses the call first");
         assert_eq!(pick(64, 4, 1, 16), cp_async);
-        // fp8: gathered pages of a multiple of 8 tokens; per-page descales take the cp.async tile.
+        // fp8: every page size; per-page descales take the cp.async tile.
         let fp8 = CacheDtype::Fp8(Fp8Format::E4m3fn);
         let ws8 = Some((128, 128, SM90_DECODE_WS_PIPELINES[1]));
         let cp_async8 = Some((64, 128, "wgmma_cp_async_paged_vt_gqa"));
-        for page in [8, 16, 24, 128, 1024] {
+        for page in [1, 3, 4, 8, 16, 24, 128, 1024] {
             assert_eq!(pick_typed(fp8, 128, 4, 1, page, false), ws8, "fp8 page {page}");
         }
-        assert_eq!(pick_typed(fp8, 128, 4, 1, 4, false), cp_async8);
         assert_eq!(pick_typed(fp8, 128, 4, 1, 128, true), cp_async8, "per-page descales");
         assert_eq!(pick_typed(fp8, 128, 6, 1, 128, false), cp_async8);
     }

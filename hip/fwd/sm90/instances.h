@@ -115,12 +115,10 @@ int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const F
 
 // The kv cache's forward at D = 128 (no per-page descales), prefill or packed decode: the
 // warp-specialized kernel over the paged pool (kvcache/sm90/specialized_paged.h). Its producer loads K
-// and V as TMA boxes where pages hold whole 128-key tiles, and gathers them with cp.async where they hold
-// a multiple of a producer thread's run of rows, 16 for 16-bit types and 8 for fp8 (page pieces as TMA
-// boxes do not stream at the memory's rate, docs/perf.md; a page lookup per row, for other pages, ran at
-// half the cp.async kernel's speed at pages of 1). `fallback` (the cp.async kernel of the same tile
-// shape) takes other pages, tensors TMA cannot describe, and packed tiles whose rows TMA cannot box (the
-// GQA group must divide them). Same grid and splits as the cp.async kernel's. The gathering producer keeps
+// and V as TMA boxes where pages hold whole 128-key tiles, and gathers them with cp.async from other pages
+// (page pieces as TMA boxes do not stream at the memory's rate, docs/perf.md). `fallback` (the cp.async
+// kernel of the same tile shape) takes tensors TMA cannot describe, and packed tiles whose rows TMA
+// cannot box (the GQA group must divide them). Same grid and splits as the cp.async kernel's. The gathering producer keeps
 // its loop in registers (88: a spill's reload would wait behind its copies in flight), the consumers take
 // the rest.
 template <typename T, bool kMasked, typename Fallback>
@@ -133,7 +131,7 @@ int32_t launch_specialized(const fmha_kvcache_params& p, hipStream_t stream, con
   const int64_t page = p.page_size;
   const int group = kvcache::packed_heads(p);
   const bool boxed = page > 0 && page % N == 0;
-  if (!(boxed || (page > 0 && page % Source::kRun == 0)) || group < 1 || M % group != 0) return fallback();
+  if (page <= 0 || group < 1 || M % group != 0) return fallback();
   const int64_t batches = p.group_mode ? 1 : p.batch;
   ForwardMaps maps{};
   const bool query_described =

@@ -1,8 +1,8 @@
-// The warp-specialized forward's source for the kv-cache operation (fmha_kvcache_params), 16-bit pools
-// whose pages hold whole 128-key tiles (Tile::kGather false: K/V tiles are TMA boxes of the pool) or a
-// multiple of 16 rows (Tile::kGather: the producer warpgroup gathers them with cp.async, 16 consecutive
-// rows per thread, one page lookup each): the grid and split-KV of the cp.async kernel
-// (kvcache/split.h); key j of a sequence is row j mod P of page page_id(j / P) (kvcache/page_table.h).
+// The warp-specialized forward's source for the kv-cache operation (fmha_kvcache_params), pools whose
+// pages hold whole 128-key tiles (Tile::kGather false: K/V tiles are TMA boxes of the pool) or any other
+// number of rows (Tile::kGather: the producer warpgroup gathers them with cp.async, a run of consecutive
+// rows per thread): the grid and split-KV of the cp.async kernel (kvcache/split.h); key j of a sequence
+// is row j mod P of page page_id(j / P) (kvcache/page_table.h).
 // A boxed sequence's last V tile is copied with cp.async (zeros past its keys: the rest of a page is not
 // the sequence's); gathered tiles have zeros there.
 #pragma once
@@ -114,16 +114,22 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
   }
 
   // Gathered tiles: producer thread t copies the 16-byte chunk t mod kChunks of kRun consecutive rows,
-  // from row kRun · (t / kChunks), which lie in one page (the launch gathers pages of a multiple of kRun).
+  // from row kRun · (t / kChunks). Where the pages hold a multiple of kRun rows, a run lies in one page;
+  // else (row_pages) the run's kChunks = kRun threads, lanes of one warp, each look up one of its rows and
+  // pass each other the rows' offsets by shuffles: one table load per thread and tile either way.
   static constexpr int kRun = N * Tile::kChunks / Tile::Producer::kThreads;
-  static_assert(!Tile::kGather || (Tile::kChunksQK == Tile::kChunks && N * Tile::kChunks % Tile::Producer::kThreads == 0),
-                "gathered K and V rows of the same chunks, whole runs per thread");
+  static_assert(!Tile::kGather || (Tile::kChunksQK == Tile::kChunks && kRun == Tile::kChunks &&
+                                   arch::kWarpSize % Tile::kChunks == 0),
+                "gathered K and V rows of the same chunks, a run per kChunks lanes of one warp");
+  __device__ static bool row_pages(const Work& w) { return w.page.divisor() % kRun != 0; }
 
   // The page this lane loads from in the tile of keys j0.. (clamped to the sequence's pages): TMA, the
-  // tile's page (lane 0 issues the boxes); gathered, the page of the lane's run. The producer asks a
-  // tile ahead, so that the table load is in flight while it waits for a stage.
+  // tile's page (lane 0 issues the boxes); gathered, the page of the lane's run, or with row_pages of
+  // its run's row lane mod kChunks. The producer asks a tile ahead, so that the table load is in flight
+  // while it waits for a stage.
   __device__ static int64_t page_of(const fmha_kvcache_params& p, const Work& w, int64_t j0, int lane) {
-    const int64_t token = Tile::kGather ? j0 + (lane / Tile::kChunks) * kRun : j0;
+    const int64_t row = (lane / Tile::kChunks) * kRun + (row_pages(w) ? lane % Tile::kChunks : 0);
+    const int64_t token = Tile::kGather ? j0 + row : j0;
     return kvcache::PageLookup::of(p).page_id(w.seq, w.page.quotient(token));
   }
 
@@ -146,7 +152,7 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
   }
 
   // Producer thread `lane`'s run of the K or V (`values`) tile of keys j0.. into `shared` (`Layout`) from
-  // page `id` with cp.async; keys from the sequence's end on are zeros.
+  // page `id` (page_of) with cp.async; keys from the sequence's end on are zeros.
   template <typename Layout>
   __device__ static void gather(const fmha_kvcache_params& p, bool values, uint32_t shared, const Work& w,
                                 int64_t j0, int lane, int64_t id) {
@@ -157,19 +163,26 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
     const int column = chunk * (16 / static_cast<int>(sizeof(T)));
     const bool column_valid = column < (values ? p.hdim_v : p.hdim_q);
     const int valid_rows = static_cast<int>(min(w.rows.sk - j0, static_cast<int64_t>(N))) - first;
-    const T* row = pool + id * page_stride + w.page.remainder(j0 + first) * row_stride + column;
     // Row first + i's chunk: the run starts on a swizzle period, so its slot is the run's first one with
     // bits 4-6 XORed by i mod 8 (Swizzle128 on absolute addresses): two instructions per copy rather
     // than 16 offsets held across the producer's loop (which spill, and a spill's reload waits behind
     // the copies in flight).
     static_assert(kRun % Layout::kSwizzlePeriod == 0, "runs start on a swizzle period");
     const uint32_t run = shared + Layout::offset(first, chunk);
-#pragma unroll
-    for (int i = 0; i < kRun; ++i, row += row_stride) {
+    const auto copy = [&](int i, const T* row) {
       const bool valid = column_valid && i < valid_rows;
       const uint32_t slot = (run + i * Layout::kRowBytes) ^ ((i % Layout::kSwizzlePeriod) << 4);
       arch::copy_async_16(slot, valid ? row : pool, valid);
+    };
+    if (row_pages(w)) {  // this lane's page is row first + chunk's; row i's offset is lane i's of the run
+      const int64_t mine = id * page_stride + w.page.remainder(j0 + first + chunk) * row_stride;
+#pragma unroll
+      for (int i = 0; i < kRun; ++i) copy(i, pool + arch::shuffle(mine, i, Tile::kChunks) + column);
+      return;
     }
+    const T* row = pool + id * page_stride + w.page.remainder(j0 + first) * row_stride + column;
+#pragma unroll
+    for (int i = 0; i < kRun; ++i, row += row_stride) copy(i, row);
   }
 
   // TMA: a page's rows past the sequence are the pool's (never zeros); gathered tiles have zeros there.
