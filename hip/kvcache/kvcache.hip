@@ -18,16 +18,19 @@ constexpr int kPrepareThreads = 256;
 // faulty sequence's fault is recorded (the Rust order: the first in sequence order). The work units of
 // every sequence are summed into the split plan (kvcache/split.h), and where the plan orders the
 // sequences, thread c then places class c's sequences (the order of `problem::split::longest_first`).
+// The first fault and the sum are reduced as a tree, and the classes are kept in shared memory: one
+// thread's serial loop over all threads' values, or over classes in global memory, costs microseconds on
+// the critical path of every decode step (docs/perf.md).
 __global__ void __launch_bounds__(kPrepareThreads) kvcache_prepare_kernel(fmha_kvcache_params p) {
   static_assert(kPrepareThreads == kvcache::kOrderClasses, "one thread per class of the order");
   __shared__ int32_t first[kPrepareThreads];
   __shared__ kvcache::Fault faults[kPrepareThreads];
   __shared__ int64_t work[kPrepareThreads];
   __shared__ int32_t count[kvcache::kOrderClasses];
+  __shared__ uint8_t keys[kvcache::kMaxOrderedBatch];  // (the host executor's are in the workspace)
   __shared__ fmha_kv_cache_split_plan plan;
   const int t = static_cast<int>(arch::thread_index());
   const bool ordering = p.split_plan != 0 && kvcache::orders(p);
-  uint8_t* keys = reinterpret_cast<uint8_t*>(p.order_keys);
   first[t] = p.batch;
   count[t] = 0;
   arch::block_barrier();
@@ -47,25 +50,29 @@ __global__ void __launch_bounds__(kPrepareThreads) kvcache_prepare_kernel(fmha_k
     }
   }
   work[t] = mine;
-  arch::block_barrier();  // also makes the keys in global memory visible to the workgroup
-  if (t == 0) {
-    int winner = 0;
-    int64_t total = 0;
-    for (int i = 0; i < kPrepareThreads; ++i) {
-      if (first[i] < first[winner]) winner = i;
-      total += work[i];
+  arch::block_barrier();
+  for (int half = kPrepareThreads / 2; half > 0; half /= 2) {
+    if (t < half) {
+      if (first[t + half] < first[t]) {
+        first[t] = first[t + half];
+        faults[t] = faults[t + half];
+      }
+      work[t] += work[t + half];
     }
+    arch::block_barrier();
+  }
+  if (t == 0) {
     const kvcache::Fault none = {kvcache::kNoFault, 0, 0};
-    const bool found = first[winner] < p.batch;
-    *reinterpret_cast<fmha_kv_cache_fault*>(p.workspace) = kvcache::record_of(first[winner], found ? faults[winner] : none);
-    plan = kvcache::plan_of(p, found, total);
+    const bool found = first[0] < p.batch;
+    *reinterpret_cast<fmha_kv_cache_fault*>(p.workspace) = kvcache::record_of(first[0], found ? faults[0] : none);
+    plan = kvcache::plan_of(p, found, work[0]);
     if (p.split_plan != 0) *reinterpret_cast<fmha_kv_cache_split_plan*>(p.split_plan) = plan;
   }
   arch::block_barrier();
   if (p.split_plan == 0 || plan.ordered == 0 || count[t] == 0) return;
   int32_t placed = 0;  // the sequences of the classes above t
   for (int c = kvcache::kOrderClasses - 1; c > t; --c) placed += count[c];
-  kvcache::place_class(p, t, placed);
+  kvcache::place_class(p, keys, t, placed);
 }
 
 }  // namespace fmha

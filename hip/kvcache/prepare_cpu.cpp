@@ -38,7 +38,7 @@ extern "C" int32_t fmha_cpu_kvcache_prepare(const fmha_kvcache_params* params, v
   if (plan.ordered != 0) {
     int32_t placed = 0;
     for (int c = kOrderClasses - 1; c >= 0; --c) {
-      place_class(*params, c, placed);
+      place_class(*params, reinterpret_cast<const uint8_t*>(params->order_keys), c, placed);
       placed += count[c];
     }
   }

@@ -115,9 +115,9 @@ FMHA_HOST_DEVICE inline uint8_t order_key(int64_t work) {
 }
 
 // `problem::split::longest_first`, one class at a time: class `c`'s sequences in sequence order, at
-// `order[first..]`, where `first` counts the sequences of the classes above `c`.
-FMHA_HOST_DEVICE inline void place_class(const fmha_kvcache_params& p, int c, int32_t first) {
-  const uint8_t* keys = reinterpret_cast<const uint8_t*>(p.order_keys);
+// `order[first..]`, where `first` counts the sequences of the classes above `c` and `keys[b]` is
+// sequence b's class (`order_key`).
+FMHA_HOST_DEVICE inline void place_class(const fmha_kvcache_params& p, const uint8_t* keys, int c, int32_t first) {
   int32_t* order = reinterpret_cast<int32_t*>(p.sequence_order);
   for (int32_t b = 0; b < p.batch; ++b) {
     if (keys[b] == c) order[first++] = b;
