@@ -118,9 +118,9 @@ int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const F
 // and V as TMA boxes where pages hold whole 128-key tiles, and gathers them with cp.async from other pages
 // (page pieces as TMA boxes do not stream at the memory's rate, docs/perf.md). `fallback` (the cp.async
 // kernel of the same tile shape) takes tensors TMA cannot describe, and packed tiles whose rows TMA
-// cannot box (the GQA group must divide them). Same grid and splits as the cp.async kernel's. The gathering producer keeps
-// its loop in registers (88: a spill's reload would wait behind its copies in flight), the consumers take
-// the rest.
+// cannot box (the GQA group must divide them). Same grid and splits as the cp.async kernel's. The
+// gathering producer keeps its loop in registers (88: a spill's reload would wait behind its copies in
+// flight), the consumers take the rest.
 template <typename T, bool kMasked, typename Fallback>
 int32_t launch_specialized(const fmha_kvcache_params& p, hipStream_t stream, const Fallback& fallback) {
   using BoxedTile = std::conditional_t<sizeof(T) == 2, SpecializedTile<T, 128, 128, 3, kMasked, 40>,
