@@ -138,13 +138,15 @@ def main():
                 q4, pr["kc"], pr["vc"], cache_seqlens=pr["seqlens"], page_table=pr["table"], causal=True,
                 num_splits=splits)))
 
-        def wrapper(module):
-            """flashinfer's decode wrapper API (fmha's or flashinfer's): plan once, time run."""
+        def wrapper(module, kv=None, kv_dtype=torch.bfloat16, **scales):
+            """flashinfer's decode wrapper API (fmha's or flashinfer's) on bf16 q and the cache `kv` (default
+            the bf16 one; `scales`: run's k_scale/v_scale): plan once, time run."""
+            kv = (pr["kc"], pr["vc"]) if kv is None else kv
             ws = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
             w = module.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
             w.plan(pr["indptr"], pr["indices"], pr["last"], HQ, HKV, D, P, q_data_type=torch.bfloat16,
-                   kv_data_type=torch.bfloat16)
-            return lambda: w.run(pr["q"], (pr["kc"], pr["vc"]))
+                   kv_data_type=kv_dtype)
+            return lambda: w.run(pr["q"], kv, **scales)
 
         cell("fmha decode wrapper", lambda: wrapper(fmha))
         if "fa3" in rivals:
@@ -171,15 +173,8 @@ def main():
                 q84, k8, v8, cache_seqlens=pr["seqlens"], page_table=pr["table"], causal=True,
                 q_descale=ds["q"], k_descale=ds["k"], v_descale=ds["v"])), **fp8)
         if "flashinfer" in rivals:
-            def flashinfer_fp8():
-                ws = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
-                w = rivals["flashinfer"].BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
-                w.plan(pr["indptr"], pr["indices"], pr["last"], HQ, HKV, D, P, q_data_type=torch.bfloat16,
-                       kv_data_type=torch.float8_e4m3fn)
-                k_scale, v_scale = kd.item(), vd.item()
-                return lambda: w.run(pr["q"], (k8, v8), k_scale=k_scale, v_scale=v_scale)
-
-            cell("flashinfer fp8 kv (bf16 q)", flashinfer_fp8,
+            cell("flashinfer fp8 kv (bf16 q)", lambda: wrapper(rivals["flashinfer"], (k8, v8), torch.float8_e4m3fn,
+                                                               k_scale=kd.item(), v_scale=vd.item()),
                  ref=reference(pr["q"].float(), *deq, pr["table"], pr["L"]), tol=TOL_FP8, nbytes=pr["bytes"] // 2)
         del pr, k8, v8, deq
         torch.cuda.empty_cache()
