@@ -55,6 +55,13 @@ __device__ inline void copy_async_4(uint32_t shared, const void* global, bool va
 
 __device__ inline void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
+// The mbarrier at `bar` receives one arrival once every cp.async this thread issued before has landed
+// (`noinc`: the arrival is one of the count the barrier was initialised with), so the thread goes on
+// issuing copies instead of waiting for them.
+__device__ inline void copy_async_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
 // Waits until at most `kPending` committed groups are still in flight.
 template <int kPending>
 __device__ inline void copy_async_wait() {

@@ -8,10 +8,11 @@
 //   bytes. A V tile that reaches past the sequence into rows of the tensor (another sequence's, or
 //   padding, whose values P·V must not see) is copied with cp.async instead, with zeros past the end;
 //   past the tensor's last row TMA itself brings zeros. With Tile::kGather (a paged pool of small
-//   pages) the whole warpgroup gathers K and V with cp.async instead, each thread arriving on a stage's
-//   full barriers once its copies have landed. With 8-bit inputs (Tile::kTransposeV) V lands in a
-//   staging tile and the whole warpgroup transposes it into the stage's Vᵀ tile, a tile behind the
-//   loads (fwd/sm90/transpose_v.h), arriving on the stage's V full barrier;
+//   pages) the whole warpgroup gathers K and V with cp.async instead, each thread's copies arriving on
+//   the stage's full barrier as they land (the thread goes on to the next stage meanwhile). With 8-bit
+//   inputs (Tile::kTransposeV) V lands in a staging tile and the whole warpgroup transposes it into the
+//   stage's Vᵀ tile, a tile behind the loads (fwd/sm90/transpose_v.h), arriving on the stage's V full
+//   barrier;
 // - two consumers (warpgroups 1 and 2, 64 rows each, the registers the producer gave up) run the
 //   mainloop with intra-warpgroup overlap: S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} are issued together,
 //   the softmax of S_j runs while the tensor cores finish P_{j-1}·V_{j-1}, and each stage is released
@@ -21,7 +22,6 @@
 // No CTA-wide barrier after the setup. The epilogue is the forward's (fwd/sm90/epilogue.h).
 #pragma once
 
-#include <type_traits>
 
 #include "arch/nvidia/pipeline.h"
 #include "arch/nvidia/shared_tile.h"
@@ -110,17 +110,6 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     if (thread >= Tile::Producer::kThreads) return;
     const int lane = thread;
     int ring = 0, queries = 0;  // K/V stages and Q tiles used so far
-    // Gathered tiles (cp.async, two commit groups per tile: K, V): once all but the last `pending_groups`
-    // have landed, this thread's rows of stage s are made visible to the tensor cores and it arrives on
-    // the stage's full barriers (8-bit inputs: V's staged one). Each thread keeps two tiles in flight: the
-    // previous tile is handed over after this one's copies are issued, the work's last tile once its
-    // copies land.
-    const auto hand_over = [&](auto pending_groups, int s) {
-      arch::copy_async_wait<decltype(pending_groups)::value>();
-      arch::fence_shared_for_async_proxy();
-      arch::mbarrier_arrive(smem.full_k(s));
-      arch::mbarrier_arrive(Tile::kTransposeV ? smem.staged_v(s) : smem.full_v(s));
-    };
     // 8-bit inputs: the V tile of ring step r, once staged, into its stage's Vᵀ tile once the consumers
     // have released that (parities as the loads'); the barrier after it frees the staging tile.
     const auto transpose = [&](int r) {
@@ -176,18 +165,15 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
           arch::fence_shared_for_async_proxy();
           arch::mbarrier_arrive(v_full);
         }
-        if constexpr (Tile::kGather) {
-          if (i > 0) hand_over(std::integral_constant<int, 2>{}, (ring - 1) % S);
-        }
         if constexpr (Tile::kTransposeV) {
           if (i > 0) transpose(ring - 1);
         }
         page = next_page;
       }
       take_next();
-      if constexpr (Tile::kGather) hand_over(std::integral_constant<int, 0>{}, (ring - 1) % S);
       if constexpr (Tile::kTransposeV) transpose(ring - 1);
     }
+    if constexpr (Tile::kGather) arch::copy_async_wait<0>();  // (no thread leaves copies in flight)
     return;
   }
 
@@ -232,6 +218,16 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     // Ring stage and phase of the tile's step i.
     const auto stage = [&](int i) { return (ring + i) % S; };
     const auto phase = [&](int i) { return static_cast<uint32_t>(((ring + i) / S) & 1); };
+    // Step i's K and V tiles, once loaded. Gathered ones were written by the producer's cp.async, in the
+    // generic proxy: the tensor cores (the async proxy) read them after this thread's proxy fence.
+    const auto wait_keys = [&](int i) {
+      arch::mbarrier_wait(smem.full_k(stage(i)), phase(i));
+      if constexpr (Tile::kGather) arch::fence_shared_for_async_proxy();
+    };
+    const auto wait_values = [&](int i) {
+      arch::mbarrier_wait(smem.full_v(stage(i)), phase(i));
+      if constexpr (Tile::kGather && !Tile::kTransposeV) arch::fence_shared_for_async_proxy();
+    };
 
     // A consumer whose rows all lie past the tile's (a decode tile of at most 64 (query row, query head)
     // pairs, a sequence's last q block) computes nothing: it keeps the pipeline's and the ping-pong's
@@ -272,7 +268,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
 
       arch::mbarrier_wait(smem.full_q(), queries & 1);
       ++queries;
-      arch::mbarrier_wait(smem.full_k(stage(0)), phase(0));
+      wait_keys(0);
       turn_begin();
       arch::warpgroup_fence();
       arch::mma_rows_by_rows<T, DQK, Tile::QLayout::kBlockBytes, Tile::KLayout::kBlockBytes>(
@@ -292,14 +288,14 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       // Step i: S_i and P_{i-1}·V_{i-1} are issued together, then the softmax of S_i runs under
       // P_{i-1}·V_{i-1}.
       for (int i = 1; i < steps; ++i) {
-        arch::mbarrier_wait(smem.full_k(stage(i)), phase(i));
+        wait_keys(i);
         turn_begin();
         arch::warpgroup_fence();
         arch::mma_rows_by_rows<T, DQK, Tile::QLayout::kBlockBytes, Tile::KLayout::kBlockBytes>(
             s, q_rows, arch::descriptor_plus(k_tile, stage(i) * Tile::kKBytes));
         arch::warpgroup_commit();
         rescale_output(st, correction);
-        arch::mbarrier_wait(smem.full_v(stage(i - 1)), phase(i - 1));
+        wait_values(i - 1);
         arch::warpgroup_fence();
         add_products(st.o, p_frag, stage(i - 1));
         arch::warpgroup_commit();
@@ -320,7 +316,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       }
 
       rescale_output(st, correction);
-      arch::mbarrier_wait(smem.full_v(stage(steps - 1)), phase(steps - 1));
+      wait_values(steps - 1);
       arch::warpgroup_fence();
       add_products(st.o, p_frag, stage(steps - 1));
       arch::warpgroup_commit();

@@ -136,15 +136,14 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
   // The K or V (kValues) tile of keys j0.. (kCols columns, kBytes) from the pool's page `id` (page_of)
   // into `shared`, completing on `bar`. TMA: lane 0 arms the barrier with the tile's bytes and issues one
   // box per 64 columns from the pool's `map`, every lane arrives. Gathered: every producer thread copies
-  // its run of rows (zeros past the sequence) with cp.async as one commit group (the kernel hands the
-  // stage over once it has landed).
+  // its run of rows (zeros past the sequence) with cp.async, which arrive on `bar` once landed.
   template <int kCols, uint32_t kBytes, bool kValues>
   __device__ static void load(const fmha_kvcache_params& p, const CUtensorMap& map, uint32_t shared, uint32_t bar,
                               const Work& w, int64_t j0, int lane, int64_t id) {
     if constexpr (Tile::kGather) {
       using Layout = std::conditional_t<kValues, typename Tile::VLayout, typename Tile::KLayout>;
       gather<Layout>(p, kValues, shared, w, j0, lane, id);
-      arch::copy_async_commit();
+      arch::copy_async_arrive(bar);
     } else {
       arch::tma_load_tile<T, kCols>(shared, Tile::KLayout::kBlockBytes, map, bar, kBytes,
                                     static_cast<int>(w.page.remainder(j0)), w.hk, static_cast<int>(id), lane);
