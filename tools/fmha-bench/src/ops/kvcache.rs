@@ -130,6 +130,8 @@ impl KvCache {
                 v_descale: fmha_scale::default(),
                 workspace: null_mut(),
                 workspace_size: 0,
+                scheduler_workspace: null_mut(),
+                scheduler_workspace_size: 0,
             },
         };
         me.fill_args(total_q, p)?;
