@@ -1445,6 +1445,21 @@ fn scheduler_workspace_is_checked_and_changes_no_result() {
     ];
     let mut launcher = null_mut();
     ok(fmha_kvcache_launcher_create(&traits, &mut launcher));
+    // A workspace passed without its size (0: no size check) spans the launcher's size: a scheduler
+    // workspace in its last 16 bytes is refused too.
+    let mut need = 0usize;
+    ok(fmha_kvcache_launcher_workspace_size(launcher, &mut need));
+    assert!((32..=SMALL_WORKSPACE).contains(&need), "{need}");
+    let in_tail = fmha_kvcache_args {
+        workspace_size: 0,
+        ..with((args.workspace as usize + (need - 16) / 16 * 16) as *mut c_void, 16)
+    };
+    expect_error(
+        fmha_kvcache_launcher_run(launcher, &in_tail, null_mut()),
+        FMHA_ERR_INVALID_ARGUMENT,
+        &["scheduler_workspace", "the output workspace"],
+    );
+    ok(fmha_kvcache_launcher_run(launcher, &fmha_kvcache_args { workspace_size: 0, ..with(at(16), 16) }, null_mut()));
     for (workspace, size, status, needles) in &refused {
         let a = with(*workspace, *size);
         expect_error(fmha_kvcache_launcher_run(launcher, &a, null_mut()), *status, needles);

@@ -162,6 +162,12 @@ impl KvCacheLauncher {
     }
 
     fn kargs(&self, args: &KvCacheArgs) -> Result<KvCacheKargs> {
+        // A workspace passed without its size (0 skips the size check) spans what the prepare and the run
+        // write there, this launcher's size, in the overlap check (with the scheduler workspace, say).
+        let mut args = *args;
+        if !args.workspace.is_null() && args.workspace_size == 0 {
+            args.workspace_size = self.workspace_size();
+        }
         let mut kargs = args.validate(&self.traits, &self.instance)?;
         kargs.splits = self.workspace.split_args(args.workspace, self.cu_count);
         Ok(kargs)
