@@ -231,6 +231,9 @@ typedef struct fmha_kvcache_params {
   // has none.
   uint64_t sequence_order;
   uint64_t order_keys;
+  // Device address of the scheduler workspace's tile counter (int32), 0 when the run has none: the
+  // sm_90a launch may zero it on the stream and run a persistent grid that takes tiles from it.
+  uint64_t tile_counter;
 } fmha_kvcache_params;
 
 // The merge kernel's parameters (`hip/merge/merge.hip`): states `[state][head][row][hdim]` and their

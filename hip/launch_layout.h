@@ -160,7 +160,7 @@ static_assert(offsetof(fmha_bwd_params, scale_log2) == 496, "fmha_bwd_params.sca
 static_assert(offsetof(fmha_bwd_params, dtype) == 500, "fmha_bwd_params.dtype: offset differs from Rust's");
 static_assert(offsetof(fmha_bwd_params, hdim_bucket) == 504, "fmha_bwd_params.hdim_bucket: offset differs from Rust's");
 static_assert(offsetof(fmha_bwd_params, masked) == 508, "fmha_bwd_params.masked: offset differs from Rust's");
-static_assert(sizeof(fmha_kvcache_params) == 488, "fmha_kvcache_params: size differs from Rust's");
+static_assert(sizeof(fmha_kvcache_params) == 496, "fmha_kvcache_params: size differs from Rust's");
 static_assert(offsetof(fmha_kvcache_params, q) == 0, "fmha_kvcache_params.q: offset differs from Rust's");
 static_assert(offsetof(fmha_kvcache_params, k) == 8, "fmha_kvcache_params.k: offset differs from Rust's");
 static_assert(offsetof(fmha_kvcache_params, v) == 16, "fmha_kvcache_params.v: offset differs from Rust's");
@@ -227,6 +227,7 @@ static_assert(offsetof(fmha_kvcache_params, pack_gqa) == 464, "fmha_kvcache_para
 static_assert(offsetof(fmha_kvcache_params, pad) == 468, "fmha_kvcache_params.pad: offset differs from Rust's");
 static_assert(offsetof(fmha_kvcache_params, sequence_order) == 472, "fmha_kvcache_params.sequence_order: offset differs from Rust's");
 static_assert(offsetof(fmha_kvcache_params, order_keys) == 480, "fmha_kvcache_params.order_keys: offset differs from Rust's");
+static_assert(offsetof(fmha_kvcache_params, tile_counter) == 488, "fmha_kvcache_params.tile_counter: offset differs from Rust's");
 static_assert(sizeof(fmha_merge_params) == 144, "fmha_merge_params: size differs from Rust's");
 static_assert(offsetof(fmha_merge_params, o_in) == 0, "fmha_merge_params.o_in: offset differs from Rust's");
 static_assert(offsetof(fmha_merge_params, lse_in) == 8, "fmha_merge_params.lse_in: offset differs from Rust's");

@@ -468,6 +468,18 @@ typedef struct fmha_kvcache_args {
   // unsplit launcher's run takes NULL too. `workspace_size` 0 skips the size check.
   void *workspace;
   size_t workspace_size;
+  // Added in 0.3: an optional scheduler workspace, `fmha_kvcache_launcher_scheduler_workspace_size`
+  // bytes of device memory (16-byte aligned); NULL: none. With it, sm_90a runs whose tiles differ in
+  // cost may run a persistent grid that takes tiles from a counter in it (the run zeroes it on
+  // `stream` first, so its contents on entry do not matter); without it, one CTA per tile. Like any
+  // buffer it serves one run at a time: calls that may overlap in time (on other streams, from other
+  // threads even on one stream, graphs replayed concurrently) need their own. It may share no byte
+  // with the tensors, the descales, the tables or `workspace`. The host backend checks it and does
+  // not use it; `fmha_kvcache_launcher_prepare_async` ignores it.
+  void *scheduler_workspace;
+  // Added in 0.3: the bytes at `scheduler_workspace` (ignored when it is NULL); at least
+  // `fmha_kvcache_launcher_scheduler_workspace_size`.
+  size_t scheduler_workspace_size;
 } fmha_kvcache_args;
 
 // Merge arguments. Extensible: set `struct_size = sizeof(fmha_merge_args)`.
@@ -632,6 +644,13 @@ fmha_status fmha_kvcache_launcher_destroy(struct fmha_kvcache_launcher *launcher
 fmha_status fmha_kvcache_launcher_workspace_size(const struct fmha_kvcache_launcher *launcher,
                                                  size_t *bytes);
 
+// Writes into `*bytes` the size of the scheduler workspace `fmha_kvcache_args.scheduler_workspace`
+// that this launcher's runs take (16 bytes today, on every backend; ask rather than assume it). A
+// scheduler workspace serves any number of runs, one at a time (see
+// `fmha_kvcache_args.scheduler_workspace`).
+fmha_status fmha_kvcache_launcher_scheduler_workspace_size(const struct fmha_kvcache_launcher *launcher,
+                                                           size_t *bytes);
+
 // Writes the stages `fmha_kvcache_launcher_run` launches as JSON into `buffer`, as
 // `fmha_registry_json` does: `{"operation":"kvcache","arch":…,"stages":[…]}`: `kvcache_fwd` (with its
 // `instance`) and, for a launcher that splits the KV, `combine`. (`prepare_async` launches one more
@@ -671,7 +690,9 @@ fmha_status fmha_kvcache_launcher_check(const struct fmha_kvcache_launcher *laun
 // Given a workspace (`fmha_kvcache_workspace_size_upper_bound` bytes), it first enqueues the prepare
 // on it (the split plan and the longest-first sequence order; the faults it records nothing reports
 // here: use the launcher to have the tables checked); a launcher that splits the KV (see
-// `max_splits`) needs one. Without a workspace the sequences run unsplit in their order.
+// `max_splits`) needs one. Without a workspace the sequences run unsplit in their order. The run
+// takes `args.scheduler_workspace` as `fmha_kvcache_launcher_run` does
+// (`fmha_kvcache_launcher_scheduler_workspace_size` bytes of a launcher for `traits`).
 fmha_status fmha_kvcache_fwd(const struct fmha_kvcache_traits *traits,
                              const struct fmha_kvcache_args *args,
                              fmha_stream_t stream);

@@ -4,7 +4,7 @@
 mod common;
 
 use common::attention::{bwd_traits, check_gradients, forward_and_expected, Buffers, Case, Dtype, Rng};
-use common::{expect_error, expect_stream_error, gated, host_backend, last_error, not_gated, ok, Gate};
+use common::{expect_error, expect_stream_error, gated, host_backend, last_error, not_gated, ok, Gate, GuardedBytes};
 use fmha::ffi::attention::*;
 use fmha::ffi::backward::*;
 use fmha::ffi::pinned::*;
@@ -220,51 +220,6 @@ fn header_and_code_agree_on_flags_strides_and_allocators() {
     let mut releaser = null_mut();
     ok(fmha_pinned_releaser_create(&allocator, &mut releaser));
     ok(fmha_pinned_releaser_destroy(releaser));
-}
-
-/// Memory of `len` bytes that ends where an unreadable page begins: a read past `len` faults.
-struct GuardedBytes {
-    map: *mut c_void,
-    map_len: usize,
-    start: *mut u8,
-}
-
-impl GuardedBytes {
-    fn new(len: usize) -> GuardedBytes {
-        let page = 4096;
-        let pages = len.div_ceil(page) + 1;
-        let map_len = pages * page;
-        // SAFETY: an anonymous private mapping; the last page is made inaccessible below.
-        let map = unsafe {
-            libc::mmap(
-                null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(map, libc::MAP_FAILED);
-        let guard = (map as usize + map_len - page) as *mut c_void;
-        // SAFETY: the guard page lies inside the mapping made above.
-        assert_eq!(unsafe { libc::mprotect(guard, page, libc::PROT_NONE) }, 0);
-        GuardedBytes { map, map_len, start: (guard as usize - len) as *mut u8 }
-    }
-
-    /// Copies the first `len` bytes of `value` to the guarded memory and returns a pointer to them.
-    fn place<T>(&self, value: &T, len: usize) -> *const T {
-        // SAFETY: `value` has at least `len` bytes (len <= size_of::<T>()), the region holds `len` bytes.
-        unsafe { std::ptr::copy_nonoverlapping(value as *const T as *const u8, self.start, len) };
-        self.start as *const T
-    }
-}
-
-impl Drop for GuardedBytes {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `new`.
-        unsafe { libc::munmap(self.map, self.map_len) };
-    }
 }
 
 /// Defect 8: the library copied the whole struct, then required the exact size, though docs/abi.md

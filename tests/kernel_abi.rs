@@ -264,6 +264,7 @@ fn layouts() -> Vec<Layout> {
                 pad,
                 sequence_order,
                 order_keys,
+                tile_counter,
             ]
         ),
         layout!(

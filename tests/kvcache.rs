@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::{abs_dot_max, expect_error, fp8_accumulation, fp8_output_rule, host_backend, last_error, no_device, ok};
+use common::{
+    abs_dot_max, expect_error, fp8_accumulation, fp8_output_rule, host_backend, last_error, no_device, ok, GuardedBytes,
+};
 use fmha::ffi::attention::*;
 use fmha::ffi::kvcache::*;
 use fmha::ffi::runtime::*;
@@ -215,6 +217,8 @@ fn blank_args() -> fmha_kvcache_args {
         v_descale: NO_SCALE,
         workspace: null_mut(),
         workspace_size: 0,
+        scheduler_workspace: null_mut(),
+        scheduler_workspace_size: 0,
     }
 }
 
@@ -1334,6 +1338,196 @@ fn outputs_may_not_overlap_the_tables_or_the_descales() {
         ok(fmha_kvcache_launcher_destroy(launcher));
         expect_error(fmha_kvcache_fwd(&small.traits, &small.args, null_mut()), FMHA_ERR_INVALID_ARGUMENT, &[input]);
     }
+}
+
+/// Runs `args` (the small call's, maybe from another copy of its struct) through a launcher for
+/// `traits` on a stream of its own, the prepare first when `prepare`, with O and LSE poisoned before:
+/// O's and LSE's bits after the stream's synchronize.
+fn run_small(traits: &fmha_kvcache_traits, args: *const fmha_kvcache_args, prepare: bool) -> (Vec<u16>, Vec<u32>) {
+    // SAFETY: the callers pass a pointer to at least `struct_size` readable bytes of a struct whose
+    // leading fields (up to the workspace) are the small call's.
+    let (o, lse) = unsafe { ((*args).o.data, (*args).lse.data) };
+    let (o_len, lse_len) = (5 * 2 * 16, 5 * 2);
+    ok(fmha_memset(o, 0xFF, o_len * 2));
+    ok(fmha_memset(lse, 0xFF, lse_len * 4));
+    let (mut launcher, mut stream) = (null_mut(), null_mut());
+    ok(fmha_stream_create(&mut stream));
+    ok(fmha_kvcache_launcher_create(traits, &mut launcher));
+    if prepare {
+        ok(fmha_kvcache_launcher_prepare_async(launcher, args, stream));
+    }
+    ok(fmha_kvcache_launcher_run(launcher, args, stream));
+    ok(fmha_stream_synchronize(stream));
+    ok(fmha_kvcache_launcher_destroy(launcher));
+    ok(fmha_stream_destroy(stream));
+    (Device::download(o, o_len), Device::download(lse, lse_len))
+}
+
+/// `fmha_kvcache_launcher_scheduler_workspace_size`: 16 bytes for every launcher (unsplit and
+/// splitting, group and batch mode); a NULL `bytes` or a destroyed launcher is refused, nothing written.
+#[test]
+fn scheduler_workspace_size_is_16_bytes() {
+    if skip() {
+        return;
+    }
+    let small = Small::new();
+    let t = small.traits;
+    for traits in [
+        t,
+        fmha_kvcache_traits { max_splits: 4, ..t },
+        fmha_kvcache_traits { mask_type: FMHA_MASK_NONE, has_lse: 0, ..t },
+        fmha_kvcache_traits { is_group_mode: 0, kv_table_kind: FMHA_KV_BLOCK_TABLE, ..t },
+    ] {
+        let mut launcher = null_mut();
+        ok(fmha_kvcache_launcher_create(&traits, &mut launcher));
+        let mut bytes = 0usize;
+        ok(fmha_kvcache_launcher_scheduler_workspace_size(launcher, &mut bytes));
+        assert_eq!(bytes, 16, "{traits:?}");
+        expect_error(
+            fmha_kvcache_launcher_scheduler_workspace_size(launcher, null_mut()),
+            FMHA_ERR_NULL_POINTER,
+            &["bytes"],
+        );
+        ok(fmha_kvcache_launcher_destroy(launcher));
+        bytes = 7;
+        expect_error(
+            fmha_kvcache_launcher_scheduler_workspace_size(launcher, &mut bytes),
+            FMHA_ERR_INVALID_ARGUMENT,
+            &["launcher"],
+        );
+        assert_eq!(bytes, 7, "written on failure");
+    }
+}
+
+/// The run's optional scheduler workspace (`fmha_kvcache_args.scheduler_workspace`): a misaligned
+/// one, one too small, or one that shares a byte with a tensor, a table or the workspace is refused by
+/// the run and by the one-shot call (nothing queued: the one-shot call's prepare does not write the
+/// workspace); the prepare ignores it; NULL is none whatever the size says; a valid one, whatever its
+/// contents, gives the bits the run without it gives (on sm_90a it may switch the run to a persistent
+/// grid).
+#[test]
+fn scheduler_workspace_is_checked_and_changes_no_result() {
+    if skip() {
+        return;
+    }
+    let mut small = Small::new();
+    small.sync_arrays();
+    let (traits, args) = (small.traits, small.args);
+    // 64 bytes: room for a misaligned start and for a larger-than-needed workspace.
+    let base = small.dev.upload(&[0xA5u8; 64]);
+    assert_eq!(base as usize % 16, 0);
+    let at = |offset: usize| (base as usize + offset) as *mut c_void;
+    let with = |scheduler_workspace: *mut c_void, scheduler_workspace_size: usize| fmha_kvcache_args {
+        scheduler_workspace,
+        scheduler_workspace_size,
+        ..args
+    };
+    let size_function = "fmha_kvcache_launcher_scheduler_workspace_size";
+    let o_bytes = 5 * 2 * 16 * 2;
+    let o_tail = ((args.o.data as usize + o_bytes - 16) & !15) as *mut c_void;
+    type Refusal = (*mut c_void, usize, fmha_status, Vec<&'static str>);
+    let refused: Vec<Refusal> = vec![
+        (base, 8, FMHA_ERR_WORKSPACE_TOO_SMALL, vec!["scheduler_workspace_size", "8", "16", size_function]),
+        (base, 0, FMHA_ERR_WORKSPACE_TOO_SMALL, vec!["scheduler_workspace_size", "0", size_function]),
+        (base, 15, FMHA_ERR_WORKSPACE_TOO_SMALL, vec!["scheduler_workspace_size", size_function]),
+        (at(4), 32, FMHA_ERR_INVALID_ARGUMENT, vec!["scheduler_workspace", "aligned"]),
+        (at(8), 32, FMHA_ERR_INVALID_ARGUMENT, vec!["scheduler_workspace", "aligned"]),
+        (at(1), 32, FMHA_ERR_INVALID_ARGUMENT, vec!["scheduler_workspace", "aligned"]),
+        // Written by the run: it may share no byte with an output, an input, a table or the workspace.
+        (args.o.data, 16, FMHA_ERR_INVALID_ARGUMENT, vec!["scheduler_workspace", "the output o"]),
+        (o_tail, 16, FMHA_ERR_INVALID_ARGUMENT, vec!["scheduler_workspace", "the output o"]),
+        (args.lse.data, 16, FMHA_ERR_INVALID_ARGUMENT, vec!["scheduler_workspace", "the output lse"]),
+        (args.q.data, 16, FMHA_ERR_INVALID_ARGUMENT, vec!["scheduler_workspace", "the input q"]),
+        (args.v.data, 64, FMHA_ERR_INVALID_ARGUMENT, vec!["scheduler_workspace", "the input v"]),
+        (args.kv_indptr as *mut c_void, 16, FMHA_ERR_INVALID_ARGUMENT, vec!["scheduler_workspace", "kv_indptr"]),
+        (args.page_indices as *mut c_void, 16, FMHA_ERR_INVALID_ARGUMENT, vec!["scheduler_workspace", "page_indices"]),
+        (args.workspace, 16, FMHA_ERR_INVALID_ARGUMENT, vec!["scheduler_workspace", "the output workspace"]),
+    ];
+    let mut launcher = null_mut();
+    ok(fmha_kvcache_launcher_create(&traits, &mut launcher));
+    // A workspace passed without its size (0: no size check) spans the launcher's size: a scheduler
+    // workspace in its last 16 bytes is refused too.
+    let mut need = 0usize;
+    ok(fmha_kvcache_launcher_workspace_size(launcher, &mut need));
+    assert!((32..=SMALL_WORKSPACE).contains(&need), "{need}");
+    let in_tail = fmha_kvcache_args {
+        workspace_size: 0,
+        ..with((args.workspace as usize + (need - 16) / 16 * 16) as *mut c_void, 16)
+    };
+    expect_error(
+        fmha_kvcache_launcher_run(launcher, &in_tail, null_mut()),
+        FMHA_ERR_INVALID_ARGUMENT,
+        &["scheduler_workspace", "the output workspace"],
+    );
+    ok(fmha_kvcache_launcher_run(launcher, &fmha_kvcache_args { workspace_size: 0, ..with(at(16), 16) }, null_mut()));
+    for (workspace, size, status, needles) in &refused {
+        let a = with(*workspace, *size);
+        expect_error(fmha_kvcache_launcher_run(launcher, &a, null_mut()), *status, needles);
+        // The prepare ignores it (neither checks nor uses it).
+        ok(fmha_kvcache_launcher_prepare_async(launcher, &a, null_mut()));
+    }
+    ok(fmha_stream_synchronize(null_mut()));
+    ok(fmha_kvcache_launcher_check(launcher, args.workspace, SMALL_WORKSPACE, null_mut()));
+    ok(fmha_kvcache_launcher_destroy(launcher));
+    // The one-shot call checks the run's arguments before it enqueues the prepare: a refused call
+    // leaves a zeroed workspace unprepared.
+    for (workspace, size, status, needles) in &refused {
+        if *workspace == args.workspace {
+            continue; // the prepare would write over it: no zeroed workspace to look at
+        }
+        ok(fmha_memset(args.workspace, 0, SMALL_WORKSPACE));
+        expect_error(fmha_kvcache_fwd(&traits, &with(*workspace, *size), null_mut()), *status, needles);
+        ok(fmha_stream_synchronize(null_mut()));
+        let bytes: Vec<u8> = Device::download(args.workspace, SMALL_WORKSPACE);
+        assert!(bytes.iter().all(|&b| b == 0), "{workspace:?}/{size}: the refused call prepared the workspace");
+    }
+
+    // Without a scheduler workspace, then NULL with sizes that would be wrong for a real one, then valid
+    // ones (exact size, larger, reused, poisoned in between), with and without the prepare: the same bits.
+    let (o, lse) = run_small(&traits, &args, true);
+    assert!(o.iter().all(|&x| x != 0xFFFF), "O left unwritten");
+    for (workspace, size) in [(null_mut(), 0), (null_mut(), 1), (null_mut(), usize::MAX), (base, 16), (base, 64)] {
+        for prepare in [true, false, true] {
+            let (got_o, got_lse) = run_small(&traits, &with(workspace, size), prepare);
+            assert!(got_o == o && got_lse == lse, "scheduler workspace {workspace:?}/{size}: other bits");
+            ok(fmha_memset(base, 0x5A, 64));
+        }
+    }
+    // The one-shot call forwards it to the run.
+    ok(fmha_memset(args.o.data, 0xFF, o_bytes));
+    ok(fmha_kvcache_fwd(&traits, &with(base, 16), null_mut()));
+    ok(fmha_stream_synchronize(null_mut()));
+    assert!(Device::download::<u16>(args.o.data, o_bytes / 2) == o, "fmha_kvcache_fwd: other bits");
+
+    // The struct of 0.2 (384 bytes, before the scheduler workspace), ending at an unreadable page: the
+    // fields past it are not read (here they would be refused); it runs without a scheduler workspace.
+    let previous = 384;
+    assert_eq!(std::mem::size_of::<fmha_kvcache_args>(), previous + 16);
+    assert_eq!(std::mem::offset_of!(fmha_kvcache_args, scheduler_workspace), previous);
+    let old = fmha_kvcache_args { struct_size: previous, ..with(at(4), 1) };
+    let guarded = GuardedBytes::new(previous);
+    let (got_o, got_lse) = run_small(&traits, guarded.place(&old, previous), true);
+    assert!(got_o == o && got_lse == lse, "384-byte struct: other bits");
+    ok(fmha_memset(args.workspace, 0, SMALL_WORKSPACE));
+    ok(fmha_kvcache_fwd(&traits, guarded.place(&old, previous), null_mut()));
+    ok(fmha_stream_synchronize(null_mut()));
+    // Sizes between the versions or past this library's end inside a field: no header's struct.
+    let mut launcher = null_mut();
+    ok(fmha_kvcache_launcher_create(&traits, &mut launcher));
+    for size in [previous - 8, previous + 8, previous + 15, previous + 24] {
+        let a = fmha_kvcache_args { struct_size: size, ..args };
+        expect_error(
+            fmha_kvcache_launcher_run(launcher, &a, null_mut()),
+            FMHA_ERR_INVALID_ARGUMENT,
+            &["args", "struct_size"],
+        );
+        expect_error(
+            fmha_kvcache_launcher_prepare_async(launcher, &a, null_mut()),
+            FMHA_ERR_INVALID_ARGUMENT,
+            &["args", "struct_size"],
+        );
+    }
+    ok(fmha_kvcache_launcher_destroy(launcher));
 }
 
 /// GPU builds have kv-cache kernels for one fp8 format per device (sm90, gfx950: OCP; gfx942: FNUZ),

@@ -322,6 +322,9 @@ class fmha_kvcache_args(_Extensible):
         ("v_descale", fmha_scale),
         ("workspace", c_void_p),
         ("workspace_size", c_size_t),
+        # The run's scheduler workspace (fmha_kvcache_launcher_scheduler_workspace_size bytes); NULL: none.
+        ("scheduler_workspace", c_void_p),
+        ("scheduler_workspace_size", c_size_t),
     ]
 
 
@@ -354,7 +357,7 @@ _EXPECTED_SIZES = {
     fmha_pinned_allocator: 32,
     fmha_kvcache_traits: 88,
     fmha_scale: 32,
-    fmha_kvcache_args: 384,
+    fmha_kvcache_args: 400,
     fmha_merge_args: 168,
 }
 
@@ -380,6 +383,7 @@ _PROTOTYPES = {
     "fmha_kvcache_launcher_create": (c_int32, [POINTER(fmha_kvcache_traits), POINTER(_launcher_p)]),
     "fmha_kvcache_launcher_destroy": (c_int32, [_launcher_p]),
     "fmha_kvcache_launcher_workspace_size": (c_int32, [_launcher_p, POINTER(c_size_t)]),
+    "fmha_kvcache_launcher_scheduler_workspace_size": (c_int32, [_launcher_p, POINTER(c_size_t)]),
     "fmha_kvcache_workspace_size_upper_bound": (c_int32, [POINTER(fmha_kvcache_traits), POINTER(c_size_t)]),
     "fmha_kvcache_launcher_prepare_async": (c_int32, [_launcher_p, POINTER(fmha_kvcache_args), _stream_t]),
     "fmha_kvcache_launcher_run": (c_int32, [_launcher_p, POINTER(fmha_kvcache_args), _stream_t]),

@@ -38,6 +38,7 @@ from .ops import (
     _refuse_unsupported,
     _require_tensor,
     _scale,
+    _scheduler_workspace,
     _stream_handle,
 )
 
@@ -151,6 +152,11 @@ class _KvLauncher:
         L.call("fmha_kvcache_launcher_workspace_size", self.handle, byref(size))
         return size.value
 
+    def scheduler_workspace_size(self) -> int:
+        size = c_size_t(0)
+        L.call("fmha_kvcache_launcher_scheduler_workspace_size", self.handle, byref(size))
+        return size.value
+
     def destroy(self):
         handle, self.handle = self.handle, None
         if handle is not None and handle.value:
@@ -161,6 +167,22 @@ class _KvLauncher:
 
     def __del__(self):
         self.destroy()
+
+
+def _kvcache_scheduler_workspace_size(traits):
+    """The scheduler workspace bytes of a launcher for ``traits`` (what ``fmha_kvcache_fwd``'s run takes)."""
+    launcher = _KvLauncher(traits)
+    try:
+        return launcher.scheduler_workspace_size()
+    finally:
+        launcher.destroy()
+
+
+def _kvcache_scheduler_workspace(size_of, key, device, stream):
+    """The run's scheduler workspace (``fmha_kvcache_args.scheduler_workspace``), ``size_of(key)`` bytes: one
+    per (stream, device, thread), a fresh one per captured call, NULL on the host backend (see
+    :func:`fmha.ops._scheduler_workspace`)."""
+    return _scheduler_workspace("kvcache", size_of, key, device, stream)
 
 
 # --- flash-attn: flash_attn_with_kvcache -----------------------------------------------------------------
@@ -543,7 +565,10 @@ def flash_attn_with_kvcache(
     workspace = torch.empty(ws_size.value, dtype=torch.uint8, device=q.device)
     args.workspace, args.workspace_size = _ptr(workspace), ws_size.value
     with _device_guard(device):
-        L.call("fmha_kvcache_fwd", byref(traits), byref(args), _stream_handle(device))
+        stream = _stream_handle(device)
+        scheduler = _kvcache_scheduler_workspace(_kvcache_scheduler_workspace_size, traits, device, stream)
+        args.scheduler_workspace, args.scheduler_workspace_size, keep = scheduler  # noqa: F841 (held)
+        L.call("fmha_kvcache_fwd", byref(traits), byref(args), stream)
         _finish(device)
     return (out, lse) if return_softmax_lse else out
 
@@ -1000,7 +1025,12 @@ class BatchPrefillWithPagedKVCacheWrapper:
         )
         launcher = self._launchers[bool(return_lse)]
         with _device_guard(device):
-            L.call("fmha_kvcache_launcher_run", launcher.handle, byref(args), _stream_handle(device))
+            stream = _stream_handle(device)
+            args.scheduler_workspace, args.scheduler_workspace_size, held = _kvcache_scheduler_workspace(
+                _KvLauncher.scheduler_workspace_size, launcher, device, stream
+            )
+            keep.append(held)  # the workspace's tensor lives until the run was queued
+            L.call("fmha_kvcache_launcher_run", launcher.handle, byref(args), stream)
             _finish(device)
         del keep  # the scale tensors lived until the run was queued (stream-ordered reuse after that)
         if v_factor is not None and v_factor != 1.0:

@@ -335,35 +335,37 @@ _fwd_templates = _Templates()
 _bwd_templates = _Templates()
 
 
-# --- the forward's scheduler workspace --------------------------------------------------------------
+# --- scheduler workspaces ---------------------------------------------------------------------------
 #
-# fmha_fwd_args.workspace: fmha_fwd_workspace_size bytes (16) of device memory that the sm_90a forward
-# takes tiles from (a counter the call zeroes on its stream), so that masked calls run a
-# persistent grid. A workspace serves one call at a time. Eager calls share one per (stream, device,
-# thread), cached for the life of the process: calls on one stream run in stream order, calls on other
-# streams get their own, and so do other threads (a call enqueues the zeroing and the kernel separately,
-# so two threads' calls on one stream could interleave them). Each is allocated on the stream it serves,
-# so the caching allocator never hands its memory to another stream. A call costs the capture query and
-# one dict lookup (about 0.5 µs on an H200 host).
+# fmha_fwd_args.workspace (fmha_fwd_workspace_size bytes) and fmha_kvcache_args.scheduler_workspace
+# (fmha_kvcache_launcher_scheduler_workspace_size bytes), 16 bytes of device memory each today, that the
+# sm_90a kernels take tiles from (a counter the call zeroes on its stream), so that calls whose tiles differ
+# in cost run a persistent grid. A workspace serves one call at a time. Eager calls share one per
+# (operation, stream, device, thread), cached for the life of the process: calls on one stream run in
+# stream order, calls on other streams get their own, and so do other threads (a call enqueues the zeroing
+# and the kernel separately, so two threads' calls on one stream could interleave them). Each is allocated
+# on the stream it serves, so the caching allocator never hands its memory to another stream. A call costs
+# the capture query and one dict lookup (about 0.5 µs on an H200 host).
 
-_fwd_workspaces = {}  # (stream handle, device index, thread id) → (address, bytes, tensor)
+# (operation, stream handle, device index, thread id) → (address, bytes, tensor)
+_scheduler_workspaces = {}
 _NO_WORKSPACE = (None, 0, None)
 # The current stream's capture status without the public wrapper's Python frame (where this PyTorch has it).
 _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
 _thread_id = threading.get_ident
 
 
-def _new_fwd_workspace(traits, device):
-    size = c_size_t()
-    L.call("fmha_fwd_workspace_size", byref(traits), byref(size))
-    t = torch.empty(max(size.value, 1), dtype=torch.uint8, device=device)
+def _new_scheduler_workspace(size_of, key, device):
+    t = torch.empty(max(size_of(key), 1), dtype=torch.uint8, device=device)
     return t.data_ptr(), t.numel(), t
 
 
-def _fwd_workspace(traits, device, stream):
-    """``(address, bytes, tensor)`` of the scheduler workspace for a forward on ``stream`` of ``device`` (the
-    current device) from this thread; ``(None, 0, None)`` (NULL) on the host backend. The caller holds the
-    tensor until the call has returned (while a graph is captured, nothing else does)."""
+def _scheduler_workspace(operation, size_of, key, device, stream):
+    """``(address, bytes, tensor)`` of the scheduler workspace for a call of ``operation`` (``"fwd"``,
+    ``"kvcache"``) on ``stream`` of ``device`` (the current device) from this thread; ``(None, 0, None)``
+    (NULL) on the host backend. ``size_of(key)`` is the size the operation's size function reports (asked
+    only when a workspace is allocated). The caller holds the tensor until the call has returned (while a
+    graph is captured, nothing else does)."""
     if device is None or device.type != "cuda":
         return _NO_WORKSPACE
     if _capturing():
@@ -374,12 +376,23 @@ def _fwd_workspace(traits, device, stream):
         # comes from the graph's private pool, which the graph keeps for its replays; the caller drops the
         # tensor after the call, and the pool may give the bytes to a later allocation of the same capture,
         # which runs after this call in stream order, as any temporary's.
-        return _new_fwd_workspace(traits, device)
-    key = (stream, device.index, _thread_id())
-    entry = _fwd_workspaces.get(key)
+        return _new_scheduler_workspace(size_of, key, device)
+    cache_key = (operation, stream, device.index, _thread_id())
+    entry = _scheduler_workspaces.get(cache_key)
     if entry is None:
-        entry = _fwd_workspaces[key] = _new_fwd_workspace(traits, device)
+        entry = _scheduler_workspaces[cache_key] = _new_scheduler_workspace(size_of, key, device)
     return entry
+
+
+def _fwd_workspace_size(traits):
+    size = c_size_t()
+    L.call("fmha_fwd_workspace_size", byref(traits), byref(size))
+    return size.value
+
+
+def _fwd_workspace(traits, device, stream):
+    """The forward's scheduler workspace (``fmha_fwd_args.workspace``): see :func:`_scheduler_workspace`."""
+    return _scheduler_workspace("fwd", _fwd_workspace_size, traits, device, stream)
 
 
 def _call_fwd(traits, args, device):

@@ -153,10 +153,25 @@ pub struct fmha_kvcache_args {
     /// unsplit launcher's run takes NULL too. `workspace_size` 0 skips the size check.
     pub workspace: *mut c_void,
     pub workspace_size: usize,
+    /// Added in 0.3: an optional scheduler workspace, `fmha_kvcache_launcher_scheduler_workspace_size`
+    /// bytes of device memory (16-byte aligned); NULL: none. With it, sm_90a runs whose tiles differ in
+    /// cost may run a persistent grid that takes tiles from a counter in it (the run zeroes it on
+    /// `stream` first, so its contents on entry do not matter); without it, one CTA per tile. Like any
+    /// buffer it serves one run at a time: calls that may overlap in time (on other streams, from other
+    /// threads even on one stream, graphs replayed concurrently) need their own. It may share no byte
+    /// with the tensors, the descales, the tables or `workspace`. The host backend checks it and does
+    /// not use it; `fmha_kvcache_launcher_prepare_async` ignores it.
+    pub scheduler_workspace: *mut c_void,
+    /// Added in 0.3: the bytes at `scheduler_workspace` (ignored when it is NULL); at least
+    /// `fmha_kvcache_launcher_scheduler_workspace_size`.
+    pub scheduler_workspace_size: usize,
 }
 
 // SAFETY: repr(C), begins with `struct_size`, every field is an integer, a float or a raw pointer.
-unsafe impl Extensible for fmha_kvcache_args {}
+unsafe impl Extensible for fmha_kvcache_args {
+    /// The struct of 0.1 and 0.2, up to `workspace_size` (before the scheduler workspace).
+    const EARLIER_VERSION_SIZES: &'static [usize] = &[384];
+}
 
 impl fmha_kvcache_traits {
     pub(crate) fn to_traits(self) -> Result<KvCacheTraits> {
@@ -214,6 +229,8 @@ impl fmha_kvcache_args {
             v_descale: self.v_descale.to_descale(),
             workspace: DevicePtr::new(self.workspace as usize),
             workspace_size: self.workspace_size,
+            scheduler_workspace: DevicePtr::new(self.scheduler_workspace as usize),
+            scheduler_workspace_size: self.scheduler_workspace_size,
         }
     }
 }
@@ -266,6 +283,21 @@ pub extern "C" fn fmha_kvcache_launcher_workspace_size(
 ) -> fmha_status {
     boundary(|| {
         let size = launcher_ref(launcher)?.workspace_size();
+        write_out(bytes, "bytes", size)
+    })
+}
+
+/// Writes into `*bytes` the size of the scheduler workspace `fmha_kvcache_args.scheduler_workspace`
+/// that this launcher's runs take (16 bytes today, on every backend; ask rather than assume it). A
+/// scheduler workspace serves any number of runs, one at a time (see
+/// `fmha_kvcache_args.scheduler_workspace`).
+#[no_mangle]
+pub extern "C" fn fmha_kvcache_launcher_scheduler_workspace_size(
+    launcher: *const fmha_kvcache_launcher,
+    bytes: *mut usize,
+) -> fmha_status {
+    boundary(|| {
+        let size = launcher_ref(launcher)?.scheduler_workspace_size();
         write_out(bytes, "bytes", size)
     })
 }
@@ -353,7 +385,9 @@ pub extern "C" fn fmha_kvcache_launcher_check(
 /// Given a workspace (`fmha_kvcache_workspace_size_upper_bound` bytes), it first enqueues the prepare
 /// on it (the split plan and the longest-first sequence order; the faults it records nothing reports
 /// here: use the launcher to have the tables checked); a launcher that splits the KV (see
-/// `max_splits`) needs one. Without a workspace the sequences run unsplit in their order.
+/// `max_splits`) needs one. Without a workspace the sequences run unsplit in their order. The run
+/// takes `args.scheduler_workspace` as `fmha_kvcache_launcher_run` does
+/// (`fmha_kvcache_launcher_scheduler_workspace_size` bytes of a launcher for `traits`).
 #[no_mangle]
 pub extern "C" fn fmha_kvcache_fwd(
     traits: *const fmha_kvcache_traits,
@@ -365,8 +399,88 @@ pub extern "C" fn fmha_kvcache_fwd(
         let args = read_extensible(args, "args")?.to_args();
         let (launcher, stream) = (KvCacheLauncher::new(traits)?, Stream(stream as usize));
         if !args.workspace.is_null() {
+            if !args.scheduler_workspace.is_null() {
+                // The prepare ignores the scheduler workspace: the run's checks of it come first, so
+                // that a refused call enqueues nothing.
+                launcher.check_run(&args)?;
+            }
             launcher.prepare_async(&args, stream)?;
         }
         launcher.run(&args, stream)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi_values::{FMHA_DTYPE_BF16, FMHA_MASK_BOTTOM_RIGHT};
+    use crate::ffi::last_error;
+    use crate::ffi::status::{FMHA_ERR_INVALID_ARGUMENT, FMHA_ERR_NO_DEVICE, FMHA_ERR_NULL_POINTER, FMHA_OK};
+    use std::ptr::{null_mut, NonNull};
+
+    fn traits() -> fmha_kvcache_traits {
+        fmha_kvcache_traits {
+            struct_size: std::mem::size_of::<fmha_kvcache_traits>(),
+            dtype: FMHA_DTYPE_BF16,
+            o_dtype: FMHA_DTYPE_BF16,
+            hdim_q: 128,
+            hdim_v: 128,
+            nhead_q: 8,
+            nhead_k: 2,
+            is_group_mode: 1,
+            mask_type: FMHA_MASK_BOTTOM_RIGHT,
+            has_lse: 1,
+            kv_table_kind: FMHA_KV_BLOCK_TABLE,
+            kv_layout: FMHA_KV_LAYOUT_STRIDED,
+            kv_scale_granularity: FMHA_KV_SCALE_TENSOR,
+            page_size: 16,
+            batch: 4,
+            total_q: 64,
+            max_seqlen_q: 16,
+            max_seqlen_k: 1024,
+            max_splits: 0,
+            kv_split_tokens: 0,
+            check_tables: 0,
+        }
+    }
+
+    #[test]
+    fn scheduler_workspace_size_is_the_constant_for_every_launcher() {
+        assert_eq!(crate::kvcache::KVCACHE_SCHEDULER_WORKSPACE_BYTES, 16);
+        for t in [traits(), fmha_kvcache_traits { max_splits: 1, kv_table_kind: FMHA_KV_PAGE_CSR, ..traits() }] {
+            let mut launcher = null_mut();
+            let created = fmha_kvcache_launcher_create(&t, &mut launcher);
+            if created == FMHA_ERR_NO_DEVICE {
+                return; // a GPU build without a device
+            }
+            assert_eq!(created, FMHA_OK, "{}", last_error());
+            let mut bytes = 0;
+            assert_eq!(
+                fmha_kvcache_launcher_scheduler_workspace_size(launcher, &mut bytes),
+                FMHA_OK,
+                "{}",
+                last_error()
+            );
+            assert_eq!(bytes, crate::kvcache::KVCACHE_SCHEDULER_WORKSPACE_BYTES);
+            assert_eq!(fmha_kvcache_launcher_destroy(launcher), FMHA_OK);
+        }
+    }
+
+    /// Null pointers and handles that are not launchers are named, and nothing is written.
+    #[test]
+    fn scheduler_workspace_size_refuses_bad_pointers() {
+        let mut bytes = 7;
+        assert_eq!(fmha_kvcache_launcher_scheduler_workspace_size(null_mut(), &mut bytes), FMHA_ERR_NULL_POINTER);
+        assert!(last_error().starts_with("launcher"), "{}", last_error());
+        let garbage = NonNull::<fmha_kvcache_launcher>::dangling().as_ptr();
+        assert_eq!(fmha_kvcache_launcher_scheduler_workspace_size(garbage, &mut bytes), FMHA_ERR_INVALID_ARGUMENT);
+        assert!(last_error().contains("launcher"), "{}", last_error());
+        assert_eq!(bytes, 7, "written on failure");
+        let mut launcher = null_mut();
+        if fmha_kvcache_launcher_create(&traits(), &mut launcher) == FMHA_OK {
+            assert_eq!(fmha_kvcache_launcher_scheduler_workspace_size(launcher, null_mut()), FMHA_ERR_NULL_POINTER);
+            assert!(last_error().starts_with("bytes"), "{}", last_error());
+            assert_eq!(fmha_kvcache_launcher_destroy(launcher), FMHA_OK);
+        }
+    }
 }

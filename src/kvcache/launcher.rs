@@ -7,7 +7,7 @@
 //! the chunk length the prepare chose; an unsplit launcher's `run` reads nothing from the workspace.
 
 use super::workspace::KvCacheWorkspace;
-use super::{KvCacheArgs, KvCacheTraits, MAX_SPLITS};
+use super::{KvCacheArgs, KvCacheTraits, KVCACHE_SCHEDULER_WORKSPACE_BYTES, MAX_SPLITS};
 use crate::error::{Error, Result, Status};
 use crate::launch::abi::KvCacheFault;
 use crate::launch::KvCacheKargs;
@@ -133,6 +133,12 @@ impl KvCacheLauncher {
         self.workspace.bytes
     }
 
+    /// Bytes of the scheduler workspace (`KvCacheArgs::scheduler_workspace`) a run takes: the same on
+    /// every backend and device.
+    pub fn scheduler_workspace_size(&self) -> usize {
+        KVCACHE_SCHEDULER_WORKSPACE_BYTES
+    }
+
     /// How this launcher splits the KV.
     pub fn split_policy(&self) -> SplitPolicy {
         self.workspace.policy
@@ -156,6 +162,12 @@ impl KvCacheLauncher {
     }
 
     fn kargs(&self, args: &KvCacheArgs) -> Result<KvCacheKargs> {
+        // A workspace passed without its size (0 skips the size check) spans what the prepare and the run
+        // write there, this launcher's size, in the overlap check (with the scheduler workspace, say).
+        let mut args = *args;
+        if !args.workspace.is_null() && args.workspace_size == 0 {
+            args.workspace_size = self.workspace_size();
+        }
         let mut kargs = args.validate(&self.traits, &self.instance)?;
         kargs.splits = self.workspace.split_args(args.workspace, self.cu_count);
         Ok(kargs)
@@ -163,14 +175,31 @@ impl KvCacheLauncher {
 
     /// Enqueues the check of `args`' lengths and tables on `stream` (nothing blocks the host); the
     /// outcome goes to `args.workspace`'s fault record.
+    /// The scheduler workspace is the run's: the prepare neither checks nor uses it.
     pub fn prepare_async(&self, args: &KvCacheArgs, stream: Stream) -> Result<()> {
         self.check_workspace(args.workspace, args.workspace_size)?;
-        let kargs = self.kargs(args)?;
+        let args = KvCacheArgs { scheduler_workspace: DevicePtr::NULL, scheduler_workspace_size: 0, ..*args };
+        let kargs = self.kargs(&args)?;
         crate::launch::kvcache_prepare(&kargs, KvCacheWorkspace::fault(args.workspace), stream)
     }
 
     /// Validates `args` and enqueues the attention on `stream`.
     pub fn run(&self, args: &KvCacheArgs, stream: Stream) -> Result<()> {
+        let kargs = self.run_kargs(args)?;
+        if kargs.batch == 0 || kargs.bounds.total_q == 0 {
+            return Ok(()); // nothing to compute: nothing enqueued
+        }
+        crate::launch::kvcache_forward(&kargs, stream)
+    }
+
+    /// What [`run`](Self::run) checks of `args`, without enqueuing anything (the one-call
+    /// `fmha_kvcache_fwd` checks the run's arguments before it enqueues the prepare).
+    pub fn check_run(&self, args: &KvCacheArgs) -> Result<()> {
+        self.run_kargs(args).map(drop)
+    }
+
+    /// The run's validated kernel arguments.
+    fn run_kargs(&self, args: &KvCacheArgs) -> Result<KvCacheKargs> {
         if !args.workspace.is_null() {
             self.check_workspace(args.workspace, args.workspace_size)?;
         } else if self.split_policy().splits() {
@@ -183,11 +212,7 @@ impl KvCacheLauncher {
                 ),
             ));
         }
-        let kargs = self.kargs(args)?;
-        if kargs.batch == 0 || kargs.bounds.total_q == 0 {
-            return Ok(()); // nothing to compute: nothing enqueued
-        }
-        crate::launch::kvcache_forward(&kargs, stream)
+        self.kargs(args)
     }
 
     /// Waits for `stream` and reports the fault record a prepare left in `workspace`: FMHA_OK,

@@ -340,6 +340,9 @@ pub struct KvCacheParams {
     /// has none.
     pub sequence_order: u64,
     pub order_keys: u64,
+    /// Device address of the scheduler workspace's tile counter (int32), 0 when the run has none: the
+    /// sm_90a launch may zero it on the stream and run a persistent grid that takes tiles from it.
+    pub tile_counter: u64,
 }
 
 /// The chunk length the prepare chose for a call (`problem::split::adaptive_tiles`); read by the

@@ -119,6 +119,10 @@ pub struct KvCacheKargs {
     /// The prepare scans every page id the sequences use.
     pub check_tables: bool,
     pub splits: KvSplitArgs,
+    /// The scheduler workspace (its first 4 bytes: the tile counter of the sm_90a persistent grid), null
+    /// when the run has none (and for the prepare). Validated: 16-byte aligned,
+    /// `KVCACHE_SCHEDULER_WORKSPACE_BYTES` that overlap no tensor, array or workspace.
+    pub scheduler_workspace: DevicePtr<u8>,
 }
 
 /// Split-KV of a kv-cache call: the launcher's policy, the CU count the prepare sizes chunks by, and

@@ -310,6 +310,7 @@ impl KvCacheParams {
             pad: 0,
             sequence_order: k.splits.order.addr().0 as u64,
             order_keys: k.splits.order_keys.addr().0 as u64,
+            tile_counter: addr(k.scheduler_workspace.addr()),
         }
     }
 }

@@ -26,14 +26,27 @@ pub fn check_workspace_argument(
     size_required: bool,
     size_function: &str,
 ) -> Result<()> {
+    check_named_workspace_argument("workspace", address, bytes, need, size_required, size_function)
+}
+
+/// [`check_workspace_argument`] of a workspace passed as `field` (its size as `{field}_size`), e.g. the
+/// kv-cache call's `scheduler_workspace`: the errors name that field.
+pub fn check_named_workspace_argument(
+    field: &str,
+    address: usize,
+    bytes: usize,
+    need: usize,
+    size_required: bool,
+    size_function: &str,
+) -> Result<()> {
     if address == 0 {
-        return Err(Error::null("workspace"));
+        return Err(Error::null(field));
     }
-    check_section_aligned("workspace", address)?;
+    check_section_aligned(field, address)?;
     if (size_required || bytes > 0) && bytes < need {
         return Err(Error::new(
             Status::WorkspaceTooSmall,
-            format!("workspace_size: {bytes} bytes given, {need} needed ({size_function})"),
+            format!("{field}_size: {bytes} bytes given, {need} needed ({size_function})"),
         ));
     }
     Ok(())

@@ -22,8 +22,9 @@ mod metadata;
 
 pub use fingerprint::{fingerprint, fingerprint_of_params};
 pub use layout::{
-    check_section_aligned, check_workspace_argument, workspace_size_upper_bound, DqAccBlock, Section, WorkspaceLayout,
-    WorkspaceParams, FORMAT_VERSION, MAGIC, MAX_METADATA_BYTES, METADATA_ALIGNMENT, SECTION_ALIGNMENT,
+    check_named_workspace_argument, check_section_aligned, check_workspace_argument, workspace_size_upper_bound,
+    DqAccBlock, Section, WorkspaceLayout, WorkspaceParams, FORMAT_VERSION, MAGIC, MAX_METADATA_BYTES,
+    METADATA_ALIGNMENT, SECTION_ALIGNMENT,
 };
 pub use metadata::{prepare_metadata, MetadataView, PreparedInfo};
 

@@ -6,6 +6,8 @@ pub mod attention;
 
 use fmha::ffi::runtime::fmha_stream_t;
 use fmha::ffi::status::*;
+use std::ffi::c_void;
+use std::ptr::null_mut;
 use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Whether this build is the host backend (else a GPU build).
@@ -143,5 +145,50 @@ pub fn fp8_output_rule(ctx: &str, (err_max, base_max): (f64, f64), (err_sum, bas
     if count > 0 {
         let (mean, base_mean) = (err_sum / count as f64, base_sum / count as f64);
         assert!(mean <= 3.0 * base_mean + floor / 4.0, "{ctx}: O mean error {mean:e} vs baseline {base_mean:e}");
+    }
+}
+
+/// Memory of `len` bytes that ends where an unreadable page begins: a read past `len` faults.
+pub struct GuardedBytes {
+    map: *mut c_void,
+    map_len: usize,
+    start: *mut u8,
+}
+
+impl GuardedBytes {
+    pub fn new(len: usize) -> GuardedBytes {
+        let page = 4096;
+        let pages = len.div_ceil(page) + 1;
+        let map_len = pages * page;
+        // SAFETY: an anonymous private mapping; the last page is made inaccessible below.
+        let map = unsafe {
+            libc::mmap(
+                null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(map, libc::MAP_FAILED);
+        let guard = (map as usize + map_len - page) as *mut c_void;
+        // SAFETY: the guard page lies inside the mapping made above.
+        assert_eq!(unsafe { libc::mprotect(guard, page, libc::PROT_NONE) }, 0);
+        GuardedBytes { map, map_len, start: (guard as usize - len) as *mut u8 }
+    }
+
+    /// Copies the first `len` bytes of `value` to the guarded memory and returns a pointer to them.
+    pub fn place<T>(&self, value: &T, len: usize) -> *const T {
+        // SAFETY: `value` has at least `len` bytes (len <= size_of::<T>()), the region holds `len` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(value as *const T as *const u8, self.start, len) };
+        self.start as *const T
+    }
+}
+
+impl Drop for GuardedBytes {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`.
+        unsafe { libc::munmap(self.map, self.map_len) };
     }
 }

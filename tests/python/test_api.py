@@ -448,7 +448,7 @@ def test_forward_workspace_per_stream_thread_and_captured_call(monkeypatch):
     thread.start()
     thread.join()
     assert other and other[0] not in (main, seen[-3][0])
-    cached = len(ops._fwd_workspaces)
+    cached = len(ops._scheduler_workspaces)
 
     graphs = [torch.cuda.CUDAGraph() for _ in range(2)]
     outs = []
@@ -457,7 +457,7 @@ def test_forward_workspace_per_stream_thread_and_captured_call(monkeypatch):
             outs.append(call())
     captured = [address for address, _ in seen[-2:]]
     assert len(set(captured)) == 2 and not set(captured) & {main, seen[-5][0], other[0]}, (captured, main)
-    assert len(ops._fwd_workspaces) == cached  # nothing cached for the graphs
+    assert len(ops._scheduler_workspaces) == cached  # nothing cached for the graphs
     for graph in graphs:
         graph.replay()
     torch.cuda.synchronize()

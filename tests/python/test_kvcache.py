@@ -10,14 +10,17 @@ of anything but the sequence's own tokens shows in the output. Shapes are small:
 on the CPU.
 """
 
+import ctypes
 import inspect
 import math
 import os
+import threading
 
 import pytest
 import torch
 
 import fmha
+from fmha import _lib, kvcache as kv
 
 from attn_ref import (
     BOTTOM_RIGHT,
@@ -653,6 +656,157 @@ def test_wrapper_argument_errors():
         wrapper.run(torch.zeros(3, 2, 32, dtype=torch.bfloat16, device=DEVICE), (pool, pool))
     with pytest.raises(ValueError, match="k_cache must be"):
         wrapper.run(torch.zeros(1, 2, 32, dtype=torch.bfloat16, device=DEVICE), (pool.transpose(1, 2), pool))
+
+
+# --- the run's scheduler workspace ----------------------------------------------------------------------
+
+
+def _spy_kvcache_runs(monkeypatch):
+    """(function, address, bytes) of the scheduler workspace of every kv-cache run from here on."""
+    seen = []
+    call = _lib.call
+
+    def spy(name, *args):
+        if name in ("fmha_kvcache_fwd", "fmha_kvcache_launcher_run"):
+            a = args[1]._obj
+            seen.append((name, a.scheduler_workspace, a.scheduler_workspace_size))
+        return call(name, *args)
+
+    monkeypatch.setattr(_lib, "call", spy)
+    return seen
+
+
+class _SmallCalls:
+    """flash_attn_with_kvcache over a small block table, and a planned flashinfer wrapper's run over the
+    same cache (CSR): each returns its output."""
+
+    def __init__(self):
+        dtype, h, h_k, self.d, page_size = torch.bfloat16, 4, 2, 32, 4
+        self.dtype = dtype
+        lengths = [13, 2, 6]
+        ks = [rand(n, h_k, self.d, dtype=dtype) for n in lengths]
+        vs = [rand(n, h_k, self.d, dtype=dtype) for n in lengths]
+        self.cache = PagedCache(ks, vs, page_size)
+        self.table = self.cache.block_table()
+        self.lens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+        self.q = rand(len(lengths), 2, h, self.d, dtype=dtype)
+        cu = torch.tensor([0, 2, 4, 6], dtype=torch.int32, device=DEVICE)
+        indptr, indices, last = self.cache.csr(lengths)
+        self.wrapper = fmha.BatchPrefillWithPagedKVCacheWrapper()
+        kvcache_call(
+            lambda: self.wrapper.plan(cu, indptr, indices, last, h, h_k, self.d, page_size, causal=True,
+                                      q_data_type=dtype),
+            dtype, self.d, True,
+        )
+
+    def call(self):
+        return kvcache_call(
+            lambda: fmha.flash_attn_with_kvcache(self.q, self.cache.k, self.cache.v, cache_seqlens=self.lens,
+                                                 page_table=self.table, causal=True),
+            self.dtype, self.d, True,
+        )
+
+    def run(self):
+        return self.wrapper.run(self.q.reshape(-1, *self.q.shape[2:]), (self.cache.k, self.cache.v))
+
+
+def test_scheduler_workspace_struct_and_size():
+    """fmha_kvcache_args ends with the scheduler workspace (after the 384 bytes of 0.2), NULL by default;
+    fmha_kvcache_launcher_scheduler_workspace_size through ctypes: 16 bytes, a NULL out pointer refused."""
+    args = _lib.fmha_kvcache_args()
+    assert ctypes.sizeof(_lib.fmha_kvcache_args) == args.struct_size == 400
+    assert _lib.fmha_kvcache_args.scheduler_workspace.offset == 384
+    assert _lib.fmha_kvcache_args.scheduler_workspace_size.offset == 392
+    assert args.scheduler_workspace is None and args.scheduler_workspace_size == 0
+    small = _SmallCalls()
+    for launcher in small.wrapper._launchers.values():
+        assert launcher.scheduler_workspace_size() == 16
+        with pytest.raises(fmha.FmhaError) as info:
+            _lib.call("fmha_kvcache_launcher_scheduler_workspace_size", launcher.handle, None)
+        assert info.value.status == fmha.ERR_NULL_POINTER and "bytes" in info.value.message
+
+
+def test_scheduler_workspace_passed_on_gpu_only(monkeypatch):
+    """flash_attn_with_kvcache and the wrapper's run pass no scheduler workspace on the host backend, and on
+    a GPU one of the size function's bytes, 16-byte aligned, the same one for every eager call on a stream;
+    the outputs have the bits of runs without one."""
+    small = _SmallCalls()
+    seen = _spy_kvcache_runs(monkeypatch)
+    outs = [small.call(), small.run(), small.call(), small.run()]
+    assert [name for name, _, _ in seen] == ["fmha_kvcache_fwd", "fmha_kvcache_launcher_run"] * 2
+    if HOST:
+        assert all((address, n) == (None, 0) for _, address, n in seen), seen
+    else:
+        assert all(address and address % 16 == 0 and n == 16 for _, address, n in seen), seen
+        assert seen[0][1] == seen[2][1] and seen[1][1] == seen[3][1], seen
+    monkeypatch.setattr(kv, "_kvcache_scheduler_workspace", lambda *_: (None, 0, None))
+    assert torch.equal(small.call(), outs[0]) and torch.equal(small.run(), outs[1])
+    assert seen[-1][1:] == (None, 0)
+
+
+def test_scheduler_workspace_is_checked_through_the_c_abi(monkeypatch):
+    """A scheduler workspace too small, misaligned or inside an input is refused by fmha_kvcache_fwd and
+    fmha_kvcache_launcher_run, naming the field (the host backend checks it too, and does not use it)."""
+    small = _SmallCalls()
+    buffer = torch.zeros(64, dtype=torch.uint8, device=DEVICE)
+    base = buffer.data_ptr()
+    assert base % 16 == 0
+    cases = [
+        ((base, 8), fmha.ERR_WORKSPACE_TOO_SMALL, ["scheduler_workspace_size", "8",
+                                                   "fmha_kvcache_launcher_scheduler_workspace_size"]),
+        ((base + 4, 32), fmha.ERR_INVALID_ARGUMENT, ["scheduler_workspace", "aligned"]),
+        ((small.q.data_ptr(), 16), fmha.ERR_INVALID_ARGUMENT, ["scheduler_workspace", "the input q"]),
+    ]
+    for (address, size), status, needles in cases:
+        monkeypatch.setattr(kv, "_kvcache_scheduler_workspace", lambda *_, w=(address, size, buffer): w)
+        for fn, function in ((small.call, "fmha_kvcache_fwd"), (small.run, "fmha_kvcache_launcher_run")):
+            with pytest.raises(fmha.FmhaError) as info:
+                fn()
+            e = info.value
+            assert (e.status, e.function) == (status, function), e
+            assert all(n in e.message for n in needles), (e.message, needles)
+    monkeypatch.setattr(kv, "_kvcache_scheduler_workspace", lambda *_: (base, 64, buffer))
+    small.call()
+    small.run()
+
+
+@pytest.mark.skipif(HOST, reason="the scheduler workspace is passed on a GPU only")
+def test_scheduler_workspace_per_stream_thread_and_captured_call(monkeypatch):
+    """Eager kv-cache runs reuse one cached scheduler workspace per (stream, thread), another on another
+    stream or thread; a CUDA graph's captured runs get fresh ones, cached nowhere, and replays give the
+    eager runs' bits."""
+    small = _SmallCalls()
+    seen = _spy_kvcache_runs(monkeypatch)
+    eager = (small.call(), small.run())
+    main = {name: address for name, address, _ in seen}
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        small.call()
+        small.run()
+    torch.cuda.current_stream().wait_stream(side)
+    on_side = [address for _, address, _ in seen[-2:]]
+    assert not set(on_side) & set(main.values()), (on_side, main)
+    thread = threading.Thread(target=lambda: (small.call(), small.run()))
+    thread.start()
+    thread.join()
+    other = [address for _, address, _ in seen[-2:]]
+    assert not set(other) & (set(on_side) | set(main.values())), (other, on_side, main)
+    cached = len(fmha.ops._scheduler_workspaces)
+
+    graphs = [torch.cuda.CUDAGraph() for _ in range(2)]
+    outs = []
+    for graph in graphs:
+        with torch.cuda.graph(graph):
+            outs.append((small.call(), small.run()))
+    captured = [address for _, address, _ in seen[-4:]]
+    assert len(set(captured)) == 4 and not set(captured) & (set(main.values()) | set(on_side) | set(other))
+    assert len(fmha.ops._scheduler_workspaces) == cached  # nothing cached for the graphs
+    for graph in graphs:
+        graph.replay()
+    torch.cuda.synchronize()
+    for out in outs:
+        assert torch.equal(out[0], eager[0]) and torch.equal(out[1], eager[1])
 
 
 # --- errors ---------------------------------------------------------------------------------------------

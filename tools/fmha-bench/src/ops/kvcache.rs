@@ -14,6 +14,16 @@ use fmha::ffi::runtime::fmha_stream_synchronize;
 use fmha::test_rng::Rng;
 use std::ptr::{null, null_mut};
 
+/// The scheduler workspace of `launcher`'s runs: `fmha_kvcache_launcher_scheduler_workspace_size` bytes.
+fn scheduler_workspace(launcher: *mut fmha_kvcache_launcher) -> Result<Buffer> {
+    let mut bytes = 0usize;
+    check(
+        fmha_kvcache_launcher_scheduler_workspace_size(launcher, &mut bytes),
+        "fmha_kvcache_launcher_scheduler_workspace_size",
+    )?;
+    Buffer::zeroed(bytes)
+}
+
 pub struct KvCache {
     case: Case,
     seqlens: Vec<(usize, usize)>,
@@ -28,6 +38,9 @@ pub struct KvCache {
     /// Device arrays the args point at (kept alive).
     arrays: Vec<Buffer>,
     workspace: Buffer,
+    /// The run's scheduler workspace (`fmha_kvcache_launcher_scheduler_workspace_size` bytes),
+    /// allocated once and passed to every run, as the Python binding does on a GPU.
+    scheduler_workspace: Buffer,
     launcher: *mut fmha_kvcache_launcher,
     args: fmha_kvcache_args,
 }
@@ -89,6 +102,13 @@ impl KvCache {
         };
         let mut launcher = null_mut();
         check(fmha_kvcache_launcher_create(&traits, &mut launcher), "fmha_kvcache_launcher_create")?;
+        let scheduler_workspace = match scheduler_workspace(launcher) {
+            Ok(buffer) => buffer,
+            Err(e) => {
+                fmha_kvcache_launcher_destroy(launcher);
+                return Err(e);
+            }
+        };
         let mut me = KvCache {
             case: case.clone(),
             seqlens,
@@ -130,7 +150,10 @@ impl KvCache {
                 v_descale: fmha_scale::default(),
                 workspace: null_mut(),
                 workspace_size: 0,
+                scheduler_workspace: null_mut(),
+                scheduler_workspace_size: 0,
             },
+            scheduler_workspace,
         };
         me.fill_args(total_q, p)?;
         check(
@@ -212,6 +235,8 @@ impl KvCache {
         self.workspace = Buffer::zeroed(size)?;
         args.workspace = self.workspace.ptr;
         args.workspace_size = size;
+        args.scheduler_workspace = self.scheduler_workspace.ptr;
+        args.scheduler_workspace_size = self.scheduler_workspace.bytes;
         self.args = args;
         Ok(())
     }
