@@ -222,11 +222,17 @@ fn blank_args() -> fmha_kvcache_args {
     }
 }
 
-/// Builds the case's buffers, runs it through a launcher (prepare, run, check), and compares with the
-/// float64 reference.
 /// Runs `case` (prepare, run, check) against the float64 reference; returns O's bits and the LSE
 /// (None where this build refuses the case, as it must).
 fn run_case(case: &Case, rng: &mut Rng, ctx: &str) -> Option<(Vec<u16>, Vec<f32>)> {
+    let scheduler = rng.pick(&[false, true]);
+    run_case_with(case, rng, ctx, scheduler)
+}
+
+/// `run_case`, the run given a scheduler workspace (poisoned: the run zeroes its counter) or not: with
+/// one, sm_90a's masked tiles come from the counter on a persistent grid where there are more tiles
+/// than SMs.
+fn run_case_with(case: &Case, rng: &mut Rng, ctx: &str, scheduler: bool) -> Option<(Vec<u16>, Vec<f32>)> {
     let (hq, hk, d, p, input) = (case.hq, case.hk, case.d, case.page, case.input);
     let batch = case.lens.len();
     let contiguous = case.kind == FMHA_KV_CONTIGUOUS;
@@ -437,6 +443,12 @@ fn run_case(case: &Case, rng: &mut Rng, ctx: &str) -> Option<(Vec<u16>, Vec<f32>
     let workspace = dev.upload(&vec![0xFFu8; bytes]); // NaN partials: each must be written before it is read
     args.workspace = workspace;
     args.workspace_size = bytes;
+    if scheduler {
+        let mut scheduler = 0;
+        ok(fmha_kvcache_launcher_scheduler_workspace_size(launcher, &mut scheduler));
+        args.scheduler_workspace = dev.upload(&vec![0x7Fu8; scheduler]);
+        args.scheduler_workspace_size = scheduler;
+    }
     let mut stream = null_mut();
     ok(fmha_stream_create(&mut stream));
     ok(fmha_kvcache_launcher_prepare_async(launcher, &args, stream));
@@ -869,6 +881,36 @@ fn fp8_prefill_on_the_warp_specialized_tile() {
         let d = if i < 5 { 128 } else { 64 };
         let case = Case { lens, hq, hk, d, splits: (if i % 4 == 3 { 3 } else { 0 }, 0), ..base };
         run_planned(&case, "wgmma_ws_paged_vt", &mut rng, &format!("seed {seed}: page {page} {case:?}"));
+    }
+}
+
+/// Causal prefill with more tiles than an H200 has SMs (3 q tiles × 16 heads × 4 sequences), run with and
+/// without a scheduler workspace: with one, sm_90a takes the tiles from its counter on a persistent grid.
+/// Pages gathered, of tile pieces and of whole-tile TMA boxes; 16- and 8-bit inputs. sm_90a only (the other
+/// backends have no counter, and the other tests run these paths there).
+#[test]
+fn prefill_with_more_tiles_than_sms() {
+    let arch = fmha::runtime::current().and_then(|r| r.arch()).unwrap_or(Arch::Other);
+    if skip() || arch != Arch::Sm90 {
+        return;
+    }
+    let mut rng = Rng::fresh();
+    let seed = rng.0;
+    for (i, (input, page)) in
+        [(Input::Bf16, 16usize), (Input::Bf16, 32), (Input::Fp8(Fp8Format::E4m3fn), 128)].into_iter().enumerate()
+    {
+        let base = prefill_case(3 * i, input, page); // (varlen, causal)
+        let case = Case { hq: 16, hk: 4, lens: vec![(300, 400), (260, 260), (300, 500), (129, 200)], ..base };
+        let pipeline = if matches!(input, Input::Fp8(_)) { "wgmma_ws_paged_vt" } else { "wgmma_ws_paged" };
+        assert_eq!(planned_pipeline(&case), pipeline, "seed {seed}: {case:?}");
+        for scheduler in [true, false] {
+            run_case_with(
+                &case,
+                &mut rng,
+                &format!("seed {seed}: scheduler workspace {scheduler} {case:?}"),
+                scheduler,
+            );
+        }
     }
 }
 

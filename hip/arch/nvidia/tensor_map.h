@@ -96,22 +96,31 @@ __device__ inline void tma_load(uint32_t shared, const CUtensorMap& map, uint32_
       : "memory");
 }
 
-// A tile of kCols columns of T at (row, head, batch) of `map`: arms `bar` with its `bytes` (every box
-// counts in full) and loads its boxes into consecutive 128-byte blocks of columns `block_bytes` apart
-// (Swizzle128's). Lane 0 issues; the producer's other threads arrive.
+// The boxes of kCols columns of T at (row, head, batch) of `map` into consecutive 128-byte blocks of
+// columns `block_bytes` apart (Swizzle128's), completing on `bar`, which the caller armed with their bytes
+// (every box counts in full).
+template <typename T, int kCols>
+__device__ inline void tma_load_rows(uint32_t shared, uint32_t block_bytes, const CUtensorMap& map, uint32_t bar,
+                                     int row, int head, int batch) {
+  constexpr int kBoxCols = 128 / static_cast<int>(sizeof(T));
+#pragma unroll
+  for (int col = 0; col < kCols; col += kBoxCols) {
+    tma_load(shared + (col / kBoxCols) * block_bytes, map, bar, col, row, head, batch);
+  }
+}
+
+// A tile of kCols columns of T at (row, head, batch) of `map`: arms `bar` with its `bytes` and loads its
+// boxes (tma_load_rows). Lane 0 issues; the producer's other threads arrive.
 template <typename T, int kCols>
 __device__ inline void tma_load_tile(uint32_t shared, uint32_t block_bytes, const CUtensorMap& map, uint32_t bar,
                                      uint32_t bytes, int row, int head, int batch, int lane) {
-  constexpr int kBoxCols = 128 / static_cast<int>(sizeof(T));
   if (lane == 0) {
     mbarrier_arrive_expect_bytes(bar, bytes);
-#pragma unroll
-    for (int col = 0; col < kCols; col += kBoxCols) {
-      tma_load(shared + (col / kBoxCols) * block_bytes, map, bar, col, row, head, batch);
-    }
+    tma_load_rows<T, kCols>(shared, block_bytes, map, bar, row, head, batch);
   } else {
     mbarrier_arrive(bar);
   }
 }
+
 }  // namespace arch
 }  // namespace fmha

@@ -115,10 +115,10 @@ int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const F
 
 // The kv cache's forward at D = 128 (no per-page descales), prefill or packed decode: the
 // warp-specialized kernel over the paged pool (kvcache/sm90/specialized_paged.h). Its producer loads K
-// and V as TMA boxes where pages hold whole 128-key tiles, and gathers them with cp.async from other pages
-// (page pieces as TMA boxes do not stream at the memory's rate, docs/perf.md). `fallback` (the cp.async
+// and V as TMA boxes where pages hold whole 128-key tiles or, for the prefill, where a page is a piece of
+// one (a box per page), and gathers them with cp.async from other pages. `fallback` (the cp.async
 // kernel of the same tile shape) takes tensors TMA cannot describe, and packed tiles whose rows TMA
-// cannot box (the GQA group must divide them). Same grid and splits as the cp.async kernel's. The
+// cannot box (the GQA group must divide them). Same tiles and splits as the cp.async kernel's. The
 // gathering producer keeps its loop in registers (88: a spill's reload would wait behind its copies in
 // flight), the consumers take the rest.
 template <typename T, bool kMasked, typename Fallback>
@@ -130,8 +130,14 @@ int32_t launch_specialized(const fmha_kvcache_params& p, hipStream_t stream, con
   using Source = SpecializedSource<fmha_kvcache_params, GatheredTile, T>;
   const int64_t page = p.page_size;
   const int group = kvcache::packed_heads(p);
-  const bool boxed = page > 0 && page % N == 0;
+  // Prefill pages of 32 and 64 keys are loaded as TMA boxes too, a box per page: the gathering producer's
+  // instructions and registers cost the prefill's consumers more than those boxes' issue does; pages of 8
+  // and 16 measured slower as boxes than gathered (docs/perf.md). Decode gathers them: boxes of a few rows
+  // do not stream at the memory's rate.
+  const bool pieces = p.pack_gqa == 0 && page >= 32 && page < N && N % page == 0;
+  const bool boxed = page > 0 && (page % N == 0 || pieces);
   if (page <= 0 || group < 1 || M % group != 0) return fallback();
+  const uint32_t box = pieces ? static_cast<uint32_t>(page) : N;  // rows per K/V box
   const int64_t batches = p.group_mode ? 1 : p.batch;
   ForwardMaps maps{};
   const bool query_described =
@@ -141,19 +147,31 @@ int32_t launch_specialized(const fmha_kvcache_params& p, hipStream_t stream, con
                                          p.q_batch_stride, static_cast<uint32_t>(group),
                                          static_cast<uint32_t>(M / group))
           : encode_query_map<BoxedTile>(p, &maps.q);
-  const bool described =
-      query_described &&
-      (!boxed ||
-       (arch::encode_rows_map(&maps.k, reinterpret_cast<const void*>(p.k), BoxedTile::kElementBytes, p.hdim_q, page,
-                              p.nhead_k, p.num_pages, p.k_row_stride, p.k_head_stride, p.k_batch_stride, N) &&
-        arch::encode_rows_map(&maps.v, reinterpret_cast<const void*>(p.v), BoxedTile::kElementBytes, p.hdim_v, page,
-                              p.nhead_k, p.num_pages, p.v_row_stride, p.v_head_stride, p.v_batch_stride, N)));
-  if (!described) return fallback();
+  // (pieces TMA cannot describe are gathered)
+  const bool boxes_described =
+      boxed &&
+      arch::encode_rows_map(&maps.k, reinterpret_cast<const void*>(p.k), BoxedTile::kElementBytes, p.hdim_q, page,
+                            p.nhead_k, p.num_pages, p.k_row_stride, p.k_head_stride, p.k_batch_stride, box) &&
+      arch::encode_rows_map(&maps.v, reinterpret_cast<const void*>(p.v), BoxedTile::kElementBytes, p.hdim_v, page,
+                            p.nhead_k, p.num_pages, p.v_row_stride, p.v_head_stride, p.v_batch_stride, box);
+  if (!query_described || (boxed && !pieces && !boxes_described)) return fallback();
   const int64_t tiles = Source::tiles(p);  // (the boxed tile's grid: the same M)
-  // (a grid's x is below 2^31; the launcher's CU count, as its splits use)
-  const int64_t ctas = tiles > INT32_MAX ? (p.cu_count > 0 ? p.cu_count : 1) : tiles;
-  return boxed ? launch_specialized_kernel<BoxedTile, T>(p, maps, Source::walk(p), ctas, stream)
-               : launch_specialized_kernel<GatheredTile, T>(p, maps, Source::walk(p), ctas, stream);
+  // Masked tiles differ in cost: given a tile counter (the run's scheduler workspace), a persistent grid
+  // of one CTA per SM takes them from it in the grid's order, each CTA loading its next tile under the
+  // current one's epilogue. Otherwise one CTA per tile (a grid's x is below 2^31: more walk statically).
+  // The launcher's CU count, as its splits use.
+  const int64_t sms = p.cu_count > 0 ? p.cu_count : 1;
+  const bool counted = p.tile_counter != 0 && p.masked != 0 && tiles > sms && tiles <= INT32_MAX - sms;
+  fmha_kvcache_params params = p;  // (without the counter where the grid does not take it)
+  if (counted) {
+    const cudaError_t zeroed = cudaMemsetAsync(reinterpret_cast<void*>(p.tile_counter), 0, sizeof(int32_t), stream);
+    if (zeroed != cudaSuccess) return static_cast<int32_t>(zeroed);
+  } else {
+    params.tile_counter = 0;
+  }
+  const int64_t ctas = counted || tiles > INT32_MAX ? sms : tiles;
+  return boxes_described ? launch_specialized_kernel<BoxedTile, T>(params, maps, Source::walk(p), ctas, stream)
+                         : launch_specialized_kernel<GatheredTile, T>(params, maps, Source::walk(p), ctas, stream);
 }
 
 // One bucket of the dense forward, masked or not: the warp-specialized kernel, with the cp.async

@@ -1,8 +1,9 @@
 // The warp-specialized forward's source for the kv-cache operation (fmha_kvcache_params), pools whose
-// pages hold whole 128-key tiles (Tile::kGather false: K/V tiles are TMA boxes of the pool) or any other
-// number of rows (Tile::kGather: the producer warpgroup gathers them with cp.async, a run of consecutive
-// rows per thread): the grid and split-KV of the cp.async kernel (kvcache/split.h); key j of a sequence
-// is row j mod P of page page_id(j / P) (kvcache/page_table.h).
+// pages hold whole 128-key tiles or, for the prefill, pieces of one (a page size dividing 128: Tile::kGather
+// false, K/V tiles are TMA boxes of the pool, a box per page) or any other number of rows (Tile::kGather:
+// the producer warpgroup gathers them with cp.async, a run of consecutive rows per thread): the grid and
+// split-KV of the cp.async kernel (kvcache/split.h); key j of a sequence is row j mod P of page
+// page_id(j / P) (kvcache/page_table.h).
 // A boxed sequence's last V tile is copied with cp.async (zeros past its keys: the rest of a page is not
 // the sequence's); gathered tiles have zeros there.
 #pragma once
@@ -47,8 +48,10 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
   FMHA_HOST_DEVICE static int64_t tiles(const fmha_kvcache_params& p) {
     return static_cast<int64_t>(grid_x(p)) * grid_heads(p) * p.batch;
   }
-  // (the grid has one CTA per tile: no tile counter)
-  __device__ static int32_t* tile_counter(const fmha_kvcache_params&) { return nullptr; }
+  // (only masked tiles are taken from a counter: the launch gives unmasked ones none)
+  __device__ static int32_t* tile_counter(const fmha_kvcache_params& p) {
+    return Tile::kMasked ? reinterpret_cast<int32_t*>(p.tile_counter) : nullptr;
+  }
   using Walk = PagedTileWalk;
   static Walk walk(const fmha_kvcache_params& p) {
     return {FastDivide(grid_x(p)), FastDivide(grid_heads(p)), FastDivide(p.nhead_q / p.nhead_k),
@@ -123,20 +126,29 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
                 "gathered K and V rows of the same chunks, a run per kChunks lanes of one warp");
   __device__ static bool row_pages(const Work& w) { return w.page.divisor() % kRun != 0; }
 
+  // TMA boxes of pages smaller than a tile: N / page of them per tile, one per lane.
+  __device__ static int pieces(const Work& w) { return static_cast<int>(w.page.quotient(N)); }
+
   // The page this lane loads from in the tile of keys j0.. (clamped to the sequence's pages): TMA, the
-  // tile's page (lane 0 issues the boxes); gathered, the page of the lane's run, or with row_pages of
-  // its run's row lane mod kChunks. The producer asks a tile ahead, so that the table load is in flight
-  // while it waits for a stage.
+  // tile's page (lane 0 issues the boxes), or with pieces that of the lane's piece; gathered, the page of
+  // the lane's run, or with row_pages of its run's row lane mod kChunks. The producer asks a tile ahead,
+  // so that the table load is in flight while it waits for a stage.
   __device__ static int64_t page_of(const fmha_kvcache_params& p, const Work& w, int64_t j0, int lane) {
-    const int64_t row = (lane / Tile::kChunks) * kRun + (row_pages(w) ? lane % Tile::kChunks : 0);
-    const int64_t token = Tile::kGather ? j0 + row : j0;
-    return kvcache::PageLookup::of(p).page_id(w.seq, w.page.quotient(token));
+    int64_t row;
+    if constexpr (Tile::kGather) {
+      row = (lane / Tile::kChunks) * kRun + (row_pages(w) ? lane % Tile::kChunks : 0);
+    } else {
+      row = lane < pieces(w) ? lane * w.page.divisor() : 0;
+    }
+    return kvcache::PageLookup::of(p).page_id(w.seq, w.page.quotient(j0 + row));
   }
 
   // The K or V (kValues) tile of keys j0.. (kCols columns, kBytes) from the pool's page `id` (page_of)
-  // into `shared`, completing on `bar`. TMA: lane 0 arms the barrier with the tile's bytes and issues one
-  // box per 64 columns from the pool's `map`, every lane arrives. Gathered: every producer thread copies
-  // its run of rows (zeros past the sequence) with cp.async, which arrive on `bar` once landed.
+  // into `shared`, completing on `bar`. TMA: lane 0 arms the barrier with the tile's bytes, every lane
+  // arrives, and lane 0 issues the tile's boxes (a box per 128 bytes of columns) from the pool's `map`,
+  // or with pieces lane q its piece's boxes, at the piece's rows (q · page: whole swizzle periods).
+  // Gathered: every producer thread copies its run of rows (zeros past the sequence) with cp.async, which
+  // arrive on `bar` once landed.
   template <int kCols, uint32_t kBytes, bool kValues>
   __device__ static void load(const fmha_kvcache_params& p, const CUtensorMap& map, uint32_t shared, uint32_t bar,
                               const Work& w, int64_t j0, int lane, int64_t id) {
@@ -144,9 +156,20 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
       using Layout = std::conditional_t<kValues, typename Tile::VLayout, typename Tile::KLayout>;
       gather<Layout>(p, kValues, shared, w, j0, lane, id);
       arch::copy_async_arrive(bar);
-    } else {
+    } else if (pieces(w) <= 1) {
       arch::tma_load_tile<T, kCols>(shared, Tile::KLayout::kBlockBytes, map, bar, kBytes,
                                     static_cast<int>(w.page.remainder(j0)), w.hk, static_cast<int>(id), lane);
+    } else {
+      if (lane == 0) {
+        arch::mbarrier_arrive_expect_bytes(bar, kBytes);
+      } else {
+        arch::mbarrier_arrive(bar);
+      }
+      const uint32_t piece_bytes = static_cast<uint32_t>(w.page.divisor()) * 128;
+      if (lane < pieces(w)) {
+        arch::tma_load_rows<T, kCols>(shared + lane * piece_bytes, Tile::KLayout::kBlockBytes, map, bar, 0, w.hk,
+                                      static_cast<int>(id));
+      }
     }
   }
 
