@@ -446,7 +446,7 @@ mod tests {
 
     #[test]
     fn scheduler_workspace_size_is_the_constant_for_every_launcher() {
-        assert_eq!(crate::kvcache::KVCACHE_SCHEDULER_WORKSPACE_BYTES, 16);
+        assert_eq!(crate::workspace::SCHEDULER_WORKSPACE_BYTES, 16);
         for t in [traits(), fmha_kvcache_traits { max_splits: 1, kv_table_kind: FMHA_KV_PAGE_CSR, ..traits() }] {
             let mut launcher = null_mut();
             let created = fmha_kvcache_launcher_create(&t, &mut launcher);
@@ -461,7 +461,7 @@ mod tests {
                 "{}",
                 last_error()
             );
-            assert_eq!(bytes, crate::kvcache::KVCACHE_SCHEDULER_WORKSPACE_BYTES);
+            assert_eq!(bytes, crate::workspace::SCHEDULER_WORKSPACE_BYTES);
             assert_eq!(fmha_kvcache_launcher_destroy(launcher), FMHA_OK);
         }
     }

@@ -8,11 +8,7 @@ use crate::problem::scale::{Descale, Descales};
 use crate::problem::{check_lse_layout, check_memory_overlap, Operand, SequenceArrays, Shape, Tensor};
 use crate::registry::{Operation, Request};
 use crate::runtime::{Arch, DevicePtr};
-use crate::workspace::check_workspace_argument;
-
-/// Bytes of the forward's scheduler workspace (`fmha_fwd_workspace_size`): the sm_90a launch's tile
-/// counter (int32), padded to the 16 bytes the workspace is aligned to. The call writes these bytes.
-pub const FWD_WORKSPACE_BYTES: usize = 16;
+use crate::workspace::{check_scheduler_workspace, SCHEDULER_WORKSPACE_BYTES};
 
 /// Pointers, strides (elements) and lengths of one forward call.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -37,7 +33,7 @@ pub struct FwdArgs {
     pub q_descale: Descale,
     pub k_descale: Descale,
     pub v_descale: Descale,
-    /// The scheduler workspace, [`FWD_WORKSPACE_BYTES`] written by the call; null: none.
+    /// The scheduler workspace, [`SCHEDULER_WORKSPACE_BYTES`] written by the call; null: none.
     pub workspace: DevicePtr<u8>,
     /// Bytes at `workspace` (ignored when it is null).
     pub workspace_size: usize,
@@ -83,21 +79,11 @@ impl FwdArgs {
         };
         let descales = Descales { q: self.q_descale, k: self.k_descale, v: self.v_descale };
         let descale_extents = descales.extents(shape.dtype, b, shape.nhead_k, None)?;
-        // The scheduler workspace (written: the call zeroes its counter) is checked like the launchers'
-        // workspaces, against the size fmha_fwd_workspace_size reports; NULL is none, whatever the size.
-        let workspace = if self.workspace.is_null() {
-            None
-        } else {
-            let address = self.workspace.addr();
-            check_workspace_argument(
-                address.0,
-                self.workspace_size,
-                FWD_WORKSPACE_BYTES,
-                true,
-                "fmha_fwd_workspace_size",
-            )?;
-            Some(Operand::bytes("workspace", address, FWD_WORKSPACE_BYTES, true))
-        };
+        // The scheduler workspace (written: the call zeroes its counter).
+        let address = self.workspace.addr();
+        let workspace =
+            check_scheduler_workspace("workspace", address.0, self.workspace_size, "fmha_fwd_workspace_size")?
+                .then(|| Operand::bytes("workspace", address, SCHEDULER_WORKSPACE_BYTES, true));
         // The fp8 descales are inputs too: the outputs may share no byte with them.
         let operands: Vec<Operand<'_>> =
             workspace.into_iter().chain([q, k, v, o]).chain(lse).chain(descales.operands(descale_extents)).collect();

@@ -1,9 +1,10 @@
 //! Runs the forward on a stream.
 
-use super::{FwdArgs, FwdTraits, FWD_WORKSPACE_BYTES};
+use super::{FwdArgs, FwdTraits};
 use crate::error::Result;
 use crate::registry::{Operation, Plan, Stage};
 use crate::runtime::{self, Stream};
+use crate::workspace::SCHEDULER_WORKSPACE_BYTES;
 
 /// Validates, selects the kernel instance for the current device and enqueues the forward on
 /// `stream`. Returns once the work is queued.
@@ -24,5 +25,5 @@ pub fn plan(traits: &FwdTraits, args: &FwdArgs) -> Result<Plan> {
 /// are validated as [`run`] validates them; the size is the same on every backend and device.
 pub fn workspace_size(traits: &FwdTraits) -> Result<usize> {
     traits.validate()?;
-    Ok(FWD_WORKSPACE_BYTES)
+    Ok(SCHEDULER_WORKSPACE_BYTES)
 }

@@ -4,6 +4,6 @@ pub mod args;
 pub mod launcher;
 pub mod traits;
 
-pub use args::{FwdArgs, FWD_WORKSPACE_BYTES};
+pub use args::FwdArgs;
 pub use launcher::{plan, run, workspace_size};
 pub use traits::FwdTraits;

@@ -9,12 +9,7 @@ use crate::problem::scale::{Descale, Descales, ScaleGranularity};
 use crate::problem::{check_device_array, check_lse_layout, check_memory_overlap, Mode, Operand, Tensor};
 use crate::registry::Instance;
 use crate::runtime::DevicePtr;
-use crate::workspace::check_named_workspace_argument;
-
-/// Bytes of the kv-cache run's scheduler workspace (`fmha_kvcache_launcher_scheduler_workspace_size`):
-/// the sm_90a launch's tile counter (int32), padded to the 16 bytes the workspace is aligned to. The
-/// run writes these bytes.
-pub const KVCACHE_SCHEDULER_WORKSPACE_BYTES: usize = 16;
+use crate::workspace::{check_scheduler_workspace, SCHEDULER_WORKSPACE_BYTES};
 
 /// Pointers, strides (elements) and lengths of one call.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -46,7 +41,7 @@ pub struct KvCacheArgs {
     pub v_descale: Descale,
     pub workspace: DevicePtr<u8>,
     pub workspace_size: usize,
-    /// The scheduler workspace, [`KVCACHE_SCHEDULER_WORKSPACE_BYTES`] written by the run (the sm_90a
+    /// The scheduler workspace, [`SCHEDULER_WORKSPACE_BYTES`] written by the run (the sm_90a
     /// launch's tile counter); null: none. The prepare ignores it.
     pub scheduler_workspace: DevicePtr<u8>,
     /// Bytes at `scheduler_workspace` (ignored when it is null).
@@ -144,23 +139,15 @@ impl KvCacheArgs {
         let per_page = t.scale_granularity == ScaleGranularity::Page;
         let descale_extents = descales.extents(t.dtype, b, t.nhead_k, per_page.then_some(self.num_pages))?;
 
-        // The scheduler workspace (written: the run zeroes its counter) is checked like the launcher's
-        // workspace, against the size fmha_kvcache_launcher_scheduler_workspace_size reports; NULL is
-        // none, whatever the size.
-        let scheduler_workspace = if self.scheduler_workspace.is_null() {
-            None
-        } else {
-            let address = self.scheduler_workspace.addr();
-            check_named_workspace_argument(
-                "scheduler_workspace",
-                address.0,
-                self.scheduler_workspace_size,
-                KVCACHE_SCHEDULER_WORKSPACE_BYTES,
-                true,
-                "fmha_kvcache_launcher_scheduler_workspace_size",
-            )?;
-            Some(Operand::bytes("scheduler_workspace", address, KVCACHE_SCHEDULER_WORKSPACE_BYTES, true))
-        };
+        // The scheduler workspace (written: the run zeroes its counter).
+        let address = self.scheduler_workspace.addr();
+        let scheduler_workspace = check_scheduler_workspace(
+            "scheduler_workspace",
+            address.0,
+            self.scheduler_workspace_size,
+            "fmha_kvcache_launcher_scheduler_workspace_size",
+        )?
+        .then(|| Operand::bytes("scheduler_workspace", address, SCHEDULER_WORKSPACE_BYTES, true));
 
         // The outputs may share no byte with any input: the tensors, the descales and the device
         // arrays the prepare and the run read (an unused array is NULL, checked by `table`); the

@@ -7,7 +7,7 @@
 //! the chunk length the prepare chose; an unsplit launcher's `run` reads nothing from the workspace.
 
 use super::workspace::KvCacheWorkspace;
-use super::{KvCacheArgs, KvCacheTraits, KVCACHE_SCHEDULER_WORKSPACE_BYTES, MAX_SPLITS};
+use super::{KvCacheArgs, KvCacheTraits, MAX_SPLITS};
 use crate::error::{Error, Result, Status};
 use crate::launch::abi::KvCacheFault;
 use crate::launch::KvCacheKargs;
@@ -17,7 +17,7 @@ use crate::problem::split::{ceil_div, decode_split, heuristic_max_splits, SplitP
 use crate::problem::MaskType;
 use crate::registry::{Instance, Operation, Plan, Request, Stage};
 use crate::runtime::{self, Arch, CopyKind, DevicePtr, Stream};
-use crate::workspace::check_workspace_argument;
+use crate::workspace::{check_workspace_argument, SCHEDULER_WORKSPACE_BYTES};
 
 #[derive(Debug)]
 pub struct KvCacheLauncher {
@@ -136,7 +136,7 @@ impl KvCacheLauncher {
     /// Bytes of the scheduler workspace (`KvCacheArgs::scheduler_workspace`) a run takes: the same on
     /// every backend and device.
     pub fn scheduler_workspace_size(&self) -> usize {
-        KVCACHE_SCHEDULER_WORKSPACE_BYTES
+        SCHEDULER_WORKSPACE_BYTES
     }
 
     /// How this launcher splits the KV.

@@ -8,6 +8,6 @@ pub mod launcher;
 pub mod traits;
 pub mod workspace;
 
-pub use args::{KvCacheArgs, KVCACHE_SCHEDULER_WORKSPACE_BYTES};
+pub use args::KvCacheArgs;
 pub use launcher::KvCacheLauncher;
 pub use traits::{KvCacheTraits, MAX_SPLITS};

@@ -31,7 +31,7 @@ pub struct FwdKargs {
     pub descales: Descales,
     pub descale_extents: [usize; 3],
     /// The scheduler workspace (its first 4 bytes: the tile counter of the sm_90a persistent grid), null
-    /// when the call has none. Validated: 16-byte aligned, `FWD_WORKSPACE_BYTES` that overlap no tensor.
+    /// when the call has none. Validated: 16-byte aligned, `SCHEDULER_WORKSPACE_BYTES` that overlap no tensor.
     pub workspace: DevicePtr<u8>,
 }
 
@@ -121,7 +121,7 @@ pub struct KvCacheKargs {
     pub splits: KvSplitArgs,
     /// The scheduler workspace (its first 4 bytes: the tile counter of the sm_90a persistent grid), null
     /// when the run has none (and for the prepare). Validated: 16-byte aligned,
-    /// `KVCACHE_SCHEDULER_WORKSPACE_BYTES` that overlap no tensor, array or workspace.
+    /// `SCHEDULER_WORKSPACE_BYTES` that overlap no tensor, array or workspace.
     pub scheduler_workspace: DevicePtr<u8>,
 }
 

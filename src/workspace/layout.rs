@@ -15,10 +15,9 @@ pub fn check_section_aligned(field: &str, address: usize) -> Result<()> {
         format!("{address:#x} is not {SECTION_ALIGNMENT}-byte aligned (address mod {SECTION_ALIGNMENT} = {misalign})")
     })
 }
-/// Checks a workspace argument at `address` (a launcher's, or the forward's scheduler workspace): not
-/// null, [`SECTION_ALIGNMENT`]-aligned (the kernels read its sections as aligned structs), and — when the
-/// caller says how large it is (`bytes > 0`, or always with `size_required`) — at least `need` bytes,
-/// the size `size_function` reports.
+/// Checks a launcher's workspace argument at `address`: not null, [`SECTION_ALIGNMENT`]-aligned (the
+/// kernels read its sections as aligned structs), and — when the caller says how large it is (`bytes > 0`,
+/// or always with `size_required`) — at least `need` bytes, the size `size_function` reports.
 pub fn check_workspace_argument(
     address: usize,
     bytes: usize,
@@ -29,9 +28,26 @@ pub fn check_workspace_argument(
     check_named_workspace_argument("workspace", address, bytes, need, size_required, size_function)
 }
 
-/// [`check_workspace_argument`] of a workspace passed as `field` (its size as `{field}_size`), e.g. the
-/// kv-cache call's `scheduler_workspace`: the errors name that field.
-pub fn check_named_workspace_argument(
+/// Bytes of a scheduler workspace (`fmha_fwd_args.workspace`, `fmha_kvcache_args.scheduler_workspace`;
+/// `fmha_fwd_workspace_size`, `fmha_kvcache_launcher_scheduler_workspace_size`): the sm_90a launch's tile
+/// counter (int32), padded to the 16 bytes a workspace is aligned to. The call writes these bytes.
+pub const SCHEDULER_WORKSPACE_BYTES: usize = 16;
+
+/// Checks an optional scheduler workspace passed as `field` at `address` (its size as `{field}_size`):
+/// NULL is none, whatever the size; otherwise it is checked like a launcher's workspace against
+/// [`SCHEDULER_WORKSPACE_BYTES`], which `size_function` reports, its size required. Returns whether one
+/// was given.
+pub fn check_scheduler_workspace(field: &str, address: usize, bytes: usize, size_function: &str) -> Result<bool> {
+    if address == 0 {
+        return Ok(false);
+    }
+    check_named_workspace_argument(field, address, bytes, SCHEDULER_WORKSPACE_BYTES, true, size_function)?;
+    Ok(true)
+}
+
+/// [`check_workspace_argument`] of a workspace passed as `field` (its size as `{field}_size`): the errors
+/// name that field.
+fn check_named_workspace_argument(
     field: &str,
     address: usize,
     bytes: usize,

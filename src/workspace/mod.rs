@@ -22,9 +22,9 @@ mod metadata;
 
 pub use fingerprint::{fingerprint, fingerprint_of_params};
 pub use layout::{
-    check_named_workspace_argument, check_section_aligned, check_workspace_argument, workspace_size_upper_bound,
-    DqAccBlock, Section, WorkspaceLayout, WorkspaceParams, FORMAT_VERSION, MAGIC, MAX_METADATA_BYTES,
-    METADATA_ALIGNMENT, SECTION_ALIGNMENT,
+    check_scheduler_workspace, check_section_aligned, check_workspace_argument, workspace_size_upper_bound, DqAccBlock,
+    Section, WorkspaceLayout, WorkspaceParams, FORMAT_VERSION, MAGIC, MAX_METADATA_BYTES, METADATA_ALIGNMENT,
+    SCHEDULER_WORKSPACE_BYTES, SECTION_ALIGNMENT,
 };
 pub use metadata::{prepare_metadata, MetadataView, PreparedInfo};
 
