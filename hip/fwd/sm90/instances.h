@@ -47,6 +47,18 @@ inline int multiprocessor_count() {
   return n;
 }
 
+// The parameters of a call (either block) whose grid takes its tiles from `p.tile_counter` (`counted`),
+// with the counter zeroed on `stream` first, or else without it; a CUDA error where the zeroing fails.
+template <typename Params>
+int32_t with_tile_counter(const Params& p, bool counted, hipStream_t stream, Params* params) {
+  *params = p;
+  if (!counted) {
+    params->tile_counter = 0;
+    return 0;
+  }
+  return static_cast<int32_t>(cudaMemsetAsync(reinterpret_cast<void*>(p.tile_counter), 0, sizeof(int32_t), stream));
+}
+
 // The warp-specialized kernel's query map (q in either parameter block: rows of a sequence, or of all
 // sequences in group mode) and its launch of `ctas` CTAs, the tile's shared memory opted into once.
 template <typename Tile, typename Params>
@@ -103,13 +115,8 @@ int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const F
   if (!described) return fallback();
   // The grid and its walk: fwd/sm90/tile_walk.h.
   const DenseGrid grid = dense_grid(p, Tile::kBlockM, sizeof(T), multiprocessor_count());
-  fmha_fwd_params params = p;  // (without the counter where the grid does not take it)
-  if (grid.counted) {
-    const cudaError_t zeroed = cudaMemsetAsync(reinterpret_cast<void*>(p.tile_counter), 0, sizeof(int32_t), stream);
-    if (zeroed != cudaSuccess) return static_cast<int32_t>(zeroed);
-  } else {
-    params.tile_counter = 0;
-  }
+  fmha_fwd_params params;
+  if (const int32_t zeroed = with_tile_counter(p, grid.counted, stream, &params)) return zeroed;
   return launch_specialized_kernel<Tile, T>(params, maps, grid.walk, grid.ctas, stream);
 }
 
@@ -161,14 +168,9 @@ int32_t launch_specialized(const fmha_kvcache_params& p, hipStream_t stream, con
   // current one's epilogue. Otherwise one CTA per tile (a grid's x is below 2^31: more walk statically).
   // The launcher's CU count, as its splits use.
   const int64_t sms = p.cu_count > 0 ? p.cu_count : 1;
-  const bool counted = p.tile_counter != 0 && p.masked != 0 && tiles > sms && tiles <= INT32_MAX - sms;
-  fmha_kvcache_params params = p;  // (without the counter where the grid does not take it)
-  if (counted) {
-    const cudaError_t zeroed = cudaMemsetAsync(reinterpret_cast<void*>(p.tile_counter), 0, sizeof(int32_t), stream);
-    if (zeroed != cudaSuccess) return static_cast<int32_t>(zeroed);
-  } else {
-    params.tile_counter = 0;
-  }
+  const bool counted = takes_tile_counter(p.tile_counter, p.masked != 0, tiles, sms);
+  fmha_kvcache_params params;
+  if (const int32_t zeroed = with_tile_counter(p, counted, stream, &params)) return zeroed;
   const int64_t ctas = counted || tiles > INT32_MAX ? sms : tiles;
   return boxes_described ? launch_specialized_kernel<BoxedTile, T>(params, maps, Source::walk(p), ctas, stream)
                          : launch_specialized_kernel<GatheredTile, T>(params, maps, Source::walk(p), ctas, stream);

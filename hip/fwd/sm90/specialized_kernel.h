@@ -22,7 +22,6 @@
 // No CTA-wide barrier after the setup. The epilogue is the forward's (fwd/sm90/epilogue.h).
 #pragma once
 
-
 #include "arch/nvidia/pipeline.h"
 #include "arch/nvidia/shared_tile.h"
 #include "arch/nvidia/tensor_map.h"

@@ -52,6 +52,13 @@ struct DenseGrid {
   DenseTileWalk walk;
 };
 
+// Whether a grid of `tiles` tiles on `sms` SMs takes them from a tile counter (`counter`: its address, 0
+// for none): masked tiles differ in cost, a persistent grid pays where there are more tiles than SMs, and
+// the counter's int32 values stay below 2^31. The kv cache's launch (fwd/sm90/instances.h) decides alike.
+FMHA_HOST_DEVICE inline bool takes_tile_counter(uint64_t counter, bool masked, int64_t tiles, int64_t sms) {
+  return counter != 0 && masked && tiles > sms && tiles <= 0x7fffffff - sms;
+}
+
 // K and V bytes of the pairs of one section: a third of the 50 MB L2 (sections of 32 MiB re-read K and
 // V from DRAM, docs/perf.md).
 constexpr int64_t kDenseSectionBytes = int64_t{16} << 20;
@@ -73,7 +80,7 @@ FMHA_HOST_DEVICE inline DenseGrid dense_grid(const fmha_fwd_params& p, int block
   const int64_t pairs = static_cast<int64_t>(p.nhead_q) * p.batch;
   const bool masked = p.masked != 0;
   g.tiles = m_blocks * pairs;
-  g.counted = p.tile_counter != 0 && masked && g.tiles > sms && g.tiles <= 0x7fffffff - sms;
+  g.counted = takes_tile_counter(p.tile_counter, masked, g.tiles, sms);
   const bool persistent = g.counted || (p.group_mode == 0 && (!masked || m_blocks <= 4)) || g.tiles > 0x7fffffff;
   g.ctas = persistent && g.tiles > sms ? sms : g.tiles;
   const int64_t group = p.nhead_k > 0 ? p.nhead_q / p.nhead_k : 1;  // query heads per kv head
