@@ -550,7 +550,7 @@ fn gpu_lacks(case: &Case) -> Option<&'static str> {
     if host_backend() {
         return None;
     }
-    let arch = fmha::runtime::current().and_then(|r| r.arch()).unwrap_or(Arch::Other);
+    let arch = current_arch();
     let native = match arch {
         Arch::Sm90 | Arch::Gfx950 => Some(Fp8Format::E4m3fn),
         Arch::Gfx942 => Some(Fp8Format::E4m3fnuz),
@@ -890,7 +890,7 @@ fn fp8_prefill_on_the_warp_specialized_tile() {
 /// backends have no counter, and the other tests run these paths there).
 #[test]
 fn prefill_with_more_tiles_than_sms() {
-    let arch = fmha::runtime::current().and_then(|r| r.arch()).unwrap_or(Arch::Other);
+    let arch = current_arch();
     if skip() || arch != Arch::Sm90 {
         return;
     }
@@ -944,9 +944,14 @@ fn prefill_case(i: usize, input: Input, page: usize) -> Case {
     }
 }
 
+/// The current device's architecture (`Other` on the host backend).
+fn current_arch() -> Arch {
+    fmha::runtime::current().and_then(|r| r.arch()).unwrap_or(Arch::Other)
+}
+
 /// Runs `case` against the reference; on sm_90a first asserts that its launcher plans `pipeline`.
 fn run_planned(case: &Case, pipeline: &str, rng: &mut Rng, ctx: &str) {
-    let arch = fmha::runtime::current().and_then(|r| r.arch()).unwrap_or(Arch::Other);
+    let arch = current_arch();
     if arch == Arch::Sm90 {
         assert_eq!(planned_pipeline(case), pipeline, "{ctx}");
     }
