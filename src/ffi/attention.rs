@@ -317,7 +317,6 @@ mod tests {
 
     #[test]
     fn workspace_size_is_the_constant_for_every_valid_traits() {
-        assert_eq!(crate::workspace::SCHEDULER_WORKSPACE_BYTES, 16);
         for (dtype, o_dtype) in [(FMHA_DTYPE_FP16, 0), (FMHA_DTYPE_BF16, 0), (FMHA_DTYPE_FP8_E4M3FN, FMHA_DTYPE_BF16)] {
             for (hdim_q, hdim_v) in [(1, 1), (64, 64), (128, 128), (192, 128), (256, 256)] {
                 for (mask_type, is_group_mode) in
@@ -326,7 +325,7 @@ mod tests {
                     let t = fmha_fwd_traits { dtype, o_dtype, hdim_q, hdim_v, mask_type, is_group_mode, ..traits() };
                     let mut bytes = 0;
                     assert_eq!(fmha_fwd_workspace_size(&t, &mut bytes), FMHA_OK, "{t:?}: {}", last_error());
-                    assert_eq!(bytes, crate::workspace::SCHEDULER_WORKSPACE_BYTES);
+                    assert_eq!(bytes, 16); // (workspace::SCHEDULER_WORKSPACE_BYTES: the header's 16 bytes)
                 }
             }
         }
