@@ -218,14 +218,18 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     const auto stage = [&](int i) { return (ring + i) % S; };
     const auto phase = [&](int i) { return static_cast<uint32_t>(((ring + i) / S) & 1); };
     // Step i's K and V tiles, once loaded. Gathered ones were written by the producer's cp.async, in the
-    // generic proxy: the tensor cores (the async proxy) read them after this thread's proxy fence.
+    // generic proxy: the tensor cores (the async proxy) read them after this thread's proxy fence. A
+    // producer thread copies K_i after V_{i-1}, and its arrival on K_i's barrier waits for all its earlier
+    // copies: once K_i is complete, so is V_{i-1}, and K_i's fence serves both (`fenced` false).
     const auto wait_keys = [&](int i) {
       arch::mbarrier_wait(smem.full_k(stage(i)), phase(i));
       if constexpr (Tile::kGather) arch::fence_shared_for_async_proxy();
     };
-    const auto wait_values = [&](int i) {
+    const auto wait_values = [&](int i, bool fenced) {
       arch::mbarrier_wait(smem.full_v(stage(i)), phase(i));
-      if constexpr (Tile::kGather && !Tile::kTransposeV) arch::fence_shared_for_async_proxy();
+      if constexpr (Tile::kGather && !Tile::kTransposeV) {
+        if (fenced) arch::fence_shared_for_async_proxy();
+      }
     };
 
     // A consumer whose rows all lie past the tile's (a decode tile of at most 64 (query row, query head)
@@ -294,7 +298,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
             s, q_rows, arch::descriptor_plus(k_tile, stage(i) * Tile::kKBytes));
         arch::warpgroup_commit();
         rescale_output(st, correction);
-        wait_values(i - 1);
+        wait_values(i - 1, false);  // (after wait_keys(i))
         arch::warpgroup_fence();
         add_products(st.o, p_frag, stage(i - 1));
         arch::warpgroup_commit();
@@ -315,7 +319,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       }
 
       rescale_output(st, correction);
-      wait_values(steps - 1);
+      wait_values(steps - 1, true);
       arch::warpgroup_fence();
       add_products(st.o, p_frag, stage(steps - 1));
       arch::warpgroup_commit();

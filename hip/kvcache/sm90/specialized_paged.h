@@ -185,24 +185,40 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
     const int column = chunk * (16 / static_cast<int>(sizeof(T)));
     const bool column_valid = column < (values ? p.hdim_v : p.hdim_q);
     const int valid_rows = static_cast<int>(min(w.rows.sk - j0, static_cast<int64_t>(N))) - first;
-    // Row first + i's chunk: the run starts on a swizzle period, so its slot is the run's first one with
-    // bits 4-6 XORed by i mod 8 (Swizzle128 on absolute addresses): two instructions per copy rather
-    // than 16 offsets held across the producer's loop (which spill, and a spill's reload waits behind
-    // the copies in flight).
+    // Row first + i's chunk: the run starts on a swizzle period (bits 7-9 of its address are zero), so
+    // its slot is the run's first one with bits 4-6 XORed by i mod 8 (Swizzle128 on absolute addresses)
+    // plus i rows: one of 8 registers plus an immediate (16 offsets held across the producer's loop
+    // spill, and a spill's reload waits behind the copies in flight).
     static_assert(kRun % Layout::kSwizzlePeriod == 0, "runs start on a swizzle period");
     const uint32_t run = shared + Layout::offset(first, chunk);
+    uint32_t period[Layout::kSwizzlePeriod];
+#pragma unroll
+    for (int i = 0; i < Layout::kSwizzlePeriod; ++i) period[i] = run ^ (i << 4);
+    const auto slot = [&](int i) { return period[i % Layout::kSwizzlePeriod] + i * Layout::kRowBytes; };
+    // A run wholly in the sequence (every tile's but the last's) copies without zeros or predicates.
+    const bool whole = column_valid && valid_rows >= kRun;
     const auto copy = [&](int i, const T* row) {
       const bool valid = column_valid && i < valid_rows;
-      const uint32_t slot = (run + i * Layout::kRowBytes) ^ ((i % Layout::kSwizzlePeriod) << 4);
-      arch::copy_async_16(slot, valid ? row : pool, valid);
+      arch::copy_async_16(slot(i), valid ? row : pool, valid);
     };
     if (row_pages(w)) {  // this lane's page is row first + chunk's; row i's offset is lane i's of the run
       const int64_t mine = id * page_stride + w.page.remainder(j0 + first + chunk) * row_stride;
+      const auto row = [&](int i) { return pool + arch::shuffle(mine, i, Tile::kChunks) + column; };
+      if (whole) {
 #pragma unroll
-      for (int i = 0; i < kRun; ++i) copy(i, pool + arch::shuffle(mine, i, Tile::kChunks) + column);
+        for (int i = 0; i < kRun; ++i) arch::copy_async_16(slot(i), row(i), true);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kRun; ++i) copy(i, row(i));
+      }
       return;
     }
     const T* row = pool + id * page_stride + w.page.remainder(j0 + first) * row_stride + column;
+    if (whole) {
+#pragma unroll
+      for (int i = 0; i < kRun; ++i, row += row_stride) arch::copy_async_16(slot(i), row, true);
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < kRun; ++i, row += row_stride) copy(i, row);
   }
