@@ -49,11 +49,12 @@ __device__ inline void named_barrier_arrive(uint32_t id, uint32_t threads) {
 
 // Keeps the work that computed `value` ahead of what follows: ptxas moves a wgmma wait (and the
 // arithmetic around it) freely over register-only work, but never a shared store below a barrier nor a
-// wait above one. `scratch`: 4 bytes of shared memory of this thread's own; the barrier `id` takes
-// `threads` threads (the warpgroup).
+// wait above one. The threads only arrive (nothing waits on the barrier, so no warp waits for the
+// others): the caller lets no warp arrive twice before every other warp has arrived once. `scratch`: 4
+// bytes of shared memory of this thread's own; the barrier `id` takes `threads` threads (the warpgroup).
 __device__ inline void complete_before(float value, uint32_t scratch, uint32_t id, uint32_t threads) {
   asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(scratch), "f"(value) : "memory");
-  named_barrier_sync(id, threads);
+  named_barrier_arrive(id, threads);
 }
 
 // Gives registers back to the CTA's pool (every warp of the warpgroup, same count), or takes them

@@ -64,7 +64,9 @@ struct SpecializedShared {
 // Named barriers of the ping-pong: consumer c syncs on kPingPong + c before issuing its products and
 // arrives on the other's after.
 constexpr uint32_t kPingPong = 1;
-// Named barriers that keep consumer c's softmax ahead of its wait for the previous P·V: kSoftmaxDone + c.
+// Named barriers that keep consumer c's softmax ahead of its wait for the previous P·V: kSoftmaxDone + c,
+// arrived at once per step by each of its warps (arch::complete_before); a warp's next arrival follows
+// its wait for the next S product, which every warp of the warpgroup issues after its own arrival.
 constexpr uint32_t kSoftmaxDone = 3;
 // The named barrier of the producer warpgroup after a V transpose: the staging tile may be reloaded.
 constexpr uint32_t kTransposed = 5;
