@@ -701,6 +701,37 @@ fn fp8_full_head_dim_over_many_tiles() {
     }
 }
 
+/// Head dims inside the D = 128 bucket but below it (the GPU's D = 128 prefill tile with columns past the
+/// head dim): pages whose size no run of rows divides (sm90 gathers those rows with lanes that pass each
+/// other the rows' offsets, with and without a run wholly inside the sequence in one warp) and pages of 16
+/// and 24, kv lengths over several key tiles and not multiples of them, bf16 and fp8.
+#[test]
+fn head_dims_below_the_bucket_on_gathered_pages() {
+    if skip() {
+        return;
+    }
+    let mut rng = Rng::fresh();
+    let seed = rng.0;
+    for (i, (d, page)) in [(96usize, 1usize), (112, 3), (80, 16), (96, 24), (120, 5)].into_iter().enumerate() {
+        let case = Case {
+            input: if i % 2 == 0 { Input::Bf16 } else { Input::Fp8(Fp8Format::E4m3fn) },
+            kind: if i % 2 == 0 { FMHA_KV_BLOCK_TABLE } else { FMHA_KV_PAGE_CSR },
+            pool: if i == 3 { Pool::Hnd } else { Pool::Nhd },
+            page,
+            group: true,
+            mask: if i == 4 { Mask::NONE } else { Mask::causal(MaskType::BottomRight) },
+            per_page_scales: false,
+            hq: 4,
+            hk: 2,
+            d,
+            lens: vec![(130, 300), (1, 257), (64, 64), (200, 455)],
+            share_prefix: i == 1,
+            splits: (0, 0),
+        };
+        run_case(&case, &mut rng, &format!("seed {seed}: d {d} page {page}"));
+    }
+}
+
 /// Split-KV decode (spec/inference.md §3): few query rows per sequence against long caches, every
 /// split count from 1 to the longest sequence's tile count, the heuristic, and fixed chunk lengths;
 /// empty and one-token sequences and lengths on page boundaries; both table formats, fp8 and GQA.

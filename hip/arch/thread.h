@@ -25,6 +25,8 @@ __device__ inline float shuffle_xor(float x, int mask) { return __shfl_xor_sync(
 __device__ inline int64_t shuffle(int64_t x, int source, int width) {
   return __shfl_sync(0xffffffffu, static_cast<long long>(x), source, width);
 }
+// Whether `p` holds on every lane of the warp; every lane of the warp must take part.
+__device__ inline bool all_lanes(bool p) { return __all_sync(0xffffffffu, p); }
 #else
 constexpr int kWaveSize = 64;
 __device__ inline uint32_t thread_index() { return __builtin_amdgcn_workitem_id_x(); }

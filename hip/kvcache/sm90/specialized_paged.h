@@ -204,7 +204,7 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
     if (row_pages(w)) {  // this lane's page is row first + chunk's; row i's offset is lane i's of the run
       const int64_t mine = id * page_stride + w.page.remainder(j0 + first + chunk) * row_stride;
       const auto row = [&](int i) { return pool + arch::shuffle(mine, i, Tile::kChunks) + column; };
-      if (whole) {
+      if (arch::all_lanes(whole)) {  // (the warp's lanes take one branch: each shuffle needs all of them)
 #pragma unroll
         for (int i = 0; i < kRun; ++i) arch::copy_async_16(slot(i), row(i), true);
       } else {
