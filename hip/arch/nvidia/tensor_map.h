@@ -109,17 +109,23 @@ __device__ inline void tma_load_rows(uint32_t shared, uint32_t block_bytes, cons
   }
 }
 
+// A stage's arrivals for TMA loads of `bytes` in all: lane 0 arms `bar` with the bytes, the producer's
+// other threads arrive.
+__device__ inline void arm_or_arrive(uint32_t bar, uint32_t bytes, int lane) {
+  if (lane == 0) {
+    mbarrier_arrive_expect_bytes(bar, bytes);
+  } else {
+    mbarrier_arrive(bar);
+  }
+}
+
 // A tile of kCols columns of T at (row, head, batch) of `map`: arms `bar` with its `bytes` and loads its
 // boxes (tma_load_rows). Lane 0 issues; the producer's other threads arrive.
 template <typename T, int kCols>
 __device__ inline void tma_load_tile(uint32_t shared, uint32_t block_bytes, const CUtensorMap& map, uint32_t bar,
                                      uint32_t bytes, int row, int head, int batch, int lane) {
-  if (lane == 0) {
-    mbarrier_arrive_expect_bytes(bar, bytes);
-    tma_load_rows<T, kCols>(shared, block_bytes, map, bar, row, head, batch);
-  } else {
-    mbarrier_arrive(bar);
-  }
+  arm_or_arrive(bar, bytes, lane);
+  if (lane == 0) tma_load_rows<T, kCols>(shared, block_bytes, map, bar, row, head, batch);
 }
 
 }  // namespace arch

@@ -160,11 +160,7 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
       arch::tma_load_tile<T, kCols>(shared, Tile::KLayout::kBlockBytes, map, bar, kBytes,
                                     static_cast<int>(w.page.remainder(j0)), w.hk, static_cast<int>(id), lane);
     } else {
-      if (lane == 0) {
-        arch::mbarrier_arrive_expect_bytes(bar, kBytes);
-      } else {
-        arch::mbarrier_arrive(bar);
-      }
+      arch::arm_or_arrive(bar, kBytes, lane);
       const uint32_t piece_bytes = static_cast<uint32_t>(w.page.divisor()) * 128;
       if (lane < pieces(w)) {
         arch::tma_load_rows<T, kCols>(shared + lane * piece_bytes, Tile::KLayout::kBlockBytes, map, bar, 0, w.hk,
