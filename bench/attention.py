@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Attention forward (and backward) TFLOPS: fmha vs PyTorch SDPA's flash (FA2) and cuDNN backends, same run.
+"""Attention forward (and backward) TFLOPS: fmha vs FlashAttention-3 and PyTorch SDPA's flash (FA2) and cuDNN
+backends, same run. FA3's forward is tokenspeed-fa3's, its backward flash-attn3-jax's (bench/fa3_jax_backward.py,
+a subprocess; batch-mode D = 128 shapes), each where installed.
 
 The FlashAttention grid: B*S = 16k tokens, H*D = 2048, D in {64, 128}, S in {512, 1k, 2k, 4k, 8k, 16k},
 causal and not; plus a GQA 32/8 (D = 128, S = 4k, causal) row and a varlen row (a batch of random lengths
@@ -52,7 +54,7 @@ TOKENS = 16 * 1024
 HIDDEN = 2048
 SEQLENS = [512, 1024, 2048, 4096, 8192, 16384]
 IMPLS_FWD = ["fmha", "fa3", "sdpa_flash", "sdpa_cudnn"]
-IMPLS_BWD = ["fmha", "fmha_det", "sdpa_flash", "sdpa_cudnn"]
+IMPLS_BWD = ["fmha", "fmha_det", "fa3", "sdpa_flash", "sdpa_cudnn"]
 LABELS = {"fmha": "fmha", "fmha_det": "fmha det.", "fa3": "FA3", "sdpa_flash": "SDPA flash",
           "sdpa_cudnn": "SDPA cuDNN"}
 # FlashAttention-3's forward (tokenspeed-fa3's `flash_attn_interface`, built without a backward), where
@@ -61,6 +63,10 @@ try:
     import flash_attn_interface as fa3
 except ImportError:
     fa3 = None
+# FlashAttention-3's backward comes from flash-attn3-jax, run by bench/fa3_jax_backward.py in a process of
+# its own (XLA's stream and memory pool) on the batch-mode D = 128 shapes, checked there against JAX's own
+# attention; where JAX or the package is missing, its cells read unsupported.
+FA3_JAX = os.path.join(REPO, "bench", "fa3_jax_backward.py")
 # max |fmha - SDPA| relative to max |SDPA| above which a result is flagged (bf16/fp16 both sides)
 MISMATCH_REL = {"fwd": 2e-2, "bwd": 5e-2}
 
@@ -111,7 +117,8 @@ def head_dims(spec):
 
 
 def grid(args):
-    tokens, hidden, seqlens = TOKENS, HIDDEN, SEQLENS
+    tokens, hidden = TOKENS, HIDDEN
+    seqlens = [int(x) for x in args.seqlens.split(",")] if args.seqlens else SEQLENS
     dims = [head_dims(spec) for spec in args.dims.split(",")]
     if args.smoke:
         tokens, hidden, seqlens, dims = 512, 256, [128, 256], [(64, 64)]
@@ -305,6 +312,26 @@ def max_diff(a_list, b_list):
 # --- the run ----------------------------------------------------------------------------------------------
 
 
+def fa3_backward(shapes, args):
+    """FA3's backward (flash-attn3-jax) on `shapes`: {shape name: result cell}, from the JAX subprocess."""
+    todo = [{"name": sh.name, "b": sh.b, "s": sh.s, "h": sh.hq, "d": sh.d, "causal": sh.causal} for sh in shapes
+            if sh.lengths is None and sh.hq == sh.hk and sh.dv == sh.d]
+    cells = {}
+    if todo:
+        try:
+            done = subprocess.run([sys.executable, FA3_JAX, "--dtype", args.dtype], input=json.dumps(todo),
+                                  capture_output=True, text=True, timeout=args.fa3_jax_timeout)
+            if done.returncode != 0:
+                raise RuntimeError(f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1:] or ''}")
+            cells = json.loads(done.stdout)
+        except Exception as e:  # noqa: BLE001 - the rival's failure is a cell, not the end of the run
+            cells = {t["name"]: {"error": f"fa3_jax_backward.py: {str(e)[:200]}"} for t in todo}
+    for sh in shapes:
+        cells.setdefault(sh.name, {"unsupported": "FA3's backward (flash-attn3-jax) is run on batch-mode D = 128 "
+                                                  "shapes without GQA"})
+    return cells
+
+
 def run(args):
     host = fmha.backend() == fmha.BACKEND_HOST
     if host and not args.smoke:
@@ -314,7 +341,10 @@ def run(args):
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     directions = ["fwd", "bwd"] if args.backward else ["fwd"]
     rows = []
-    for sh in grid(args):
+    shapes = grid(args)
+    # first, while this process holds little device memory
+    fa3_bwd = fa3_backward(shapes, args) if args.backward and device.type == "cuda" else {}
+    for sh in shapes:
         for direction in directions:
             impls = IMPLS_BWD if direction == "bwd" else IMPLS_FWD
             flops = sh.flops_fwd() * (2.5 if direction == "bwd" else 1.0)
@@ -334,6 +364,13 @@ def run(args):
             outputs = {}
             for impl in impls:
                 res = {}
+                if direction == "bwd" and impl == "fa3":
+                    res = dict(fa3_bwd.get(sh.name, {"unsupported": "FA3's backward runs on the GPU only"}))
+                    if "ms" in res:
+                        res["tflops"] = flops / (res["ms"] * 1e-3) / 1e12
+                        res["mismatch"] = res["rel_diff"] > MISMATCH_REL[direction]
+                    row["results"][impl] = res
+                    continue
                 try:
                     ms, outs = run_impl(impl, sh, q, k, v, cu, dout, direction, device, args)
                     res = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12}
@@ -480,10 +517,13 @@ def main():
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     ap.add_argument("--dims", default="64,128,256,192/128",
                     help="head dims of the dense rows, comma-separated: D, or D/Dv for V's apart")
+    ap.add_argument("--seqlens", help="sequence lengths of the dense rows, comma-separated (default: 512 to 16k)")
     ap.add_argument("--quick", action="store_true", help="D = 128, S in {2k, 4k}, plus the GQA and varlen rows")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes; runs on the host backend with CPU tensors")
     ap.add_argument("--warmup-ms", type=int, default=100)
     ap.add_argument("--rep-ms", type=int, default=500)
+    ap.add_argument("--fa3-jax-timeout", type=int, default=600,
+                    help="seconds for FA3's backward through JAX (bench/fa3_jax_backward.py), all shapes")
     ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for bench-attention.{json,md} ($OUT)")
     args = ap.parse_args()
     if args.smoke:
