@@ -28,6 +28,11 @@ __device__ inline void shared_store_4(uint32_t shared, uint32_t value) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(shared), "r"(value));
 }
 
+// Two floats to shared memory at `shared` (8-byte aligned).
+__device__ inline void shared_store_8(uint32_t shared, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(shared), "f"(x), "f"(y) : "memory");
+}
+
 // 16 bytes to shared memory at `shared` (16-byte aligned).
 __device__ inline void shared_store_16(uint32_t shared, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(shared), "r"(x), "r"(y), "r"(z), "r"(w));
@@ -38,6 +43,14 @@ __device__ inline void shared_store_16(uint32_t shared, uint32_t x, uint32_t y, 
 __device__ inline uint32_t shared_load_4(uint32_t shared) {
   uint32_t value;
   asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(value) : "r"(shared));
+  return value;
+}
+
+// One float and two (8-byte aligned) from shared memory, volatile like shared_load_4.
+__device__ inline float shared_load_f32(uint32_t shared) { return __uint_as_float(shared_load_4(shared)); }
+__device__ inline float2 shared_load_f32x2(uint32_t shared) {
+  float2 value;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(value.x), "=f"(value.y) : "r"(shared));
   return value;
 }
 
