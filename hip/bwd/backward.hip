@@ -8,6 +8,7 @@
 
 #if defined(FMHA_PLATFORM_NVIDIA)
 #include "bwd/sm90/kernel.h"
+#include "bwd/sm90/specialized_kernel.h"
 #include "bwd/sm90/tile.h"
 #else
 #include "bwd/amd/kernel.h"
@@ -24,7 +25,7 @@ inline dim3 row_tiles_grid(const fmha_bwd_params& p, int rows_per_block) {
 }
 
 #if defined(FMHA_PLATFORM_NVIDIA)
-// 8 warps: 128 keys per unit (half the dQ atomics of 64), q steps of 64 rows.
+// 8 consumer warps: 128 keys per unit (half the dQ atomics of 64), q steps of 64 rows.
 constexpr int kBackwardWarps = 8;
 constexpr int kBackwardBlockM = 64;
 
@@ -33,7 +34,13 @@ int32_t launch_dq_dk_dv(const fmha_bwd_params& p, hipStream_t stream) {
   using Tile = BackwardTile<kHeadDim, kBackwardWarps, kBackwardBlockM, kMasked, kDeterministic>;
   // The workspace (dq_acc split slots, schedule) was laid out for the registry's tile: it must be this one.
   if (p.m0 != Tile::kBlockM || p.n0 != Tile::kBlockN) return kInvalidValue;
-  auto kernel = dq_dk_dv_kernel<Tile, T>;
+  auto kernel = [] {
+    if constexpr (Tile::kSpecialized) {
+      return specialized_dq_dk_dv_kernel<Tile, T>;
+    } else {
+      return dq_dk_dv_kernel<Tile, T>;
+    }
+  }();
   static const cudaError_t configured =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes);
   if (configured != cudaSuccess) return static_cast<int32_t>(configured);

@@ -113,12 +113,11 @@ struct UnitQTiles {
   // arch kernel supports it (kFirstUnitWritesSlot): its steps store their dQ partials, and this zeroes
   // the rows no step visits ([0, i_start) and the rows past the last tile, every query head's
   // columns), so that no pass zeroes the slot beforehand. `slot` is row 0 of the unit's slot, rows of
-  // `row_elements` (16-byte aligned).
+  // `row_elements` (16-byte aligned); `thread` of the kThreads that zero.
   template <int kThreads>
-  __device__ void zero_unvisited_rows(float* slot, int64_t row_elements) const {
+  __device__ void zero_unvisited_rows(float* slot, int64_t row_elements, int thread) const {
     const int end = i_start + tiles_per_head * kBlockM;
     const int lo = steps > 0 ? i_start : rows.sq, hi = steps > 0 && end < rows.sq ? end : rows.sq;
-    const int thread = static_cast<int>(arch::thread_index());
     zero_floats(slot, int64_t(lo) * row_elements, thread, kThreads);
     zero_floats(slot + int64_t(hi) * row_elements, int64_t(rows.sq - hi) * row_elements, thread, kThreads);
   }

@@ -312,7 +312,16 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
                 &SM90_FORWARD_TILES[1..],
                 "wgmma_ws_tma_vt",
             ));
-            list.extend(gpu_instances(arch, Operation::Backward, &HALF_DTYPES, &SM90_BACKWARD_TILES, "wgmma_cp_async"));
+            // The non-deterministic backward is warp-specialized (hip/bwd/sm90/specialized_kernel.h): a
+            // producer warpgroup copies with cp.async ahead of the consumers; the deterministic one is not.
+            list.extend(
+                gpu_instances(arch, Operation::Backward, &HALF_DTYPES, &SM90_BACKWARD_TILES, "wgmma_cp_async")
+                    .into_iter()
+                    .map(|i| Instance {
+                        pipeline: if i.deterministic { i.pipeline } else { "wgmma_ws_cp_async" },
+                        ..i
+                    }),
+            );
             // The forward kernels with paged K/V tiles (hip/kvcache/kvcache.hip): at D = 128 the
             // warp-specialized one, its producer loading K/V as TMA boxes of whole pages or gathering
             // them row by row (other pages; tensors TMA cannot describe take the cp.async kernel); at

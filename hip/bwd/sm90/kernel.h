@@ -8,17 +8,18 @@
 // accumulators are directly the register A operands of
 //   dV += Pᵀ·dO,   dK += dSᵀ·Q,     with P = 2^(scale_log2 · S - LSE · log2 e), dS = P ∘ (dP - D),
 // and stores dSᵀ to shared memory, from which each warpgroup then computes its half of the columns of
-// dQ = dS·K for the tile and adds it to the unit's dq_acc split slot with vector atomics.
-// Non-deterministic mode: one workgroup per unit, slot 0, adds in any order. Deterministic mode: the
-// persistent schedule gives every slot to one workgroup, and every element of it to one thread, whose
-// adds apply in program order; the workgroup's first unit in a slot stores instead, and zeroes the
-// rows it does not visit (no zeroing pass over the slots).
+// dQ = dS·K for the tile and adds it to the unit's dq_acc split slot.
+// Non-deterministic mode (bwd/sm90/specialized_kernel.h: the same steps, warp-specialized): one
+// workgroup per unit, slot 0, adds in any order. Deterministic mode (this kernel: every thread copies
+// and computes): the persistent schedule gives every slot to one workgroup, and every element of it to
+// one thread, whose vector atomics apply in program order; the workgroup's first unit in a slot stores
+// instead, and zeroes the rows it does not visit (no zeroing pass over the slots).
 // dK (scaled) and dV are stored once per unit. Fully masked q tiles are never visited.
 //
 // The kernel is its tile (bwd/sm90/tile.h: the workgroup's shape and shared-memory layout), its
-// mainloop (bwd/sm90/mainloop.h: a step's copies, dK/dV and dQ of one q tile) and, in run_unit below,
-// the walk of a unit's q tiles and the epilogue (store dK and dV); the units come from the schedule
-// (bwd/unit_walk.h's for_each_unit). The copies are arch/nvidia/shared_tile.h's TileCopy.
+// mainloop (bwd/sm90/mainloop.h: a step's copies, dK/dV and dQ of one q tile), its epilogue
+// (bwd/sm90/epilogue.h: dK and dV) and, in run_unit below, the walk of a unit's q tiles; the units come
+// from the schedule (bwd/unit_walk.h's for_each_unit). The copies are arch/nvidia/shared_tile.h's TileCopy.
 #pragma once
 
 #include "arch/nvidia/shared_tile.h"
@@ -28,6 +29,7 @@
 #include "launch.h"
 #include "bwd/unit_walk.h"
 #include "common/kept_range.h"
+#include "bwd/sm90/epilogue.h"
 #include "bwd/sm90/mainloop.h"
 #include "bwd/sm90/tile.h"
 
@@ -35,7 +37,6 @@ namespace fmha {
 
 template <typename Tile, typename T>
 __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, unsigned char* shared_bytes) {
-  using E = arch::Element<T>;
   constexpr int M = Tile::kBlockM, N = Tile::kBlockN, kDTiles = Tile::kDim / 8;
   const UnitQTiles<M, N, Tile::kMasked> walk(p, unit);
   const DqAccBlock acc = dq_acc_block(p, unit.batch);
@@ -43,13 +44,14 @@ __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, 
   float* const unit_slot = dq_acc_region(p) + acc.index(unit.head, unit.split, 0, 0);
   const int64_t slot_row_elements = acc.row_elements;
   const bool store_dq = unit.first_in_slot;
-  if (store_dq) walk.template zero_unvisited_rows<Tile::kThreads>(unit_slot, slot_row_elements);
+  const int thread = static_cast<int>(arch::thread_index());
+  if (store_dq) walk.template zero_unvisited_rows<Tile::kThreads>(unit_slot, slot_row_elements, thread);
   if (!walk.has_keys()) return;
   const BatchRows& rows = walk.rows;
   const int64_t batch = walk.batch, j0 = walk.j0, j1 = walk.j1, steps = walk.steps;
   const int hk = unit.head;
   const BackwardShared<Tile> sh(shared_bytes);
-  const int lane = arch::thread_index() % arch::kWarpSize, warp = arch::thread_index() / arch::kWarpSize;
+  const int lane = thread % arch::kWarpSize, warp = thread / arch::kWarpSize;
   const int g = lane / 4, t = lane % 4;
 
   const TileCopy<Tile, M, typename Tile::QLayout> q_copy;
@@ -61,7 +63,7 @@ __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, 
   kv_copy.issue(sh.k, k, p.k_row_stride, static_cast<int>(j1 - j0), p.hdim_q);
   kv_copy.issue(sh.v, v, p.v_row_stride, static_cast<int>(j1 - j0), p.hdim_v);
   QTile tile = walk.tile(0);
-  if (steps > 0) issue_q_tile<Tile, T>(p, sh, 0, q_copy, rows, batch, tile);
+  if (steps > 0) issue_q_tile<Tile, T>(p, sh, 0, q_copy, rows, batch, tile, thread, Tile::kThreads);
   arch::copy_async_commit();
 
   UnitState<Tile> st;
@@ -78,9 +80,14 @@ __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, 
     kept_rows[r] = rows_of_key<Tile::kMasked>(walk.mask, j0 + warp * 16 + g + 8 * r, rows.sq, rows.sk);
   }
   auto slot_of = [&](const QTile& q) { return unit_slot + (q.h - walk.first_head) * p.hdim_q; };
+  auto dq_target = [&](const QTile& q) {
+    return DqTarget{slot_of(q), slot_row_elements, rows.sq, p.hdim_q, store_dq, false};
+  };
   auto prefetch_dq = [&](const QTile& q) {
     // The first unit overwrites whole sectors: nothing to fetch.
-    if (Tile::kDeterministic && !store_dq) prefetch_dq_rows<Tile>(slot_of(q), slot_row_elements, q.i0, rows.sq, p.hdim_q);
+    if (Tile::kDeterministic && !store_dq) {
+      prefetch_dq_rows<Tile>(slot_of(q), slot_row_elements, q.i0, rows.sq, p.hdim_q, thread);
+    }
   };
   if (steps > 0) prefetch_dq(tile);
 
@@ -88,7 +95,7 @@ __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, 
     const int stage = static_cast<int>(step & 1);
     const QTile next = walk.next(tile);
     if (step + 1 < steps) {
-      issue_q_tile<Tile, T>(p, sh, stage ^ 1, q_copy, rows, batch, next);
+      issue_q_tile<Tile, T>(p, sh, stage ^ 1, q_copy, rows, batch, next, thread, Tile::kThreads);
       arch::copy_async_commit();
       prefetch_dq(next);
       arch::copy_async_wait<1>();
@@ -105,36 +112,17 @@ __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, 
     }
     arch::block_barrier();  // dSᵀ complete; this stage's Q/dO are no longer read
 
-    accumulate_dq<Tile, T>(operands, slot_of(tile), slot_row_elements, tile.i0, rows.sq, p.hdim_q, p.scale, store_dq,
-                           warp, g, t);
+    accumulate_dq<Tile, T>(operands, sh, stage, dq_target(tile), tile.i0, p.scale, warp, lane);
     tile = next;
   }
 
-  // dK = scale · Σ dSᵀ·Q and dV, the warp's 16 keys (zero when no query row reached the tile).
-  T* dk = reinterpret_cast<T*>(p.dk) + batch * p.dk_batch_stride + hk * p.dk_head_stride;
-  T* dv = reinterpret_cast<T*>(p.dv) + batch * p.dv_batch_stride + hk * p.dv_head_stride;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t key = j0 + warp * 16 + g + 8 * r;
-    if (key >= rows.sk) continue;
-    T* dk_row = dk + (rows.k_start + key) * p.dk_row_stride;
-    T* dv_row = dv + (rows.k_start + key) * p.dv_row_stride;
-#pragma unroll
-    for (int n = 0; n < kDTiles; ++n) {
-      const int col = n * 8 + 2 * t;
-      if (col < p.hdim_q) {
-        *reinterpret_cast<uint32_t*>(dk_row + col) = E::pack(st.dk[n][2 * r] * p.scale, st.dk[n][2 * r + 1] * p.scale);
-      }
-      if (col < p.hdim_v) {
-        *reinterpret_cast<uint32_t*>(dv_row + col) = E::pack(st.dv[n][2 * r], st.dv[n][2 * r + 1]);
-      }
-    }
-  }
+  store_dk_dv<Tile, T>(p, st, batch, hk, rows, j0, warp, g, t);
   arch::block_barrier();  // the next unit overwrites K and V, which the last dQ step read
 }
 
 template <typename Tile, typename T>
 __global__ void __launch_bounds__(Tile::kThreads, 1) dq_dk_dv_kernel(fmha_bwd_params p) {
+  static_assert(!Tile::kSpecialized, "every thread copies and computes");
   extern __shared__ __align__(1024) unsigned char shared_bytes[];
   if (!workspace_prepared(p)) return;
   for_each_unit<Tile::kDeterministic>(p, Tile::kMasked,

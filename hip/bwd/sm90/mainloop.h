@@ -3,6 +3,7 @@
 // deterministic mode's L2 prefetch of the next dq_acc rows, and the cp.async copies of a step.
 #pragma once
 
+#include "arch/nvidia/bulk_copy.h"
 #include "arch/nvidia/shared_tile.h"
 #include "arch/nvidia/tensor_core.h"
 #include "arch/nvidia/warpgroup.h"
@@ -27,7 +28,7 @@ struct UnitState {
 struct BackwardOperands {
   uint64_t k_rows, v_rows;  // A: the warpgroup's 64 keys of K and V (K-major)
   uint64_t q, d_o;          // B of Sᵀ and dPᵀ (K-major), or N-major B of dK and dV (steps of 16 rows)
-  uint64_t ds;              // A of dQ: dS, M-major from dSᵀ (steps of 16 keys)
+  uint64_t ds;              // A of dQ: dS, M-major from dSᵀ (steps of 16 keys), stage 0
   uint64_t k_columns;       // B of dQ: the warpgroup's kDqCols columns of K, N-major (steps of 16 keys)
 };
 
@@ -42,7 +43,7 @@ __device__ inline BackwardOperands backward_operands(const BackwardShared<Tile>&
   // leading offset the N-major ones need.
   o.q = arch::mn_major_descriptor(sh.q(0), Q::kBlockBytes);
   o.d_o = arch::mn_major_descriptor(sh.d_o(0), Q::kBlockBytes);
-  o.ds = arch::mn_major_descriptor(sh.ds, Tile::kDsBytes);
+  o.ds = arch::mn_major_descriptor(sh.ds(0), Tile::kDsBytes);
   // kDqCols = 64: the warpgroup's own 64-column block; 32 (D = 64): half a block, 64 bytes in.
   const uint32_t columns = Tile::kDqCols == 64 ? warpgroup * KV::kBlockBytes : warpgroup * Tile::kDqCols * 2;
   o.k_columns = arch::mn_major_descriptor(sh.k + columns, KV::kBlockBytes);
@@ -59,36 +60,43 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
   const uint32_t q_stage = static_cast<uint32_t>(stage) * Tile::kQBytes;
   const uint64_t q = arch::descriptor_plus(operands.q, q_stage), d_o = arch::descriptor_plus(operands.d_o, q_stage);
 
-  // One fp32 score tile is live next to the dK/dV accumulators (registers are the limit at D = 128):
-  // Sᵀ → P (kept rounded, as the MMAs consume it) → dV += Pᵀ·dO while dPᵀ is computed → dS → dK += dSᵀ·Q
-  // and dSᵀ to shared memory.
-  float acc[kMTiles][4] = {};  // overwritten by the first wgmma of each product
-  // Sᵀ-shaped products: acc (64 keys × kBlockM) = the warpgroup's key rows · q rowsᵀ, over the head dim.
-  auto scores = [&](uint64_t key_rows, uint64_t q_rows) {
-    arch::mma_rows_by_rows<T, Tile::kDim, Tile::KVLayout::kBlockBytes, Tile::QLayout::kBlockBytes>(acc, key_rows,
+  // Sᵀ → P (kept rounded, as the MMAs consume it) → dV += Pᵀ·dO; dPᵀ → dS → dK += dSᵀ·Q and dSᵀ to shared
+  // memory. Two fp32 score tiles are live next to the dK/dV accumulators. Where Tile::kScoresTogether,
+  // Sᵀ and dPᵀ are issued together, P is computed while dPᵀ runs and dS while dV does; else dPᵀ is issued
+  // behind dV (fewer registers live at once).
+  float acc[kMTiles][4] = {};     // Sᵀ, then P; overwritten by the first wgmma
+  float dp_acc[kMTiles][4] = {};  // dPᵀ, then dS
+  // Sᵀ-shaped products: (64 keys × kBlockM) = the warpgroup's key rows · q rowsᵀ, over the head dim.
+  auto scores = [&](float(&out)[kMTiles][4], uint64_t key_rows, uint64_t q_rows) {
+    arch::mma_rows_by_rows<T, Tile::kDim, Tile::KVLayout::kBlockBytes, Tile::QLayout::kBlockBytes>(out, key_rows,
                                                                                                     q_rows);
   };
   // Element (key row g + 8r of the warp's 16, q column 8n + 2t + c) of a score tile is acc[n][2r + c].
-  const float* lse = sh.row_stats(sh.lse(stage));
-  const float* big_d = sh.row_stats(sh.d(stage));
+  const uint32_t lse = sh.lse(stage), big_d = sh.d(stage);
   constexpr float kLog2e = 1.4426950408889634f;
 
-  // Sᵀ = K·Qᵀ, then P = 2^(scale_log2 · S - LSE · log2 e), masked on edge tiles: q column c of key
-  // row r is kept iff it lies in that key's kept range, as 32-bit offsets from the tile's first row.
+  // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, then P = 2^(scale_log2 · S - LSE · log2 e), masked on edge tiles: q column
+  // c of key row r is kept iff it lies in that key's kept range, as 32-bit offsets from the tile's first row.
   KeptRange kept[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) kept[r] = kept_range<M>(kept_rows[r], static_cast<int>(i0));
   arch::warpgroup_fence();
-  scores(operands.k_rows, q);
+  scores(acc, operands.k_rows, q);
   arch::warpgroup_commit();
-  arch::warpgroup_wait<0>();
+  if constexpr (Tile::kScoresTogether) {
+    scores(dp_acc, operands.v_rows, d_o);
+    arch::warpgroup_commit();
+    arch::warpgroup_wait<1>();
+  } else {
+    arch::warpgroup_wait<0>();
+  }
   arch::hold_registers(acc);
 #pragma unroll
   for (int n = 0; n < kMTiles; ++n) {
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const int col = n * 8 + 2 * t + c;
-      const float l = lse[col];
+      const float l = arch::shared_load_f32(lse + 4 * col);
       // A fully masked row has LSE = -inf; 0 keeps P at 0 (its elements are masked) instead of NaN.
       const float row_bias = l == -INFINITY ? 0.f : l * kLog2e;
 #pragma unroll
@@ -103,25 +111,28 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
 #pragma unroll
   for (int kk = 0; kk < M / 16; ++kk) arch::a_fragment<T>(p_frag[kk], acc, kk);
 
-  // dV += Pᵀ·dO (dO N-major, 16 q rows a step), and dPᵀ = V·dOᵀ behind it.
+  // dV += Pᵀ·dO (dO N-major, 16 q rows a step), behind dPᵀ or ahead of it.
   arch::warpgroup_fence();
   arch::mma_registers_by_columns<T>(st.dv, p_frag, d_o);
   arch::warpgroup_commit();
-  scores(operands.v_rows, d_o);
-  arch::warpgroup_commit();
-  arch::warpgroup_wait<0>();
-  arch::hold_registers(acc);
-  arch::hold_registers(st.dv);
+  if constexpr (Tile::kScoresTogether) {
+    arch::warpgroup_wait<1>();
+  } else {
+    scores(dp_acc, operands.v_rows, d_o);
+    arch::warpgroup_commit();
+    arch::warpgroup_wait<0>();
+  }
+  arch::hold_registers(dp_acc);
 
   // dS = P ∘ (dP - D) with P as rounded for dV.
 #pragma unroll
   for (int n = 0; n < kMTiles; ++n) {
-    const float2 d_pair = *reinterpret_cast<const float2*>(big_d + n * 8 + 2 * t);
+    const float2 d_pair = arch::shared_load_f32x2(big_d + 4 * (n * 8 + 2 * t));
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float2 p = E::unpack(p_frag[n / 2][2 * (n % 2) + r]);
-      acc[n][2 * r] = p.x * (acc[n][2 * r] - d_pair.x);
-      acc[n][2 * r + 1] = p.y * (acc[n][2 * r + 1] - d_pair.y);
+      dp_acc[n][2 * r] = p.x * (dp_acc[n][2 * r] - d_pair.x);
+      dp_acc[n][2 * r + 1] = p.y * (dp_acc[n][2 * r + 1] - d_pair.y);
     }
   }
 
@@ -129,61 +140,100 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
   uint32_t ds_frag[M / 16][4];
 #pragma unroll
   for (int kk = 0; kk < M / 16; ++kk) {
-    arch::a_fragment<T>(ds_frag[kk], acc, kk);
+    arch::a_fragment<T>(ds_frag[kk], dp_acc, kk);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int key = warp * 16 + g + 8 * r;
-        const uint32_t at = sh.ds + Tile::DsLayout::offset(key, 2 * kk + half) + 4 * t;
+        const uint32_t at = sh.ds(stage) + Tile::DsLayout::offset(key, 2 * kk + half) + 4 * t;
         arch::shared_store_4(at, ds_frag[kk][2 * half + r]);
       }
     }
   }
-  arch::fence_shared_for_async_proxy();  // dQ's wgmma reads dSᵀ after the caller's barrier
+  arch::fence_shared_for_async_proxy();  // dQ's wgmma reads dSᵀ after the consumers' barrier
   arch::warpgroup_fence();
   arch::mma_registers_by_columns<T>(st.dk, ds_frag, q);
   arch::warpgroup_commit();
   // Waiting here rather than behind the dQ product keeps ds_frag's registers free for dQ: deferring
   // the wait measured 4-17 % slower on an H200 (the kernels spilled).
   arch::warpgroup_wait<0>();
+  arch::hold_registers(st.dv);
   arch::hold_registers(st.dk);
 }
 
-// dQ = scale · dS·K for the q tile (after a barrier: dSᵀ of every warp is in shared memory), added to
-// the unit's dq_acc slot (stored, when `store`: the slot's first unit): warpgroup w the columns
-// [w · kDqCols, (w + 1) · kDqCols).
+// Where dQ rows go: the unit's dq_acc slot, `store`d (the slot's first unit) or added; added by bulk
+// reductions of whole rows when `bulk` (non-deterministic, the head dim a multiple of 4: 16-byte rows),
+// else element by element.
+struct DqTarget {
+  float* slot;
+  int64_t row_elements, sq;
+  int hdim_q;
+  bool store, bulk;
+};
+
+// dQ = scale · dS·K for the q tile (after the consumers' barrier: dSᵀ of every warp is in stage `stage`
+// of shared memory), into the unit's dq_acc slot: warpgroup w the columns [w · kDqCols, (w + 1) · kDqCols).
 template <typename Tile, typename T>
-__device__ inline void accumulate_dq(const BackwardOperands& operands, float* slot, int64_t row_elements, int64_t i0,
-                                     int64_t sq, int hdim_q, float scale, bool store, int warp, int g, int t) {
+__device__ inline void accumulate_dq(const BackwardOperands& operands, const BackwardShared<Tile>& sh, int stage,
+                                     const DqTarget& to, int64_t i0, float scale, int warp, int lane) {
   constexpr int N = Tile::kBlockN, kColTiles = Tile::kDqCols / 8;
-  const int row_group = warp % 4, col_group = warp / 4;
+  const int row_group = warp % 4, col_group = warp / 4, g = lane / 4, t = lane % 4;
   float dq[kColTiles][4];
+  const uint64_t ds = arch::descriptor_plus(operands.ds, static_cast<uint32_t>(stage) * Tile::kDsBytes);
   arch::warpgroup_fence();
 #pragma unroll
   for (int ks = 0; ks < N / 16; ++ks) {
     // 16 keys a step: rows of dSᵀ (A, M-major) and of K (B, N-major).
-    arch::WarpgroupMma<T>::template mma<1, 1>(dq, arch::descriptor_plus(operands.ds, ks * 16 * 128),
+    arch::WarpgroupMma<T>::template mma<1, 1>(dq, arch::descriptor_plus(ds, ks * 16 * 128),
                                               arch::descriptor_plus(operands.k_columns, ks * 16 * 128), ks > 0);
   }
   arch::warpgroup_commit();
   arch::warpgroup_wait<0>();
   arch::hold_registers(dq);
+  const int col0 = col_group * Tile::kDqCols;
+  if (Tile::kBulkDq && to.bulk) {
+    // The warp's 16 rows through shared memory, then one bulk copy per row from lanes 0-15: the adds
+    // run in L2 while the warp goes on to the next q tile (element-wise reductions from every thread
+    // stalled the consumers for a quarter of their time).
+    const uint32_t rows = sh.dq_rows(warp);
+    arch::bulk_wait_read();  // the previous tile's copies have read these rows
+    __syncwarp();
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int n = 0; n < kColTiles; ++n) {
+        arch::shared_store_8(rows + (g + 8 * r) * Tile::kDqRowBytes + (n * 8 + 2 * t) * 4, dq[n][2 * r] * scale,
+                             dq[n][2 * r + 1] * scale);
+      }
+    }
+    arch::fence_shared_for_async_proxy();
+    __syncwarp();
+    const int64_t i = i0 + row_group * 16 + lane;
+    const int cols = min(Tile::kDqCols, to.hdim_q - col0);
+    if (lane < 16 && i < to.sq && cols > 0) {
+      float* row = to.slot + i * to.row_elements + col0;
+      const uint32_t from = rows + lane * Tile::kDqRowBytes, bytes = static_cast<uint32_t>(cols) * 4;
+      arch::bulk_reduce_add_f32(row, from, bytes);
+      arch::bulk_commit();
+    }
+    return;
+  }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t i = i0 + row_group * 16 + g + 8 * r;
-    if (i >= sq) continue;
-    float* row = slot + i * row_elements;
+    if (i >= to.sq) continue;
+    float* row = to.slot + i * to.row_elements;
 #pragma unroll
     for (int n = 0; n < kColTiles; ++n) {
-      const int col = col_group * Tile::kDqCols + n * 8 + 2 * t;
-      if (col >= hdim_q) continue;
+      const int col = col0 + n * 8 + 2 * t;
+      if (col >= to.hdim_q) continue;
       const float x = dq[n][2 * r] * scale, y = dq[n][2 * r + 1] * scale;
       // One vector reduction for the pair, fire and forget. In deterministic mode the workgroup owns
       // the slot and this thread the element (same tile position in every unit), so the store and
       // adds to it are one thread's, which apply in program order: the sum is reproducible without
       // the load-add-store round trip.
-      if (store) {
+      if (to.store) {
         *reinterpret_cast<float2*>(row + col) = make_float2(x, y);
       } else {
         arch::reduce_add_2(row + col, x, y);
@@ -197,20 +247,21 @@ __device__ inline void accumulate_dq(const BackwardOperands& operands, float* sl
 // non-deterministic grid, its lines are rarely in L2 when the adds arrive, and an add to a missing
 // line waits for DRAM (ncu on an H200, S = 2k: L2 hit rate 28 %, against 91 % non-deterministic).
 template <typename Tile>
-__device__ inline void prefetch_dq_rows(const float* slot, int64_t row_elements, int i0, int sq, int hdim_q) {
+__device__ inline void prefetch_dq_rows(const float* slot, int64_t row_elements, int i0, int sq, int hdim_q,
+                                        int thread) {
   constexpr int kLinesPerRow = Tile::kDim * 4 / 128;  // 128-byte lines of a kDim-column fp32 row
-  const int x = arch::thread_index();
+  const int x = thread;  // of the consumers
   if (x >= Tile::kBlockM * kLinesPerRow) return;
   const int row = i0 + x / kLinesPerRow, column = (x % kLinesPerRow) * 32;
   if (row < sq && column < hdim_q) arch::prefetch_l2(slot + row * row_elements + column);
 }
 
-// The q-tile copies of one step: Q and dO rows (zero past the batch's rows) and their LSE and D.
-template <typename Tile, typename T>
+// The q-tile copies of one step by `threads` threads (`copy` is this thread's share): Q and dO rows (zero
+// past the batch's rows) and their LSE and D.
+template <typename Tile, typename T, typename Copy>
 __device__ inline void issue_q_tile(const fmha_bwd_params& p, const BackwardShared<Tile>& sh, int stage,
-                                    const TileCopy<Tile, Tile::kBlockM, typename Tile::QLayout>& copy,
-                                    const BatchRows& rows, int64_t batch,
-                                    const QTile& tile) {
+                                    const Copy& copy, const BatchRows& rows, int64_t batch, const QTile& tile,
+                                    int thread, int threads) {
   const int64_t row = rows.q_start + tile.i0;
   const int valid_rows = static_cast<int>(rows.sq - tile.i0);
   const T* q = reinterpret_cast<const T*>(p.q) + batch * p.q_batch_stride + tile.h * p.q_head_stride +
@@ -219,8 +270,7 @@ __device__ inline void issue_q_tile(const fmha_bwd_params& p, const BackwardShar
                  row * p.do_row_stride;
   copy.issue(sh.q(stage), q, p.q_row_stride, valid_rows, p.hdim_q);
   copy.issue(sh.d_o(stage), d_o, p.do_row_stride, valid_rows, p.hdim_v);
-  const int x = arch::thread_index();
-  if (x < 2 * Tile::kBlockM) {
+  for (int x = thread; x < 2 * Tile::kBlockM; x += threads) {
     const bool is_lse = x < Tile::kBlockM;
     const int r = is_lse ? x : x - Tile::kBlockM;
     const float* src = is_lse ? reinterpret_cast<const float*>(p.lse) + batch * p.lse_batch_stride +

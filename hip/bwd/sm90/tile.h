@@ -1,5 +1,7 @@
-// The backward's (dq_dk_dv) tile on Hopper (sm_90a): the workgroup's shape (two warpgroups of 64 keys,
-// q steps of kBlockM rows) and its shared-memory layout (K, V, dSᵀ, two stages of Q, dO, LSE and D).
+// The backward's (dq_dk_dv) tile on Hopper (sm_90a): the workgroup's shape (two consumer warpgroups of
+// 64 keys each, q steps of kBlockM rows, a producer warpgroup where warp-specialized) and its
+// shared-memory layout (K, V, two stages of Q, dO, LSE, D and dSᵀ, each consumer warp's dQ rows on their
+// way to the dq_acc slot, the pipeline's barriers).
 #pragma once
 
 #include "arch/nvidia/shared_tile.h"
@@ -9,8 +11,18 @@ namespace fmha {
 
 template <int kHeadDim, int kWarps_, int kBlockM_, bool kMasked_, bool kDeterministic_>
 struct BackwardTile {
-  static constexpr int kWarps = kWarps_;
-  static constexpr int kThreads = kWarps * arch::kWarpSize;
+  static constexpr int kWarps = kWarps_;  // of the consumers, which compute
+  static constexpr int kConsumerThreads = kWarps * arch::kWarpSize;
+  // Non-deterministic: warp-specialized (bwd/sm90/specialized_kernel.h), a producer warpgroup loading
+  // ahead of the consumers through mbarrier stages. Deterministic: every thread copies and computes
+  // (bwd/sm90/kernel.h): walking the persistent schedule, the consumers spill within the registers that
+  // a producer warpgroup leaves them.
+  static constexpr bool kSpecialized = !kDeterministic_;
+  static constexpr int kThreads = kConsumerThreads + (kSpecialized ? 128 : 0);
+  // setmaxnreg: the producer keeps what its copy loops need, the consumers take the rest of the CTA's pool
+  // (3 × 168 at launch).
+  static constexpr int kProducerRegisters = 40;
+  static constexpr int kConsumerRegisters = (3 * 168 - kProducerRegisters) / 2 / 8 * 8;
   static constexpr int kBlockN = 16 * kWarps;  // one warpgroup per 64 keys
   static constexpr int kBlockM = kBlockM_;
   static constexpr bool kMasked = kMasked_;
@@ -27,39 +39,66 @@ struct BackwardTile {
   using KVLayout = Swizzle128<kChunks, kBlockN>;
   using QLayout = Swizzle128<kChunks, kBlockM>;
   using DsLayout = Swizzle128<kMChunks, kBlockN>;  // dSᵀ: kBlockN key rows of kBlockM q columns
-  // Shared memory (bytes), from a 1024-byte boundary: K, V, dSᵀ, two stages of Q and dO, two stages
-  // of LSE and D.
+  // The producer warpgroup's copies (shared_tile.h's TileCopy shape), 4 chunks a loop trip: unrolled
+  // whole, its loops spill at 40 registers.
+  struct Loader {
+    static constexpr int kThreads = 128;
+    static constexpr int kChunks = kHeadDim / 8;
+    static constexpr int kUnroll = 4;
+  };
+  // Shared memory (bytes), from a 1024-byte boundary: K, V, two stages of dSᵀ, Q and dO, two stages of
+  // LSE and D, the consumer warps' dQ rows, the barriers.
   static constexpr int kKVBytes = kBlockN * kDim * 2;
   static constexpr int kQBytes = kBlockM * kDim * 2;
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kRowStatBytes = kBlockM * 4;
-  static constexpr int kSharedBytes = 2 * kKVBytes + 4 * kQBytes + kDsBytes + 4 * kRowStatBytes + kSwizzle128Slack;
+  // Sᵀ and dPᵀ issued together (a second fp32 score tile in registers), in the specialized kernel; the
+  // deterministic kernel spills with it and issues dPᵀ behind dV.
+  static constexpr bool kScoresTogether = kSpecialized;
+  // dQ leaves the specialized kernel by bulk reductions of whole rows at D = 128 (256-byte rows). At
+  // D = 64 (128-byte rows) they measured 9 % slower than element-wise reductions on an H200.
+  static constexpr bool kBulkDq = kSpecialized && kDqCols == 64;
+  // A warp's 16 rows of its warpgroup's dQ columns in fp32, each row one bulk copy to the slot: rows 32
+  // bytes longer than their data keep the warp's 8-byte stores free of bank conflicts and every row
+  // 16-byte aligned.
+  static constexpr int kDqRowBytes = kDqCols * 4 + 32;
+  static constexpr int kDqRowsBytes = kBulkDq ? 16 * kDqRowBytes : 0;
+  // mbarriers: K/V full and empty, two stages of Q (with dO, LSE, D) full and empty.
+  static constexpr int kBarrierBytes = 6 * 8;
+  static constexpr int kSharedBytes = 2 * kKVBytes + 4 * kQBytes + 2 * kDsBytes + 4 * kRowStatBytes +
+                                      kWarps * kDqRowsBytes + kBarrierBytes + kSwizzle128Slack;
+  static_assert(kSharedBytes <= 227 * 1024, "Hopper's shared memory per CTA");
 };
 
 // Shared-memory addresses (32-bit shared window) of one workgroup's buffers. Stages are selected by
 // arithmetic, not by indexing an array: a runtime index into an array would put it in local memory.
 template <typename Tile>
 struct BackwardShared {
-  uint32_t k, v, ds, q0, d_o0, lse0, d0;
-  const unsigned char* base;  // generic pointer to the same bytes, for the fp32 row statistics
-  uint32_t base_address;
+  uint32_t k, v, ds0, q0, d_o0, lse0, d0, dq0, barriers;
 
-  __device__ explicit BackwardShared(unsigned char* bytes) : base(bytes), base_address(arch::shared_address(bytes)) {
+  __device__ explicit BackwardShared(unsigned char* bytes) {
     k = swizzle128_base(bytes);
     v = k + Tile::kKVBytes;
-    ds = v + Tile::kKVBytes;
-    q0 = ds + Tile::kDsBytes;             // then the second stage of Q
+    ds0 = v + Tile::kKVBytes;             // two stages of dSᵀ
+    q0 = ds0 + 2 * Tile::kDsBytes;        // two stages of Q
     d_o0 = q0 + 2 * Tile::kQBytes;        // two stages of dO
     lse0 = d_o0 + 2 * Tile::kQBytes;      // two stages of LSE
     d0 = lse0 + 2 * Tile::kRowStatBytes;  // two stages of D
+    dq0 = d0 + 2 * Tile::kRowStatBytes;   // each consumer warp's dQ rows
+    barriers = dq0 + Tile::kWarps * Tile::kDqRowsBytes;
   }
+  __device__ uint32_t ds(int stage) const { return ds0 + stage * Tile::kDsBytes; }
   __device__ uint32_t q(int stage) const { return q0 + stage * Tile::kQBytes; }
   __device__ uint32_t d_o(int stage) const { return d_o0 + stage * Tile::kQBytes; }
   __device__ uint32_t lse(int stage) const { return lse0 + stage * Tile::kRowStatBytes; }
   __device__ uint32_t d(int stage) const { return d0 + stage * Tile::kRowStatBytes; }
-  __device__ const float* row_stats(uint32_t address) const {
-    return reinterpret_cast<const float*>(base + (address - base_address));
-  }
+  __device__ uint32_t dq_rows(int warp) const { return dq0 + warp * Tile::kDqRowsBytes; }
+  // K and V loaded (every producer thread's arrival) / released (every consumer thread's).
+  __device__ uint32_t full_kv() const { return barriers; }
+  __device__ uint32_t empty_kv() const { return barriers + 8; }
+  // Stage s of Q, dO, LSE and D loaded / released.
+  __device__ uint32_t full_q(int stage) const { return barriers + 16 + 8 * stage; }
+  __device__ uint32_t empty_q(int stage) const { return barriers + 32 + 8 * stage; }
 };
 
 }  // namespace fmha

@@ -1,0 +1,153 @@
+// Stage 2 of the backward on Hopper (sm_90a), non-deterministic: bwd/sm90/kernel.h's algorithm, warp
+// specialized. A producer warpgroup copies (cp.async, every thread a share) K and V once per unit and
+// each q tile's Q, dO, LSE and D into the next of two stages, ahead of the two consumer warpgroups,
+// which compute. The stages pass through mbarriers: a producer thread's arrival on a full barrier
+// completes once its copies have landed; every consumer thread arrives on the empty barrier of a stage
+// it no longer reads. The consumers meet once per step, at a named barrier, when every warp's dSᵀ is in
+// shared memory (dQ = dS·K needs all of the tile's keys); dSᵀ is double-buffered, so that a warpgroup
+// writes the next step's while the other's dQ product still reads this one. dQ rows leave through
+// shared memory by bulk reductions (D = 128) or element-wise ones, without waiting.
+#pragma once
+
+#include "arch/nvidia/bulk_copy.h"
+#include "arch/nvidia/pipeline.h"
+#include "arch/nvidia/shared_tile.h"
+#include "arch/nvidia/warpgroup.h"
+#include "arch/thread.h"
+#include "launch.h"
+#include "bwd/unit_walk.h"
+#include "common/kept_range.h"
+#include "bwd/sm90/epilogue.h"
+#include "bwd/sm90/mainloop.h"
+#include "bwd/sm90/tile.h"
+
+namespace fmha {
+
+// The named barrier of the consumer warpgroups: every warp's dSᵀ of a step is in shared memory.
+constexpr uint32_t kDsComplete = 1;
+
+// The producer's unit (`thread` of its 128): K and V once the consumers have released the last unit's,
+// then each q tile into the next stage once the consumers have released it. `ring` and `units` count
+// the stages and units loaded so far.
+template <typename Tile, typename T>
+__device__ inline void load_unit(const fmha_bwd_params& p, const WorkUnit& unit, const BackwardShared<Tile>& sh,
+                                 int thread, int& ring, int& units) {
+  using Loader = typename Tile::Loader;
+  constexpr int M = Tile::kBlockM, N = Tile::kBlockN;
+  const UnitQTiles<M, N, Tile::kMasked> walk(p, unit);
+  if (!walk.has_keys()) return;
+  const BatchRows& rows = walk.rows;
+  const int64_t batch = walk.batch, j0 = walk.j0, j1 = walk.j1, steps = walk.steps;
+  const int hk = unit.head;
+  const TileCopy<Loader, M, typename Tile::QLayout, Loader::kUnroll> q_copy;
+  const TileCopy<Loader, N, typename Tile::KVLayout, Loader::kUnroll> kv_copy;
+  const T* k = reinterpret_cast<const T*>(p.k) + batch * p.k_batch_stride + hk * p.k_head_stride +
+               (rows.k_start + j0) * p.k_row_stride;
+  const T* v = reinterpret_cast<const T*>(p.v) + batch * p.v_batch_stride + hk * p.v_head_stride +
+               (rows.k_start + j0) * p.v_row_stride;
+  arch::mbarrier_wait(sh.empty_kv(), (units & 1) ^ 1);  // the first unit's passes
+  ++units;
+  kv_copy.issue(sh.k, k, p.k_row_stride, static_cast<int>(j1 - j0), p.hdim_q);
+  kv_copy.issue(sh.v, v, p.v_row_stride, static_cast<int>(j1 - j0), p.hdim_v);
+  arch::copy_async_arrive(sh.full_kv());
+  QTile tile = walk.tile(0);
+  for (int64_t step = 0; step < steps; ++step, ++ring) {
+    const int stage = ring & 1;
+    arch::mbarrier_wait(sh.empty_q(stage), ((ring >> 1) & 1) ^ 1);  // the first lap passes
+    issue_q_tile<Tile, T>(p, sh, stage, q_copy, rows, batch, tile, thread, Loader::kThreads);
+    arch::copy_async_arrive(sh.full_q(stage));
+    tile = walk.next(tile);
+  }
+}
+
+// The consumers' unit (`thread` of their 256): `ring` and `units` count the stages and units consumed
+// so far.
+template <typename Tile, typename T>
+__device__ inline void consume_unit(const fmha_bwd_params& p, const WorkUnit& unit, const BackwardShared<Tile>& sh,
+                                    int thread, int& ring, int& units) {
+  constexpr int M = Tile::kBlockM, N = Tile::kBlockN, kDTiles = Tile::kDim / 8;
+  const UnitQTiles<M, N, Tile::kMasked> walk(p, unit);
+  if (!walk.has_keys()) return;
+  const DqAccBlock acc = dq_acc_block(p, unit.batch);
+  // The unit's slot: rows of group · hdim_q, a q tile's query head gh at column gh · hdim_q.
+  float* const unit_slot = dq_acc_region(p) + acc.index(unit.head, unit.split, 0, 0);
+  const int64_t slot_row_elements = acc.row_elements;
+  // dQ rows leave by bulk reductions when the head dim makes them 16-byte aligned.
+  const bool bulk_dq = Tile::kBulkDq && p.hdim_q % 4 == 0;
+  const BatchRows& rows = walk.rows;
+  const int64_t batch = walk.batch, j0 = walk.j0, steps = walk.steps;
+  const int lane = thread % arch::kWarpSize, warp = thread / arch::kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+
+  UnitState<Tile> st;
+#pragma unroll
+  for (int n = 0; n < kDTiles; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) st.dk[n][e] = st.dv[n][e] = 0.f;
+  }
+  const BackwardOperands operands = backward_operands(sh, warp / 4);
+  // The query rows each of this thread's two keys (g and g + 8 of the warp's 16) keeps, once per unit.
+  IndexRange kept_rows[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    kept_rows[r] = rows_of_key<Tile::kMasked>(walk.mask, j0 + warp * 16 + g + 8 * r, rows.sq, rows.sk);
+  }
+  arch::mbarrier_wait(sh.full_kv(), units & 1);
+  ++units;
+  QTile tile = walk.tile(0);
+  for (int64_t step = 0; step < steps; ++step, ++ring) {
+    const int stage = ring & 1;
+    arch::mbarrier_wait(sh.full_q(stage), (ring >> 1) & 1);
+    arch::fence_shared_for_async_proxy();  // the producer's copies, before the wgmmas read them
+    if (walk.edge(tile)) {
+      accumulate_dk_dv<Tile, T, true>(st, sh, stage, operands, p.scale_log2, kept_rows, tile.i0, warp, g, t);
+    } else {
+      accumulate_dk_dv<Tile, T, false>(st, sh, stage, operands, p.scale_log2, kept_rows, tile.i0, warp, g, t);
+    }
+    arch::mbarrier_arrive(sh.empty_q(stage));  // this stage's Q, dO, LSE and D are no longer read
+    // Every warp's dSᵀ of this step is in shared memory. The stage of dSᵀ a warpgroup writes next was
+    // last read by the other's dQ product two steps back, which it waited for before arriving here.
+    arch::named_barrier_sync(kDsComplete, Tile::kConsumerThreads);
+    const DqTarget to{unit_slot + (tile.h - walk.first_head) * p.hdim_q, slot_row_elements, rows.sq, p.hdim_q,
+                      false, bulk_dq};
+    accumulate_dq<Tile, T>(operands, sh, stage, to, tile.i0, p.scale, warp, lane);
+    tile = walk.next(tile);
+  }
+  arch::mbarrier_arrive(sh.empty_kv());  // the last dQ product has read K
+  store_dk_dv<Tile, T>(p, st, batch, unit.head, rows, j0, warp, g, t);
+}
+
+template <typename Tile, typename T>
+__global__ void __launch_bounds__(Tile::kThreads, 1) specialized_dq_dk_dv_kernel(fmha_bwd_params p) {
+  static_assert(Tile::kSpecialized && !Tile::kDeterministic, "one workgroup per unit, adds in any order");
+  extern __shared__ __align__(1024) unsigned char shared_bytes[];
+  if (!workspace_prepared(p)) return;
+  const BackwardShared<Tile> sh(shared_bytes);
+  const int thread = static_cast<int>(arch::thread_index());
+  if (thread == 0) {
+    // Full barriers complete on every producer thread's arrival, empty ones on every consumer thread's.
+    arch::mbarrier_init(sh.full_kv(), Tile::Loader::kThreads);
+    arch::mbarrier_init(sh.empty_kv(), Tile::kConsumerThreads);
+    for (int s = 0; s < 2; ++s) {
+      arch::mbarrier_init(sh.full_q(s), Tile::Loader::kThreads);
+      arch::mbarrier_init(sh.empty_q(s), Tile::kConsumerThreads);
+    }
+    arch::mbarrier_init_fence();
+  }
+  arch::block_barrier();
+  int ring = 0, units = 0;
+  if (arch::warpgroup_index() == 0) {
+    arch::release_registers<Tile::kProducerRegisters>();
+    for_each_unit<false>(p, Tile::kMasked,
+                         [&](const WorkUnit& unit) { load_unit<Tile, T>(p, unit, sh, thread, ring, units); });
+    arch::copy_async_wait<0>();  // (no thread leaves copies in flight)
+    return;
+  }
+  arch::claim_registers<Tile::kConsumerRegisters>();
+  for_each_unit<false>(p, Tile::kMasked, [&](const WorkUnit& unit) {
+    consume_unit<Tile, T>(p, unit, sh, thread - Tile::Loader::kThreads, ring, units);
+  });
+  arch::bulk_wait_written();  // (no dQ reduction reads shared memory after the workgroup exits)
+}
+
+}  // namespace fmha
