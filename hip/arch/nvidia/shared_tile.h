@@ -31,9 +31,9 @@ __device__ inline uint32_t swizzle128_base(const void* dynamic_shared) {
 // A thread's share of copying a [kRows][kChunks] tile global → shared (`Layout`: Swizzle128 or a layout
 // of the same 128-byte rows): chunks tid, tid + kThreads, ... which are the same (row, chunk) pairs for
 // every tile, so their offsets are computed once and a tile's copy is a few adds per chunk. `kUnroll`:
-// chunks issued per loop trip (all of them by default; fewer keep a thread with few registers, such as
-// a producer warpgroup's, from holding every address at once).
-template <typename Tile, int kRows, typename Layout, int kUnroll = 1024>
+// chunks issued per loop trip (0: all of them; fewer keep a thread with few registers, such as a
+// producer warpgroup's, from holding every address at once).
+template <typename Tile, int kRows, typename Layout, int kUnroll = 0>
 struct TileCopy {
   static constexpr int kPerThread = (kRows * Tile::kChunks + Tile::kThreads - 1) / Tile::kThreads;
   static constexpr int kRowStep = Tile::kThreads / Tile::kChunks;  // rows between a thread's chunks
@@ -66,14 +66,20 @@ struct TileCopy {
     const int column = chunk * (16 / static_cast<int>(sizeof(T)));
     const bool column_valid = column < cols;
     const T* src = global + row * row_stride + column;
-#pragma unroll kUnroll
-    for (int i = 0; i < kPerThread; ++i) {
+    const auto copy_chunk = [&](int i) {
       const int r = row + i * kRowStep;
       if (r < kRows) {
         const bool valid = column_valid && r < valid_rows;
         arch::copy_async_16(shared + shared_offset(i), valid ? src : global, valid);
       }
       src += kRowStep * row_stride;
+    };
+    if constexpr (kUnroll == 0 || kUnroll >= kPerThread) {
+#pragma unroll
+      for (int i = 0; i < kPerThread; ++i) copy_chunk(i);
+    } else {
+#pragma unroll kUnroll
+      for (int i = 0; i < kPerThread; ++i) copy_chunk(i);
     }
   }
 

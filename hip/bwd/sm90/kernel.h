@@ -63,7 +63,7 @@ __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, 
   kv_copy.issue(sh.k, k, p.k_row_stride, static_cast<int>(j1 - j0), p.hdim_q);
   kv_copy.issue(sh.v, v, p.v_row_stride, static_cast<int>(j1 - j0), p.hdim_v);
   QTile tile = walk.tile(0);
-  if (steps > 0) issue_q_tile<Tile, T>(p, sh, 0, q_copy, rows, batch, tile, thread, Tile::kThreads);
+  if (steps > 0) issue_q_tile<Tile, T, Tile::kThreads>(p, sh, 0, q_copy, rows, batch, tile, thread);
   arch::copy_async_commit();
 
   UnitState<Tile> st;
@@ -95,7 +95,7 @@ __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, 
     const int stage = static_cast<int>(step & 1);
     const QTile next = walk.next(tile);
     if (step + 1 < steps) {
-      issue_q_tile<Tile, T>(p, sh, stage ^ 1, q_copy, rows, batch, next, thread, Tile::kThreads);
+      issue_q_tile<Tile, T, Tile::kThreads>(p, sh, stage ^ 1, q_copy, rows, batch, next, thread);
       arch::copy_async_commit();
       prefetch_dq(next);
       arch::copy_async_wait<1>();

@@ -256,12 +256,12 @@ __device__ inline void prefetch_dq_rows(const float* slot, int64_t row_elements,
   if (row < sq && column < hdim_q) arch::prefetch_l2(slot + row * row_elements + column);
 }
 
-// The q-tile copies of one step by `threads` threads (`copy` is this thread's share): Q and dO rows (zero
+// The q-tile copies of one step by kThreads threads (`copy` is this thread's share): Q and dO rows (zero
 // past the batch's rows) and their LSE and D.
-template <typename Tile, typename T, typename Copy>
+template <typename Tile, typename T, int kThreads, typename Copy>
 __device__ inline void issue_q_tile(const fmha_bwd_params& p, const BackwardShared<Tile>& sh, int stage,
                                     const Copy& copy, const BatchRows& rows, int64_t batch, const QTile& tile,
-                                    int thread, int threads) {
+                                    int thread) {
   const int64_t row = rows.q_start + tile.i0;
   const int valid_rows = static_cast<int>(rows.sq - tile.i0);
   const T* q = reinterpret_cast<const T*>(p.q) + batch * p.q_batch_stride + tile.h * p.q_head_stride +
@@ -270,7 +270,7 @@ __device__ inline void issue_q_tile(const fmha_bwd_params& p, const BackwardShar
                  row * p.do_row_stride;
   copy.issue(sh.q(stage), q, p.q_row_stride, valid_rows, p.hdim_q);
   copy.issue(sh.d_o(stage), d_o, p.do_row_stride, valid_rows, p.hdim_v);
-  for (int x = thread; x < 2 * Tile::kBlockM; x += threads) {
+  const auto copy_row_stat = [&](int x) {  // LSE rows, then D rows
     const bool is_lse = x < Tile::kBlockM;
     const int r = is_lse ? x : x - Tile::kBlockM;
     const float* src = is_lse ? reinterpret_cast<const float*>(p.lse) + batch * p.lse_batch_stride +
@@ -279,6 +279,11 @@ __device__ inline void issue_q_tile(const fmha_bwd_params& p, const BackwardShar
                                     tile.h * p.d_head_stride + row;
     const bool valid = r < valid_rows;
     arch::copy_async_4((is_lse ? sh.lse(stage) : sh.d(stage)) + 4 * r, valid ? src + r : src, valid);
+  };
+  if constexpr (kThreads > 2 * Tile::kBlockM) {
+    if (thread < 2 * Tile::kBlockM) copy_row_stat(thread);
+  } else {
+    for (int x = thread; x < 2 * Tile::kBlockM; x += kThreads) copy_row_stat(x);
   }
 }
 

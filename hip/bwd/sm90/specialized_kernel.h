@@ -54,7 +54,7 @@ __device__ inline void load_unit(const fmha_bwd_params& p, const WorkUnit& unit,
   for (int64_t step = 0; step < steps; ++step, ++ring) {
     const int stage = ring & 1;
     arch::mbarrier_wait(sh.empty_q(stage), ((ring >> 1) & 1) ^ 1);  // the first lap passes
-    issue_q_tile<Tile, T>(p, sh, stage, q_copy, rows, batch, tile, thread, Loader::kThreads);
+    issue_q_tile<Tile, T, Loader::kThreads>(p, sh, stage, q_copy, rows, batch, tile, thread);
     arch::copy_async_arrive(sh.full_q(stage));
     tile = walk.next(tile);
   }
