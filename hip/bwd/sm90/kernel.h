@@ -37,7 +37,7 @@ namespace fmha {
 
 template <typename Tile, typename T>
 __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, unsigned char* shared_bytes) {
-  constexpr int M = Tile::kBlockM, N = Tile::kBlockN, kDTiles = Tile::kDim / 8;
+  constexpr int M = Tile::kBlockM, N = Tile::kBlockN;
   const UnitQTiles<M, N, Tile::kMasked> walk(p, unit);
   const DqAccBlock acc = dq_acc_block(p, unit.batch);
   // The unit's split slot: rows of group · hdim_q, a q tile's query head gh at column gh · hdim_q.
@@ -67,18 +67,8 @@ __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, 
   arch::copy_async_commit();
 
   UnitState<Tile> st;
-#pragma unroll
-  for (int n = 0; n < kDTiles; ++n) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) st.dk[n][e] = st.dv[n][e] = 0.f;
-  }
-  const BackwardOperands operands = backward_operands(sh, warp / 4);
-  // The query rows each of this thread's two keys (g and g + 8 of the warp's 16) keeps, once per unit.
   IndexRange kept_rows[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    kept_rows[r] = rows_of_key<Tile::kMasked>(walk.mask, j0 + warp * 16 + g + 8 * r, rows.sq, rows.sk);
-  }
+  const BackwardOperands operands = start_unit(st, kept_rows, sh, walk, j0, warp, g);
   auto slot_of = [&](const QTile& q) { return unit_slot + (q.h - walk.first_head) * p.hdim_q; };
   auto dq_target = [&](const QTile& q) {
     return DqTarget{slot_of(q), slot_row_elements, rows.sq, p.hdim_q, store_dq, false};

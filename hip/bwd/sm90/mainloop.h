@@ -50,6 +50,25 @@ __device__ inline BackwardOperands backward_operands(const BackwardShared<Tile>&
   return o;
 }
 
+// A unit's start in a consumer thread: dK and dV at zero, and the query rows each of the thread's two
+// keys (g and g + 8 of the warp's 16 from j0) keeps; returns its warpgroup's operands.
+template <typename Tile, typename Walk>
+__device__ inline BackwardOperands start_unit(UnitState<Tile>& st, IndexRange (&kept_rows)[2],
+                                              const BackwardShared<Tile>& sh, const Walk& walk, int64_t j0,
+                                              int warp, int g) {
+#pragma unroll
+  for (int n = 0; n < UnitState<Tile>::kDTiles; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) st.dk[n][e] = st.dv[n][e] = 0.f;
+  }
+  const BackwardOperands operands = backward_operands(sh, warp / 4);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    kept_rows[r] = rows_of_key<Tile::kMasked>(walk.mask, j0 + warp * 16 + g + 8 * r, walk.rows.sq, walk.rows.sk);
+  }
+  return operands;
+}
+
 // One q tile against the unit's K/V: dV, dK accumulate; dSᵀ goes to shared memory.
 template <typename Tile, typename T, bool kEdge>
 __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShared<Tile>& sh, int stage,

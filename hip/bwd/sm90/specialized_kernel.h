@@ -65,7 +65,7 @@ __device__ inline void load_unit(const fmha_bwd_params& p, const WorkUnit& unit,
 template <typename Tile, typename T>
 __device__ inline void consume_unit(const fmha_bwd_params& p, const WorkUnit& unit, const BackwardShared<Tile>& sh,
                                     int thread, int& ring, int& units) {
-  constexpr int M = Tile::kBlockM, N = Tile::kBlockN, kDTiles = Tile::kDim / 8;
+  constexpr int M = Tile::kBlockM, N = Tile::kBlockN;
   const UnitQTiles<M, N, Tile::kMasked> walk(p, unit);
   if (!walk.has_keys()) return;
   const DqAccBlock acc = dq_acc_block(p, unit.batch);
@@ -80,18 +80,8 @@ __device__ inline void consume_unit(const fmha_bwd_params& p, const WorkUnit& un
   const int g = lane / 4, t = lane % 4;
 
   UnitState<Tile> st;
-#pragma unroll
-  for (int n = 0; n < kDTiles; ++n) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) st.dk[n][e] = st.dv[n][e] = 0.f;
-  }
-  const BackwardOperands operands = backward_operands(sh, warp / 4);
-  // The query rows each of this thread's two keys (g and g + 8 of the warp's 16) keeps, once per unit.
   IndexRange kept_rows[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    kept_rows[r] = rows_of_key<Tile::kMasked>(walk.mask, j0 + warp * 16 + g + 8 * r, rows.sq, rows.sk);
-  }
+  const BackwardOperands operands = start_unit(st, kept_rows, sh, walk, j0, warp, g);
   arch::mbarrier_wait(sh.full_kv(), units & 1);
   ++units;
   QTile tile = walk.tile(0);
