@@ -37,6 +37,7 @@ template <typename Tile, int kRows, typename Layout, int kUnroll = 0>
 struct TileCopy {
   static constexpr int kPerThread = (kRows * Tile::kChunks + Tile::kThreads - 1) / Tile::kThreads;
   static constexpr int kRowStep = Tile::kThreads / Tile::kChunks;  // rows between a thread's chunks
+  static constexpr int kTripChunks = kUnroll == 0 ? kPerThread : kUnroll;
   static_assert(Tile::kThreads % Tile::kChunks == 0, "every thread copies one column of chunks");
   int row;                // first row of this thread
   int chunk;              // its 16-byte chunk of every row
@@ -66,20 +67,14 @@ struct TileCopy {
     const int column = chunk * (16 / static_cast<int>(sizeof(T)));
     const bool column_valid = column < cols;
     const T* src = global + row * row_stride + column;
-    const auto copy_chunk = [&](int i) {
+#pragma unroll kTripChunks
+    for (int i = 0; i < kPerThread; ++i) {
       const int r = row + i * kRowStep;
       if (r < kRows) {
         const bool valid = column_valid && r < valid_rows;
         arch::copy_async_16(shared + shared_offset(i), valid ? src : global, valid);
       }
       src += kRowStep * row_stride;
-    };
-    if constexpr (kUnroll == 0 || kUnroll >= kPerThread) {
-#pragma unroll
-      for (int i = 0; i < kPerThread; ++i) copy_chunk(i);
-    } else {
-#pragma unroll kUnroll
-      for (int i = 0; i < kPerThread; ++i) copy_chunk(i);
     }
   }
 

@@ -212,9 +212,9 @@ __device__ inline void accumulate_dq(const BackwardOperands& operands, const Bac
   arch::hold_registers(dq);
   const int col0 = col_group * Tile::kDqCols;
   if (Tile::kBulkDq && to.bulk) {
-    // The warp's 16 rows through shared memory, then one bulk copy per row from lanes 0-15: the adds
-    // run in L2 while the warp goes on to the next q tile (element-wise reductions from every thread
-    // stalled the consumers for a quarter of their time).
+    // The warp's 16 rows through shared memory, then one bulk reduction per row from lanes 0-15: the
+    // adds run in L2 while the warp goes on to the next q tile (ncu put a quarter of the consumers' warp
+    // samples on the element-wise reductions, each waiting on its own address registers).
     const uint32_t rows = sh.dq_rows(warp);
     arch::bulk_wait_read();  // the previous tile's copies have read these rows
     __syncwarp();

@@ -63,8 +63,8 @@ struct BackwardTile {
   // 16-byte aligned.
   static constexpr int kDqRowBytes = kDqCols * 4 + 32;
   static constexpr int kDqRowsBytes = kBulkDq ? 16 * kDqRowBytes : 0;
-  // mbarriers: K/V full and empty, two stages of Q (with dO, LSE, D) full and empty.
-  static constexpr int kBarrierBytes = 6 * 8;
+  // mbarriers (warp-specialized): K/V full and empty, two stages of Q (with dO, LSE, D) full and empty.
+  static constexpr int kBarrierBytes = kSpecialized ? 6 * 8 : 0;
   static constexpr int kSharedBytes = 2 * kKVBytes + 4 * kQBytes + 2 * kDsBytes + 4 * kRowStatBytes +
                                       kWarps * kDqRowsBytes + kBarrierBytes + kSwizzle128Slack;
   static_assert(kSharedBytes <= 227 * 1024, "Hopper's shared memory per CTA");
