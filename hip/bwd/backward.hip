@@ -29,6 +29,20 @@ inline dim3 row_tiles_grid(const fmha_bwd_params& p, int rows_per_block) {
 constexpr int kBackwardWarps = 8;
 constexpr int kBackwardBlockM = 64;
 
+// The non-deterministic dq_acc (every slot's rows in turn, each row the group's query heads' hdim_q
+// columns) as the specialized kernel's TMA reduction target: (column, query head of the group, row) boxes
+// of 32 columns by kDqBoxRows rows. False where TMA cannot describe it (the kernel then adds element-wise).
+template <typename Tile>
+bool encode_dq_acc_map(const fmha_bwd_params& p, CUtensorMap* map) {
+  const int64_t group = p.nhead_k > 0 ? p.nhead_q / p.nhead_k : 0, row_elements = group * p.hdim_q;
+  if (row_elements <= 0) return false;
+  const int64_t rows = p.dq_acc_elements / row_elements;
+  if (rows < 1 || rows > INT32_MAX) return false;  // (TMA coordinates are 32-bit)
+  const void* base = reinterpret_cast<const void*>(p.workspace + static_cast<uint64_t>(p.metadata_bytes));
+  return arch::encode_map(map, base, 4, p.hdim_q, {group, rows, 1}, {p.hdim_q, row_elements, 0},
+                          {1, Tile::kDqBoxRows, 1});
+}
+
 template <typename T, int kHeadDim, bool kMasked, bool kDeterministic>
 int32_t launch_dq_dk_dv(const fmha_bwd_params& p, hipStream_t stream) {
   using Tile = BackwardTile<kHeadDim, kBackwardWarps, kBackwardBlockM, kMasked, kDeterministic>;
@@ -46,7 +60,14 @@ int32_t launch_dq_dk_dv(const fmha_bwd_params& p, hipStream_t stream) {
   if (configured != cudaSuccess) return static_cast<int32_t>(configured);
   const UnitGrid grid = dq_dk_dv_grid(p, kDeterministic, Tile::kBlockN);
   if (grid.x == 0) return 0;
-  kernel<<<dim3(grid.x, grid.y, grid.z), Tile::kThreads, Tile::kSharedBytes, stream>>>(p);
+  const dim3 blocks(grid.x, grid.y, grid.z);
+  if constexpr (Tile::kSpecialized) {
+    CUtensorMap dq_map{};
+    const bool dq_boxes = encode_dq_acc_map<Tile>(p, &dq_map);
+    kernel<<<blocks, Tile::kThreads, Tile::kSharedBytes, stream>>>(p, dq_map, dq_boxes);
+  } else {
+    kernel<<<blocks, Tile::kThreads, Tile::kSharedBytes, stream>>>(p);
+  }
   return static_cast<int32_t>(cudaGetLastError());
 }
 

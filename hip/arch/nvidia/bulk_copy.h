@@ -1,20 +1,12 @@
-// Hopper (sm_90a) bulk reductions from shared to global memory without a tensor map: one thread adds a
-// contiguous run of fp32 (a multiple of 16 bytes, both ends 16-byte aligned) in L2 with one instruction,
-// while the warp goes on. The thread that issued them tracks its own in bulk groups: it commits them, and
-// waits for their reads of shared memory (before the source is written again) or for their writes.
+// Hopper (sm_90a) bulk groups: the thread that issued bulk copies or reductions from shared to global
+// memory (arch/nvidia/tensor_map.h's tma_reduce_add) tracks its own in groups: it commits them, and waits
+// for their reads of shared memory (before the source is written again) or for their writes.
 #pragma once
 
 #include "arch/platform.h"
 
 namespace fmha {
 namespace arch {
-
-// global[0 .. bytes) += shared[0 .. bytes), element-wise fp32 adds in L2.
-__device__ inline void bulk_reduce_add_f32(float* global, uint32_t shared, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(global),
-               "r"(shared), "r"(bytes)
-               : "memory");
-}
 
 __device__ inline void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 

@@ -5,7 +5,9 @@
 // whole 16-byte multiples) as 4-D with a box of 128 bytes of columns (64 16-bit ones, 128 8-bit ones) by
 // `box_rows` rows (or, packed, `group` heads by rows) in the 128-byte swizzle, which is exactly
 // Swizzle128's layout (arch/nvidia/shared_tile.h): a tile's rows are one box per 128-byte block of
-// columns. Elements outside the tensor land as zeros (and count toward the transaction bytes).
+// columns. Elements outside the tensor land as zeros (and count toward the transaction bytes). fp32 maps
+// (32 columns a box) serve reductions from shared memory into global, which skip the box's elements
+// outside the tensor.
 #pragma once
 
 #include <cuda.h>
@@ -32,7 +34,7 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encoder;
 }
 
-// Encodes `map` for a tensor of `element_bytes` (2 or 1) at `base` of 128-byte boxes of columns (the
+// Encodes `map` for a tensor of `element_bytes` (2 or 1; 4: fp32) at `base` of 128-byte boxes of columns (the
 // 128-byte swizzle) over the 3 outer dimensions `sizes` (innermost first) with element strides
 // `strides`, each box `box` of them. False where TMA cannot describe it (alignment, strides, sizes, no
 // encoder).
@@ -40,7 +42,7 @@ inline bool encode_map(CUtensorMap* map, const void* base, int element_bytes, in
                        const int64_t (&strides)[3], const uint32_t (&box)[3]) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr || base == nullptr || reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
-  if (element_bytes != 1 && element_bytes != 2) return false;
+  if (element_bytes != 1 && element_bytes != 2 && element_bytes != 4) return false;
   if (cols < 1 || cols > (int64_t{1} << 32)) return false;
   cuuint64_t dims[4] = {static_cast<cuuint64_t>(cols)};
   cuuint64_t byte_strides[3];
@@ -54,7 +56,9 @@ inline bool encode_map(CUtensorMap* map, const void* base, int element_bytes, in
   }
   const cuuint32_t boxes[4] = {static_cast<cuuint32_t>(128 / element_bytes), box[0], box[1], box[2]};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  const CUtensorMapDataType type = element_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_UINT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  const CUtensorMapDataType type = element_bytes == 4   ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                   : element_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_UINT16
+                                                        : CU_TENSOR_MAP_DATA_TYPE_UINT8;
   return encode(map, type, 4, const_cast<void*>(base), dims, byte_strides, boxes, element_strides,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
@@ -76,6 +80,17 @@ inline bool encode_packed_rows_map(CUtensorMap* map, const void* base, int eleme
                                    int64_t batch_stride, uint32_t group, uint32_t box_rows) {
   return encode_map(map, base, element_bytes, cols, {heads, rows, batch}, {head_stride, row_stride, batch_stride},
                     {group, box_rows, 1});
+}
+
+// global[box at (column, c1, c2) of `map`] += shared[the box, 1024-aligned, in the 128-byte swizzle]: fp32
+// adds in L2 (`map`'s outermost dimension is one), tracked in the issuing thread's bulk
+// groups (arch/nvidia/bulk_copy.h).
+__device__ inline void tma_reduce_add(const CUtensorMap& map, uint32_t shared, int column, int c1, int c2) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(&map)),
+      "r"(shared), "r"(column), "r"(c1), "r"(c2), "r"(0)
+      : "memory");
 }
 
 // Adds `bytes` to the transactions the current phase of `bar` waits for, and arrives once.

@@ -6,6 +6,7 @@
 #include "arch/nvidia/bulk_copy.h"
 #include "arch/nvidia/shared_tile.h"
 #include "arch/nvidia/tensor_core.h"
+#include "arch/nvidia/tensor_map.h"
 #include "arch/nvidia/warpgroup.h"
 #include "arch/thread.h"
 #include "launch.h"
@@ -181,14 +182,17 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
   arch::hold_registers(st.dk);
 }
 
-// Where dQ rows go: the unit's dq_acc slot, `store`d (the slot's first unit) or added; added by bulk
-// reductions of whole rows when `bulk` (non-deterministic, the head dim a multiple of 4: 16-byte rows),
-// else element by element.
+// Where dQ rows go: the unit's dq_acc slot, `store`d (the slot's first unit) or added element by element;
+// or, where `map` is set (the specialized kernel), added by TMA reductions of boxes of `map` (dq_acc as
+// columns × query heads of the group × rows): row i of the slot is map row `map_row` + i, its query head
+// `map_head`.
 struct DqTarget {
   float* slot;
   int64_t row_elements, sq;
   int hdim_q;
-  bool store, bulk;
+  bool store;
+  const CUtensorMap* map;
+  int map_head, map_row;
 };
 
 // dQ = scale · dS·K for the q tile (after the consumers' barrier: dSᵀ of every warp is in stage `stage`
@@ -211,29 +215,38 @@ __device__ inline void accumulate_dq(const BackwardOperands& operands, const Bac
   arch::warpgroup_wait<0>();
   arch::hold_registers(dq);
   const int col0 = col_group * Tile::kDqCols;
-  if (Tile::kBulkDq && to.bulk) {
-    // The warp's 16 rows through shared memory, then one bulk reduction per row from lanes 0-15: the
-    // adds run in L2 while the warp goes on to the next q tile (ncu put a quarter of the consumers' warp
-    // samples on the element-wise reductions, each waiting on its own address registers).
-    const uint32_t rows = sh.dq_rows(warp);
-    arch::bulk_wait_read();  // the previous tile's copies have read these rows
+  const int64_t warp_row = i0 + row_group * Tile::kDqBoxRows;
+  if (Tile::kSpecialized && to.map != nullptr) {
+    // The warp's rows through shared memory as boxes, which one lane adds to the slot while the warp goes
+    // on to the next q tile (element-wise reductions each waited on their own address registers). Rows
+    // past the sequence's add zeros (a box reaches into the next sequence's or head's rows, or past
+    // dq_acc, where TMA skips them): selected, not scaled, so that no NaN of this sequence's K leaks.
+    const uint32_t boxes = sh.dq_rows(warp);
+    arch::bulk_wait_read();  // the previous tile's reductions have read the boxes
     __syncwarp();
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
+      const int row = g + 8 * r;
+      const bool in_sequence = warp_row + row < to.sq;
 #pragma unroll
       for (int n = 0; n < kColTiles; ++n) {
-        arch::shared_store_8(rows + (g + 8 * r) * Tile::kDqRowBytes + (n * 8 + 2 * t) * 4, dq[n][2 * r] * scale,
-                             dq[n][2 * r + 1] * scale);
+        // Columns 8n + 2t, + 1: box n / 4, 16-byte chunk 2 (n % 4) + t / 2 of the row, swizzled by row % 8.
+        const int chunk = (2 * (n % 4) + t / 2) ^ g;
+        arch::shared_store_8(boxes + (n / 4) * Tile::kDqBoxBytes + row * 128 + chunk * 16 + (t % 2) * 8,
+                             in_sequence ? dq[n][2 * r] * scale : 0.f, in_sequence ? dq[n][2 * r + 1] * scale : 0.f);
       }
     }
     arch::fence_shared_for_async_proxy();
     __syncwarp();
-    const int64_t i = i0 + row_group * 16 + lane;
-    const int cols = min(Tile::kDqCols, to.hdim_q - col0);
-    if (lane < 16 && i < to.sq && cols > 0) {
-      float* row = to.slot + i * to.row_elements + col0;
-      const uint32_t from = rows + lane * Tile::kDqRowBytes, bytes = static_cast<uint32_t>(cols) * 4;
-      arch::bulk_reduce_add_f32(row, from, bytes);
+    if (lane == 0) {
+#pragma unroll
+      for (int box = 0; box < Tile::kDqCols / 32; ++box) {
+        const int column = col0 + box * 32;
+        if (column < to.hdim_q) {
+          arch::tma_reduce_add(*to.map, boxes + box * Tile::kDqBoxBytes, column, to.map_head,
+                               to.map_row + static_cast<int>(warp_row));
+        }
+      }
       arch::bulk_commit();
     }
     return;

@@ -6,7 +6,8 @@
 // it no longer reads. The consumers meet once per step, at a named barrier, when every warp's dSᵀ is in
 // shared memory (dQ = dS·K needs all of the tile's keys); dSᵀ is double-buffered, so that a warpgroup
 // writes the next step's while the other's dQ product still reads this one. dQ rows leave through
-// shared memory by bulk reductions (D = 128) or element-wise ones, without waiting.
+// shared memory by TMA reductions (`dq_map`, where the launcher could encode it) or element-wise ones,
+// without waiting.
 #pragma once
 
 #include "arch/nvidia/bulk_copy.h"
@@ -63,8 +64,8 @@ __device__ inline void load_unit(const fmha_bwd_params& p, const WorkUnit& unit,
 // The consumers' unit (`thread` of their 256): `ring` and `units` count the stages and units consumed
 // so far.
 template <typename Tile, typename T>
-__device__ inline void consume_unit(const fmha_bwd_params& p, const WorkUnit& unit, const BackwardShared<Tile>& sh,
-                                    int thread, int& ring, int& units) {
+__device__ inline void consume_unit(const fmha_bwd_params& p, const CUtensorMap* dq_map, const WorkUnit& unit,
+                                    const BackwardShared<Tile>& sh, int thread, int& ring, int& units) {
   constexpr int M = Tile::kBlockM, N = Tile::kBlockN;
   const UnitQTiles<M, N, Tile::kMasked> walk(p, unit);
   if (!walk.has_keys()) return;
@@ -72,8 +73,8 @@ __device__ inline void consume_unit(const fmha_bwd_params& p, const WorkUnit& un
   // The unit's slot: rows of group · hdim_q, a q tile's query head gh at column gh · hdim_q.
   float* const unit_slot = dq_acc_region(p) + acc.index(unit.head, unit.split, 0, 0);
   const int64_t slot_row_elements = acc.row_elements;
-  // dQ rows leave by bulk reductions when the head dim makes them 16-byte aligned.
-  const bool bulk_dq = Tile::kBulkDq && p.hdim_q % 4 == 0;
+  // The slot's first row in dq_map (whose rows are every slot's rows in turn).
+  const int map_row = static_cast<int>((unit_slot - dq_acc_region(p)) / slot_row_elements);
   const BatchRows& rows = walk.rows;
   const int64_t batch = walk.batch, j0 = walk.j0, steps = walk.steps;
   const int lane = thread % arch::kWarpSize, warp = thread / arch::kWarpSize;
@@ -98,8 +99,9 @@ __device__ inline void consume_unit(const fmha_bwd_params& p, const WorkUnit& un
     // Every warp's dSᵀ of this step is in shared memory. The stage of dSᵀ a warpgroup writes next was
     // last read by the other's dQ product two steps back, which it waited for before arriving here.
     arch::named_barrier_sync(kDsComplete, Tile::kConsumerThreads);
-    const DqTarget to{unit_slot + (tile.h - walk.first_head) * p.hdim_q, slot_row_elements, rows.sq, p.hdim_q,
-                      false, bulk_dq};
+    const int head = tile.h - walk.first_head;
+    const DqTarget to{unit_slot + head * p.hdim_q, slot_row_elements, rows.sq, p.hdim_q, false, dq_map, head,
+                      map_row};
     accumulate_dq<Tile, T>(operands, sh, stage, to, tile.i0, p.scale, warp, lane);
     tile = walk.next(tile);
   }
@@ -108,7 +110,8 @@ __device__ inline void consume_unit(const fmha_bwd_params& p, const WorkUnit& un
 }
 
 template <typename Tile, typename T>
-__global__ void __launch_bounds__(Tile::kThreads, 1) specialized_dq_dk_dv_kernel(fmha_bwd_params p) {
+__global__ void __launch_bounds__(Tile::kThreads, 1)
+    specialized_dq_dk_dv_kernel(fmha_bwd_params p, const __grid_constant__ CUtensorMap dq_map, bool dq_boxes) {
   static_assert(Tile::kSpecialized && !Tile::kDeterministic, "one workgroup per unit, adds in any order");
   extern __shared__ __align__(1024) unsigned char shared_bytes[];
   if (!workspace_prepared(p)) return;
@@ -135,7 +138,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) specialized_dq_dk_dv_kernel
   }
   arch::claim_registers<Tile::kConsumerRegisters>();
   for_each_unit<false>(p, Tile::kMasked, [&](const WorkUnit& unit) {
-    consume_unit<Tile, T>(p, unit, sh, thread - Tile::Loader::kThreads, ring, units);
+    consume_unit<Tile, T>(p, dq_boxes ? &dq_map : nullptr, unit, sh, thread - Tile::Loader::kThreads, ring, units);
   });
   arch::bulk_wait_written();  // (no dQ reduction reads shared memory after the workgroup exits)
 }

@@ -55,19 +55,19 @@ struct BackwardTile {
   // Sᵀ and dPᵀ issued together (a second fp32 score tile in registers), in the specialized kernel; the
   // deterministic kernel spills with it and issues dPᵀ behind dV.
   static constexpr bool kScoresTogether = kSpecialized;
-  // dQ leaves the specialized kernel by bulk reductions of whole rows at D = 128 (256-byte rows). At
-  // D = 64 (128-byte rows) they measured 9 % slower than element-wise reductions on an H200.
-  static constexpr bool kBulkDq = kSpecialized && kDqCols == 64;
-  // A warp's 16 rows of its warpgroup's dQ columns in fp32, each row one bulk copy to the slot: rows 32
-  // bytes longer than their data keep the warp's 8-byte stores free of bank conflicts and every row
-  // 16-byte aligned.
-  static constexpr int kDqRowBytes = kDqCols * 4 + 32;
-  static constexpr int kDqRowsBytes = kBulkDq ? 16 * kDqRowBytes : 0;
+  // dQ leaves the specialized kernel through shared memory: each consumer warp's 16 rows of its
+  // warpgroup's kDqCols columns in fp32, as boxes of 32 columns (128 bytes, the 128-byte swizzle) that
+  // one lane adds to the dq_acc slot by TMA reductions.
+  static constexpr int kDqBoxRows = 16;
+  static constexpr int kDqBoxBytes = kDqBoxRows * 128;
+  static constexpr int kDqRowsBytes = kSpecialized ? kDqCols / 32 * kDqBoxBytes : 0;
   // mbarriers (warp-specialized): K/V full and empty, two stages of Q (with dO, LSE, D) full and empty.
   static constexpr int kBarrierBytes = kSpecialized ? 6 * 8 : 0;
   static constexpr int kSharedBytes = 2 * kKVBytes + 4 * kQBytes + 2 * kDsBytes + 4 * kRowStatBytes +
                                       kWarps * kDqRowsBytes + kBarrierBytes + kSwizzle128Slack;
   static_assert(kSharedBytes <= 227 * 1024, "Hopper's shared memory per CTA");
+  static_assert((2 * kKVBytes + 2 * kDsBytes + 4 * kQBytes + 4 * kRowStatBytes) % 1024 == 0,
+                "the dQ boxes start 1024-aligned (the 128-byte swizzle)");
 };
 
 // Shared-memory addresses (32-bit shared window) of one workgroup's buffers. Stages are selected by
