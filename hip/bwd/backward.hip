@@ -29,18 +29,22 @@ inline dim3 row_tiles_grid(const fmha_bwd_params& p, int rows_per_block) {
 constexpr int kBackwardWarps = 8;
 constexpr int kBackwardBlockM = 64;
 
-// The non-deterministic dq_acc (every slot's rows in turn, each row the group's query heads' hdim_q
-// columns) as the specialized kernel's TMA reduction target: (column, query head of the group, row) boxes
-// of 32 columns by kDqBoxRows rows. False where TMA cannot describe it (the kernel then adds element-wise).
+// The non-deterministic dq_acc as the specialized kernel's TMA reduction target (bwd/sm90/mainloop.h's
+// DqTarget): (column, query head of the group, row, slot) boxes of 32 columns by kDqBoxRows rows. Batch
+// mode's slots are seqlen_q rows each (one per batch and kv head), so that TMA skips rows past a
+// sequence; group mode's map is one slot of every sequence's rows. False where TMA cannot describe it:
+// the kernel then adds element by element.
 template <typename Tile>
 bool encode_dq_acc_map(const fmha_bwd_params& p, CUtensorMap* map) {
   const int64_t group = p.nhead_k > 0 ? p.nhead_q / p.nhead_k : 0, row_elements = group * p.hdim_q;
   if (row_elements <= 0) return false;
-  const int64_t rows = p.dq_acc_elements / row_elements;
-  if (rows < 1 || rows > INT32_MAX) return false;  // (TMA coordinates are 32-bit)
+  const int64_t rows = p.dq_acc_elements / row_elements, slot_rows = p.group_mode ? rows : p.seqlen_q;
+  if (slot_rows < 1 || rows % slot_rows != 0) return false;
+  const int64_t slots = rows / slot_rows;
+  if (slot_rows > INT32_MAX || slots > INT32_MAX) return false;  // (TMA coordinates are 32-bit)
   const void* base = reinterpret_cast<const void*>(p.workspace + static_cast<uint64_t>(p.metadata_bytes));
-  return arch::encode_map(map, base, 4, p.hdim_q, {group, rows, 1}, {p.hdim_q, row_elements, 0},
-                          {1, Tile::kDqBoxRows, 1});
+  return arch::encode_map(map, base, 4, p.hdim_q, {group, slot_rows, slots},
+                          {p.hdim_q, row_elements, slot_rows * row_elements}, {1, Tile::kDqBoxRows, 1});
 }
 
 template <typename T, int kHeadDim, bool kMasked, bool kDeterministic>

@@ -82,14 +82,13 @@ inline bool encode_packed_rows_map(CUtensorMap* map, const void* base, int eleme
                     {group, box_rows, 1});
 }
 
-// global[box at (column, c1, c2) of `map`] += shared[the box, 1024-aligned, in the 128-byte swizzle]: fp32
-// adds in L2 (`map`'s outermost dimension is one), tracked in the issuing thread's bulk
-// groups (arch/nvidia/bulk_copy.h).
-__device__ inline void tma_reduce_add(const CUtensorMap& map, uint32_t shared, int column, int c1, int c2) {
+// global[box at (column, c1, c2, c3) of `map`] += shared[the box, 1024-aligned, in the 128-byte swizzle]:
+// fp32 adds in L2, tracked in the issuing thread's bulk groups (arch/nvidia/bulk_copy.h).
+__device__ inline void tma_reduce_add(const CUtensorMap& map, uint32_t shared, int column, int c1, int c2, int c3) {
   asm volatile(
       "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
           reinterpret_cast<uint64_t>(&map)),
-      "r"(shared), "r"(column), "r"(c1), "r"(c2), "r"(0)
+      "r"(shared), "r"(column), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
 

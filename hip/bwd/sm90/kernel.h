@@ -71,7 +71,7 @@ __device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, 
   const BackwardOperands operands = start_unit(st, kept_rows, sh, walk, j0, warp, g);
   auto slot_of = [&](const QTile& q) { return unit_slot + (q.h - walk.first_head) * p.hdim_q; };
   auto dq_target = [&](const QTile& q) {
-    return DqTarget{slot_of(q), slot_row_elements, rows.sq, p.hdim_q, store_dq, nullptr, 0, 0};
+    return DqTarget{slot_of(q), slot_row_elements, rows.sq, p.hdim_q, store_dq, nullptr, 0, 0, 0};
   };
   auto prefetch_dq = [&](const QTile& q) {
     // The first unit overwrites whole sectors: nothing to fetch.

@@ -184,16 +184,27 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
 
 // Where dQ rows go: the unit's dq_acc slot, `store`d (the slot's first unit) or added element by element;
 // or, where `map` is set (the specialized kernel), added by TMA reductions of boxes of `map` (dq_acc as
-// columns × query heads of the group × rows): row i of the slot is map row `map_row` + i, its query head
-// `map_head`.
+// columns × query heads of the group × rows × slots: row i of the unit's slot is row `map_row` + i of slot
+// `map_slot`, its query head `map_head`).
 struct DqTarget {
   float* slot;
   int64_t row_elements, sq;
   int hdim_q;
   bool store;
   const CUtensorMap* map;
-  int map_head, map_row;
+  int map_head, map_row, map_slot;
 };
+
+// The unit's slot (`unit_slot`, rows of `row_elements`) in dq_map's coordinates (bwd/backward.hip's
+// encode_dq_acc_map): batch mode's slots are seqlen_q rows each; group mode's map is one slot of all rows.
+struct DqMapPlace {
+  int row, slot;
+};
+__device__ inline DqMapPlace dq_map_place(const fmha_bwd_params& p, const float* unit_slot, int64_t row_elements) {
+  const int64_t rows = (unit_slot - dq_acc_region(p)) / row_elements;
+  if (p.group_mode) return {static_cast<int>(rows), 0};
+  return {static_cast<int>(rows % p.seqlen_q), static_cast<int>(rows / p.seqlen_q)};
+}
 
 // dQ = scale · dS·K for the q tile (after the consumers' barrier: dSᵀ of every warp is in stage `stage`
 // of shared memory), into the unit's dq_acc slot: warpgroup w the columns [w · kDqCols, (w + 1) · kDqCols).
@@ -219,8 +230,8 @@ __device__ inline void accumulate_dq(const BackwardOperands& operands, const Bac
   if (Tile::kSpecialized && to.map != nullptr) {
     // The warp's rows through shared memory as boxes, which one lane adds to the slot while the warp goes
     // on to the next q tile (element-wise reductions each waited on their own address registers). Rows
-    // past the sequence's add zeros (a box reaches into the next sequence's or head's rows, or past
-    // dq_acc, where TMA skips them): selected, not scaled, so that no NaN of this sequence's K leaks.
+    // past the sequence are zeros (in group mode a box reaches into the next sequence's or head's rows;
+    // TMA skips those past the map): selected, not scaled, so that no NaN of this sequence's K leaks.
     const uint32_t boxes = sh.dq_rows(warp);
     arch::bulk_wait_read();  // the previous tile's reductions have read the boxes
     __syncwarp();
@@ -244,7 +255,7 @@ __device__ inline void accumulate_dq(const BackwardOperands& operands, const Bac
         const int column = col0 + box * 32;
         if (column < to.hdim_q) {
           arch::tma_reduce_add(*to.map, boxes + box * Tile::kDqBoxBytes, column, to.map_head,
-                               to.map_row + static_cast<int>(warp_row));
+                               to.map_row + static_cast<int>(warp_row), to.map_slot);
         }
       }
       arch::bulk_commit();

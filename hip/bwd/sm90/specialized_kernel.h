@@ -73,8 +73,7 @@ __device__ inline void consume_unit(const fmha_bwd_params& p, const CUtensorMap*
   // The unit's slot: rows of group · hdim_q, a q tile's query head gh at column gh · hdim_q.
   float* const unit_slot = dq_acc_region(p) + acc.index(unit.head, unit.split, 0, 0);
   const int64_t slot_row_elements = acc.row_elements;
-  // The slot's first row in dq_map (whose rows are every slot's rows in turn).
-  const int map_row = static_cast<int>((unit_slot - dq_acc_region(p)) / slot_row_elements);
+  const DqMapPlace place = dq_map_place(p, unit_slot, slot_row_elements);
   const BatchRows& rows = walk.rows;
   const int64_t batch = walk.batch, j0 = walk.j0, steps = walk.steps;
   const int lane = thread % arch::kWarpSize, warp = thread / arch::kWarpSize;
@@ -101,7 +100,7 @@ __device__ inline void consume_unit(const fmha_bwd_params& p, const CUtensorMap*
     arch::named_barrier_sync(kDsComplete, Tile::kConsumerThreads);
     const int head = tile.h - walk.first_head;
     const DqTarget to{unit_slot + head * p.hdim_q, slot_row_elements, rows.sq, p.hdim_q, false, dq_map, head,
-                      map_row};
+                      place.row, place.slot};
     accumulate_dq<Tile, T>(operands, sh, stage, to, tile.i0, p.scale, warp, lane);
     tile = walk.next(tile);
   }

@@ -57,7 +57,8 @@ struct BackwardTile {
   static constexpr bool kScoresTogether = kSpecialized;
   // dQ leaves the specialized kernel through shared memory: each consumer warp's 16 rows of its
   // warpgroup's kDqCols columns in fp32, as boxes of 32 columns (128 bytes, the 128-byte swizzle) that
-  // one lane adds to the dq_acc slot by TMA reductions.
+  // one lane adds to the dq_acc slot by TMA reductions. (The deterministic kernel, at 255 registers,
+  // spills with them at D = 128: it adds element-wise.)
   static constexpr int kDqBoxRows = 16;
   static constexpr int kDqBoxBytes = kDqBoxRows * 128;
   static constexpr int kDqRowsBytes = kSpecialized ? kDqCols / 32 * kDqBoxBytes : 0;
