@@ -3,10 +3,12 @@
 
 bench/attention.py runs this as a subprocess (XLA keeps its own stream and memory pool, so it stays out of
 the PyTorch process): the shapes come as JSON on stdin, a list of {"name", "b", "s", "h", "d", "causal"}
-(batch mode, [b, s, h, d] bf16 or fp16, Sq = Sk); the result goes to stdout as JSON, one entry per name:
-{"ms": median milliseconds of the jitted vjp (the backward alone), "rel_diff": max |FA3 - reference| /
-max |reference| over dQ, dK, dV} or {"unsupported"/"error": why}. The reference is JAX's own
-dot_product_attention (cuDNN's fused kernel, else XLA's) on the same inputs.
+(batch mode, [b, s, h, d] bf16 or fp16, Sq = Sk), with optional "hk" (KV heads, GQA) and "lengths" (varlen:
+the sequences' lengths, packed [sum, h, d] through flash_mha_varlen; b and s are then ignored); the result
+goes to stdout as JSON, one entry per name: {"ms": median milliseconds of the jitted vjp (the backward
+alone), "rel_diff": max |FA3 - reference| / max |reference| over dQ, dK, dV} or {"unsupported"/"error":
+why}. The reference is JAX's own dot_product_attention (cuDNN's fused kernel, else XLA's) on the same
+inputs, sequence by sequence for varlen.
 
 Timing: XLA dispatches asynchronously, so each timed sample queues `--calls` backward calls and waits
 once (block_until_ready): the host's dispatch overlaps the device work, as PyTorch's event timing of a
@@ -38,7 +40,7 @@ def main():
     try:
         import jax
         import jax.numpy as jnp
-        from flash_attn3_jax import flash_mha
+        from flash_attn3_jax import flash_mha, flash_mha_varlen
     except ImportError as e:
         json.dump({sh["name"]: {"unsupported": f"flash-attn3-jax is not installed ({e})"} for sh in shapes}, sys.stdout)
         return
@@ -50,27 +52,47 @@ def main():
             out[name] = {"unsupported": "flash-attn3-jax's backward is built for head dim 128 only"}
             continue
         try:
-            out[name] = measure(jax, jnp, flash_mha, sh, dtype, args)
+            out[name] = measure(jax, jnp, (flash_mha, flash_mha_varlen), sh, dtype, args)
         except Exception as e:  # noqa: BLE001 - one failing shape must not end the run
             out[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
         jax.clear_caches()
     json.dump(out, sys.stdout)
 
 
-def measure(jax, jnp, flash_mha, sh, dtype, args):
-    b, s, h, d, causal = sh["b"], sh["s"], sh["h"], sh["d"], sh["causal"]
+def measure(jax, jnp, kernels, sh, dtype, args):
+    flash_mha, flash_mha_varlen = kernels
+    h, d, causal = sh["h"], sh["d"], sh["causal"]
+    hk, lengths = sh.get("hk", h), sh.get("lengths")
     keys = jax.random.split(jax.random.PRNGKey(1234), 4)
-    q, k, v, g = (jax.random.normal(key, (b, s, h, d), dtype=jnp.float32).astype(dtype) for key in keys)
+    rows = (sum(lengths),) if lengths else (sh["b"], sh["s"])
+    q, g = (jax.random.normal(key, (*rows, h, d), dtype=jnp.float32).astype(dtype) for key in keys[::3])
+    k, v = (jax.random.normal(key, (*rows, hk, d), dtype=jnp.float32).astype(dtype) for key in keys[1:3])
     scale = d**-0.5
 
-    def fa3(q, k, v):
-        return flash_mha(q, k, v, softmax_scale=scale, is_causal=causal)
-
-    def reference(q, k, v):
+    def attention(q, k, v):
         try:
             return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal, implementation="cudnn")
         except Exception:  # noqa: BLE001 - no cuDNN path for this shape: XLA's
             return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal)
+
+    if lengths:
+        starts = [sum(lengths[:i]) for i in range(len(lengths) + 1)]
+        cu = jnp.array(starts, dtype=jnp.int32)
+
+        def fa3(q, k, v):
+            return flash_mha_varlen(q, k, v, cu, cu, max_seqlen_q=max(lengths), max_seqlen_k=max(lengths),
+                                    softmax_scale=scale, is_causal=causal)
+
+        def reference(q, k, v):
+            # each sequence alone ([1, len, h, d]), packed back
+            return jnp.concatenate([attention(*(x[None, a:e] for x in (q, k, v)))[0]
+                                    for a, e in zip(starts, starts[1:])])
+    else:
+
+        def fa3(q, k, v):
+            return flash_mha(q, k, v, softmax_scale=scale, is_causal=causal)
+
+        reference = attention
 
     _, vjp_fn = jax.vjp(fa3, q, k, v)
     backward = jax.jit(vjp_fn)
