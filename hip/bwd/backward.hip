@@ -66,9 +66,17 @@ int32_t launch_dq_dk_dv(const fmha_bwd_params& p, hipStream_t stream) {
   if (grid.x == 0) return 0;
   const dim3 blocks(grid.x, grid.y, grid.z);
   if constexpr (Tile::kSpecialized) {
-    CUtensorMap dq_map{};
-    const bool dq_boxes = encode_dq_acc_map<Tile>(p, &dq_map);
-    kernel<<<blocks, Tile::kThreads, Tile::kSharedBytes, stream>>>(p, dq_map, dq_boxes);
+    BackwardMaps maps{};
+    maps.dq_boxes = encode_dq_acc_map<Tile>(p, &maps.dq);
+    // Q and dO as boxes of kBlockM rows (column blocks of 128 bytes), as the forward's query map.
+    const int64_t batches = p.group_mode ? 1 : p.batch;
+    maps.tiles = arch::encode_rows_map(&maps.q, reinterpret_cast<const void*>(p.q), sizeof(T), p.hdim_q, p.seqlen_q,
+                                       p.nhead_q, batches, p.q_row_stride, p.q_head_stride, p.q_batch_stride,
+                                       Tile::kBlockM) &&
+                 arch::encode_rows_map(&maps.d_o, reinterpret_cast<const void*>(p.d_o), sizeof(T), p.hdim_v,
+                                       p.seqlen_q, p.nhead_q, batches, p.do_row_stride, p.do_head_stride,
+                                       p.do_batch_stride, Tile::kBlockM);
+    kernel<<<blocks, Tile::kThreads, Tile::kSharedBytes, stream>>>(p, maps);
   } else {
     kernel<<<blocks, Tile::kThreads, Tile::kSharedBytes, stream>>>(p);
   }

@@ -92,6 +92,11 @@ __device__ inline void tma_reduce_add(const CUtensorMap& map, uint32_t shared, i
       : "memory");
 }
 
+// Adds `bytes` to the transactions the current phase of `bar` waits for, without arriving.
+__device__ inline void mbarrier_expect_bytes(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
 // Adds `bytes` to the transactions the current phase of `bar` waits for, and arrives once.
 __device__ inline void mbarrier_arrive_expect_bytes(uint32_t bar, uint32_t bytes) {
   asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(bar),

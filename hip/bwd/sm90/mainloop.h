@@ -299,20 +299,12 @@ __device__ inline void prefetch_dq_rows(const float* slot, int64_t row_elements,
   if (row < sq && column < hdim_q) arch::prefetch_l2(slot + row * row_elements + column);
 }
 
-// The q-tile copies of one step by kThreads threads (`copy` is this thread's share): Q and dO rows (zero
-// past the batch's rows) and their LSE and D.
-template <typename Tile, typename T, int kThreads, typename Copy>
-__device__ inline void issue_q_tile(const fmha_bwd_params& p, const BackwardShared<Tile>& sh, int stage,
-                                    const Copy& copy, const BatchRows& rows, int64_t batch, const QTile& tile,
-                                    int thread) {
+// A step's LSE and D rows of the q tile by kThreads threads (`thread` of them), zeros past the batch's rows.
+template <typename Tile, int kThreads>
+__device__ inline void issue_row_stats(const fmha_bwd_params& p, const BackwardShared<Tile>& sh, int stage,
+                                       const BatchRows& rows, int64_t batch, const QTile& tile, int thread) {
   const int64_t row = rows.q_start + tile.i0;
   const int valid_rows = static_cast<int>(rows.sq - tile.i0);
-  const T* q = reinterpret_cast<const T*>(p.q) + batch * p.q_batch_stride + tile.h * p.q_head_stride +
-               row * p.q_row_stride;
-  const T* d_o = reinterpret_cast<const T*>(p.d_o) + batch * p.do_batch_stride + tile.h * p.do_head_stride +
-                 row * p.do_row_stride;
-  copy.issue(sh.q(stage), q, p.q_row_stride, valid_rows, p.hdim_q);
-  copy.issue(sh.d_o(stage), d_o, p.do_row_stride, valid_rows, p.hdim_v);
   const auto copy_row_stat = [&](int x) {  // LSE rows, then D rows
     const bool is_lse = x < Tile::kBlockM;
     const int r = is_lse ? x : x - Tile::kBlockM;
@@ -328,6 +320,23 @@ __device__ inline void issue_q_tile(const fmha_bwd_params& p, const BackwardShar
   } else {
     for (int x = thread; x < 2 * Tile::kBlockM; x += kThreads) copy_row_stat(x);
   }
+}
+
+// The q-tile copies of one step by kThreads threads (`copy` is this thread's share): Q and dO rows (zero
+// past the batch's rows) and their LSE and D.
+template <typename Tile, typename T, int kThreads, typename Copy>
+__device__ inline void issue_q_tile(const fmha_bwd_params& p, const BackwardShared<Tile>& sh, int stage,
+                                    const Copy& copy, const BatchRows& rows, int64_t batch, const QTile& tile,
+                                    int thread) {
+  const int64_t row = rows.q_start + tile.i0;
+  const int valid_rows = static_cast<int>(rows.sq - tile.i0);
+  const T* q = reinterpret_cast<const T*>(p.q) + batch * p.q_batch_stride + tile.h * p.q_head_stride +
+               row * p.q_row_stride;
+  const T* d_o = reinterpret_cast<const T*>(p.d_o) + batch * p.do_batch_stride + tile.h * p.do_head_stride +
+                 row * p.do_row_stride;
+  copy.issue(sh.q(stage), q, p.q_row_stride, valid_rows, p.hdim_q);
+  copy.issue(sh.d_o(stage), d_o, p.do_row_stride, valid_rows, p.hdim_v);
+  issue_row_stats<Tile, kThreads>(p, sh, stage, rows, batch, tile, thread);
 }
 
 }  // namespace fmha

@@ -13,6 +13,7 @@
 #include "arch/nvidia/bulk_copy.h"
 #include "arch/nvidia/pipeline.h"
 #include "arch/nvidia/shared_tile.h"
+#include "arch/nvidia/tensor_map.h"
 #include "arch/nvidia/warpgroup.h"
 #include "arch/thread.h"
 #include "launch.h"
@@ -27,12 +28,28 @@ namespace fmha {
 // The named barrier of the consumer warpgroups: every warp's dSᵀ of a step is in shared memory.
 constexpr uint32_t kDsComplete = 1;
 
+// The kernel's tensor maps (bwd/backward.hip encodes them): Q and dO as the producer's boxes, dq_acc as
+// the consumers' reduction target. Either set may be missing (the kernel then copies, or adds, itself).
+struct BackwardMaps {
+  CUtensorMap q, d_o, dq;
+  bool tiles, dq_boxes;
+};
+
+// Whether the unit's Q and dO tiles come as TMA boxes: where the maps exist, and every tile's rows are the
+// sequence's or, past its end, past the tensor's (zeros). Units whose last tile reaches into the next
+// sequence's rows are copied, with zeros there: those rows' values, if not finite, would reach dK and dV.
+// (Per unit, not per tile: the producer's 40 registers hold one loop, not both.)
+__device__ inline bool boxed_unit(const fmha_bwd_params& p, const BackwardMaps& maps, const BatchRows& rows,
+                                  int rows_per_tile) {
+  return maps.tiles && (rows.sq % rows_per_tile == 0 || rows.q_start + rows.sq >= p.seqlen_q);
+}
+
 // The producer's unit (`thread` of its 128): K and V once the consumers have released the last unit's,
 // then each q tile into the next stage once the consumers have released it. `ring` and `units` count
 // the stages and units loaded so far.
 template <typename Tile, typename T>
-__device__ inline void load_unit(const fmha_bwd_params& p, const WorkUnit& unit, const BackwardShared<Tile>& sh,
-                                 int thread, int& ring, int& units) {
+__device__ inline void load_unit(const fmha_bwd_params& p, const BackwardMaps& maps, const WorkUnit& unit,
+                                 const BackwardShared<Tile>& sh, int thread, int& ring, int& units) {
   using Loader = typename Tile::Loader;
   constexpr int M = Tile::kBlockM, N = Tile::kBlockN;
   const UnitQTiles<M, N, Tile::kMasked> walk(p, unit);
@@ -52,6 +69,27 @@ __device__ inline void load_unit(const fmha_bwd_params& p, const WorkUnit& unit,
   kv_copy.issue(sh.v, v, p.v_row_stride, static_cast<int>(j1 - j0), p.hdim_v);
   arch::copy_async_arrive(sh.full_kv());
   QTile tile = walk.tile(0);
+  if (boxed_unit(p, maps, rows, M)) {
+    const int row0 = static_cast<int>(rows.q_start), b = static_cast<int>(batch);
+    for (int64_t step = 0; step < steps; ++step, ++ring) {
+      const int stage = ring & 1;
+      arch::mbarrier_wait(sh.empty_q(stage), ((ring >> 1) & 1) ^ 1);  // the first lap passes
+      // One thread arms the stage with the boxes' bytes (before its own arrival, so the phase cannot
+      // complete without them) and loads them; every thread copies its LSE or D row.
+      if (thread == 0) {
+        const uint32_t full = sh.full_q(stage);
+        arch::mbarrier_expect_bytes(full, 2 * Tile::kQBytes);
+        arch::tma_load_rows<T, Tile::kDim>(sh.q(stage), Tile::QLayout::kBlockBytes, maps.q, full, row0 + tile.i0,
+                                           tile.h, b);
+        arch::tma_load_rows<T, Tile::kDim>(sh.d_o(stage), Tile::QLayout::kBlockBytes, maps.d_o, full,
+                                           row0 + tile.i0, tile.h, b);
+      }
+      issue_row_stats<Tile, Loader::kThreads>(p, sh, stage, rows, batch, tile, thread);
+      arch::copy_async_arrive(sh.full_q(stage));
+      tile = walk.next(tile);
+    }
+    return;
+  }
   for (int64_t step = 0; step < steps; ++step, ++ring) {
     const int stage = ring & 1;
     arch::mbarrier_wait(sh.empty_q(stage), ((ring >> 1) & 1) ^ 1);  // the first lap passes
@@ -64,7 +102,7 @@ __device__ inline void load_unit(const fmha_bwd_params& p, const WorkUnit& unit,
 // The consumers' unit (`thread` of their 256): `ring` and `units` count the stages and units consumed
 // so far.
 template <typename Tile, typename T>
-__device__ inline void consume_unit(const fmha_bwd_params& p, const CUtensorMap* dq_map, const WorkUnit& unit,
+__device__ inline void consume_unit(const fmha_bwd_params& p, const BackwardMaps& maps, const WorkUnit& unit,
                                     const BackwardShared<Tile>& sh, int thread, int& ring, int& units) {
   constexpr int M = Tile::kBlockM, N = Tile::kBlockN;
   const UnitQTiles<M, N, Tile::kMasked> walk(p, unit);
@@ -88,7 +126,9 @@ __device__ inline void consume_unit(const fmha_bwd_params& p, const CUtensorMap*
   for (int64_t step = 0; step < steps; ++step, ++ring) {
     const int stage = ring & 1;
     arch::mbarrier_wait(sh.full_q(stage), (ring >> 1) & 1);
-    arch::fence_shared_for_async_proxy();  // the producer's copies, before the wgmmas read them
+    // The producer's cp.async copies (Q and dO, unless boxed), before the wgmmas read them. (Skipping the
+    // fence for boxed units costs ptxas a spill in the masked D = 128 bf16 consumers.)
+    arch::fence_shared_for_async_proxy();
     if (walk.edge(tile)) {
       accumulate_dk_dv<Tile, T, true>(st, sh, stage, operands, p.scale_log2, kept_rows, tile.i0, warp, g, t);
     } else {
@@ -99,8 +139,8 @@ __device__ inline void consume_unit(const fmha_bwd_params& p, const CUtensorMap*
     // last read by the other's dQ product two steps back, which it waited for before arriving here.
     arch::named_barrier_sync(kDsComplete, Tile::kConsumerThreads);
     const int head = tile.h - walk.first_head;
-    const DqTarget to{unit_slot + head * p.hdim_q, slot_row_elements, rows.sq, p.hdim_q, false, dq_map, head,
-                      place.row, place.slot};
+    const DqTarget to{unit_slot + head * p.hdim_q, slot_row_elements, rows.sq, p.hdim_q, false,
+                      maps.dq_boxes ? &maps.dq : nullptr, head, place.row, place.slot};
     accumulate_dq<Tile, T>(operands, sh, stage, to, tile.i0, p.scale, warp, lane);
     tile = walk.next(tile);
   }
@@ -110,7 +150,7 @@ __device__ inline void consume_unit(const fmha_bwd_params& p, const CUtensorMap*
 
 template <typename Tile, typename T>
 __global__ void __launch_bounds__(Tile::kThreads, 1)
-    specialized_dq_dk_dv_kernel(fmha_bwd_params p, const __grid_constant__ CUtensorMap dq_map, bool dq_boxes) {
+    specialized_dq_dk_dv_kernel(fmha_bwd_params p, const __grid_constant__ BackwardMaps maps) {
   static_assert(Tile::kSpecialized && !Tile::kDeterministic, "one workgroup per unit, adds in any order");
   extern __shared__ __align__(1024) unsigned char shared_bytes[];
   if (!workspace_prepared(p)) return;
@@ -131,13 +171,13 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   if (arch::warpgroup_index() == 0) {
     arch::release_registers<Tile::kProducerRegisters>();
     for_each_unit<false>(p, Tile::kMasked,
-                         [&](const WorkUnit& unit) { load_unit<Tile, T>(p, unit, sh, thread, ring, units); });
+                         [&](const WorkUnit& unit) { load_unit<Tile, T>(p, maps, unit, sh, thread, ring, units); });
     arch::copy_async_wait<0>();  // (no thread leaves copies in flight)
     return;
   }
   arch::claim_registers<Tile::kConsumerRegisters>();
   for_each_unit<false>(p, Tile::kMasked, [&](const WorkUnit& unit) {
-    consume_unit<Tile, T>(p, dq_boxes ? &dq_map : nullptr, unit, sh, thread - Tile::Loader::kThreads, ring, units);
+    consume_unit<Tile, T>(p, maps, unit, sh, thread - Tile::Loader::kThreads, ring, units);
   });
   arch::bulk_wait_written();  // (no dQ reduction reads shared memory after the workgroup exits)
 }
