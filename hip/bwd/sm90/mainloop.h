@@ -197,12 +197,13 @@ struct DqTarget {
 
 // The unit's slot (`unit_slot`, rows of `row_elements`) in dq_map's coordinates (bwd/backward.hip's
 // encode_dq_acc_map): batch mode's slots are seqlen_q rows each; group mode's map is one slot of all rows.
+// (Batch mode without query rows has no map: the place is unused.)
 struct DqMapPlace {
   int row, slot;
 };
 __device__ inline DqMapPlace dq_map_place(const fmha_bwd_params& p, const float* unit_slot, int64_t row_elements) {
   const int64_t rows = (unit_slot - dq_acc_region(p)) / row_elements;
-  if (p.group_mode) return {static_cast<int>(rows), 0};
+  if (p.group_mode || p.seqlen_q <= 0) return {static_cast<int>(rows), 0};
   return {static_cast<int>(rows % p.seqlen_q), static_cast<int>(rows / p.seqlen_q)};
 }
 
