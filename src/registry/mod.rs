@@ -313,7 +313,8 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
                 "wgmma_ws_tma_vt",
             ));
             // The non-deterministic backward is warp-specialized (hip/bwd/sm90/specialized_kernel.h): a
-            // producer warpgroup copies with cp.async ahead of the consumers; the deterministic one is not.
+            // producer warpgroup loads ahead of the consumers (Q and dO as TMA boxes where it can, the rest
+            // with cp.async); the deterministic one is not.
             list.extend(
                 gpu_instances(arch, Operation::Backward, &HALF_DTYPES, &SM90_BACKWARD_TILES, "wgmma_cp_async")
                     .into_iter()

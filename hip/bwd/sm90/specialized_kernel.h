@@ -1,12 +1,13 @@
 // Stage 2 of the backward on Hopper (sm_90a), non-deterministic: bwd/sm90/kernel.h's algorithm, warp
-// specialized. A producer warpgroup copies (cp.async, every thread a share) K and V once per unit and
-// each q tile's Q, dO, LSE and D into the next of two stages, ahead of the two consumer warpgroups,
-// which compute. The stages pass through mbarriers: a producer thread's arrival on a full barrier
-// completes once its copies have landed; every consumer thread arrives on the empty barrier of a stage
-// it no longer reads. The consumers meet once per step, at a named barrier, when every warp's dSᵀ is in
+// specialized. A producer warpgroup loads K and V once per unit and each q tile's Q, dO, LSE and D into
+// the next of two stages, ahead of the two consumer warpgroups, which compute: Q and dO as TMA boxes from
+// one thread where `maps` describes them (boxed_unit), everything else by cp.async, every thread a share.
+// The stages pass through mbarriers: a producer thread's arrival on a full barrier completes once its
+// copies (and the stage's boxes) have landed; every consumer thread arrives on the empty barrier of a
+// stage it no longer reads. The consumers meet once per step, at a named barrier, when every warp's dSᵀ is in
 // shared memory (dQ = dS·K needs all of the tile's keys); dSᵀ is double-buffered, so that a warpgroup
 // writes the next step's while the other's dQ product still reads this one. dQ rows leave through
-// shared memory by TMA reductions (`dq_map`, where the launcher could encode it) or element-wise ones,
+// shared memory by TMA reductions (`maps.dq`, where the launcher could encode it) or element-wise ones,
 // without waiting.
 #pragma once
 
@@ -38,7 +39,7 @@ struct BackwardMaps {
 // Whether the unit's Q and dO tiles come as TMA boxes: where the maps exist, and every tile's rows are the
 // sequence's or, past its end, past the tensor's (zeros). Units whose last tile reaches into the next
 // sequence's rows are copied, with zeros there: those rows' values, if not finite, would reach dK and dV.
-// (Per unit, not per tile: the producer's 40 registers hold one loop, not both.)
+// (Per unit, not per tile: see load_unit.)
 __device__ inline bool boxed_unit(const fmha_bwd_params& p, const BackwardMaps& maps, const BatchRows& rows,
                                   int rows_per_tile) {
   return maps.tiles && (rows.sq % rows_per_tile == 0 || rows.q_start + rows.sq >= p.seqlen_q);
@@ -57,7 +58,6 @@ __device__ inline void load_unit(const fmha_bwd_params& p, const BackwardMaps& m
   const BatchRows& rows = walk.rows;
   const int64_t batch = walk.batch, j0 = walk.j0, j1 = walk.j1, steps = walk.steps;
   const int hk = unit.head;
-  const TileCopy<Loader, M, typename Tile::QLayout, Loader::kUnroll> q_copy;
   const TileCopy<Loader, N, typename Tile::KVLayout, Loader::kUnroll> kv_copy;
   const T* k = reinterpret_cast<const T*>(p.k) + batch * p.k_batch_stride + hk * p.k_head_stride +
                (rows.k_start + j0) * p.k_row_stride;
@@ -68,12 +68,22 @@ __device__ inline void load_unit(const fmha_bwd_params& p, const BackwardMaps& m
   kv_copy.issue(sh.k, k, p.k_row_stride, static_cast<int>(j1 - j0), p.hdim_q);
   kv_copy.issue(sh.v, v, p.v_row_stride, static_cast<int>(j1 - j0), p.hdim_v);
   arch::copy_async_arrive(sh.full_kv());
-  QTile tile = walk.tile(0);
-  if (boxed_unit(p, maps, rows, M)) {
-    const int row0 = static_cast<int>(rows.q_start), b = static_cast<int>(batch);
+  // Each q tile into the next stage once the consumers have released it: `issue` queues its loads, each
+  // producer thread arrives when its own have landed. One loop per kind of load (the producer's 40
+  // registers hold one, not both).
+  const auto each_tile = [&](const auto& issue) {
+    QTile tile = walk.tile(0);
     for (int64_t step = 0; step < steps; ++step, ++ring) {
       const int stage = ring & 1;
       arch::mbarrier_wait(sh.empty_q(stage), ((ring >> 1) & 1) ^ 1);  // the first lap passes
+      issue(stage, tile);
+      arch::copy_async_arrive(sh.full_q(stage));
+      tile = walk.next(tile);
+    }
+  };
+  if (boxed_unit(p, maps, rows, M)) {
+    const int row0 = static_cast<int>(rows.q_start), b = static_cast<int>(batch);
+    each_tile([&](int stage, const QTile& tile) {
       // One thread arms the stage with the boxes' bytes (before its own arrival, so the phase cannot
       // complete without them) and loads them; every thread copies its LSE or D row.
       if (thread == 0) {
@@ -85,17 +95,12 @@ __device__ inline void load_unit(const fmha_bwd_params& p, const BackwardMaps& m
                                            row0 + tile.i0, tile.h, b);
       }
       issue_row_stats<Tile, Loader::kThreads>(p, sh, stage, rows, batch, tile, thread);
-      arch::copy_async_arrive(sh.full_q(stage));
-      tile = walk.next(tile);
-    }
-    return;
-  }
-  for (int64_t step = 0; step < steps; ++step, ++ring) {
-    const int stage = ring & 1;
-    arch::mbarrier_wait(sh.empty_q(stage), ((ring >> 1) & 1) ^ 1);  // the first lap passes
-    issue_q_tile<Tile, T, Loader::kThreads>(p, sh, stage, q_copy, rows, batch, tile, thread);
-    arch::copy_async_arrive(sh.full_q(stage));
-    tile = walk.next(tile);
+    });
+  } else {
+    const TileCopy<Loader, M, typename Tile::QLayout, Loader::kUnroll> q_copy;
+    each_tile([&](int stage, const QTile& tile) {
+      issue_q_tile<Tile, T, Loader::kThreads>(p, sh, stage, q_copy, rows, batch, tile, thread);
+    });
   }
 }
 
