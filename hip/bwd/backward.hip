@@ -8,7 +8,6 @@
 
 #if defined(FMHA_PLATFORM_NVIDIA)
 #include "bwd/sm90/kernel.h"
-#include "bwd/sm90/specialized_kernel.h"
 #include "bwd/sm90/tile.h"
 #else
 #include "bwd/amd/kernel.h"
@@ -29,11 +28,10 @@ inline dim3 row_tiles_grid(const fmha_bwd_params& p, int rows_per_block) {
 constexpr int kBackwardWarps = 8;
 constexpr int kBackwardBlockM = 64;
 
-// The non-deterministic dq_acc as the specialized kernel's TMA reduction target (bwd/sm90/mainloop.h's
-// DqTarget): (column, query head of the group, row, slot) boxes of 32 columns by kDqBoxRows rows. Batch
-// mode's slots are seqlen_q rows each (one per batch and kv head), so that TMA skips rows past a
-// sequence; group mode's map is one slot of every sequence's rows. False where TMA cannot describe it:
-// the kernel then adds element by element.
+// dq_acc as the kernel's TMA target (bwd/sm90/mainloop.h's DqTarget): (column, query head of the group,
+// row, slot) boxes of 32 columns by kDqBoxRows rows. Batch mode's slots are seqlen_q rows each (one per
+// batch, kv head and split), so that TMA skips rows past a sequence; group mode's map is one slot of every
+// sequence's rows. False where TMA cannot describe it: the kernel then stores or adds element by element.
 template <typename Tile>
 bool encode_dq_acc_map(const fmha_bwd_params& p, CUtensorMap* map) {
   const int64_t group = p.nhead_k > 0 ? p.nhead_q / p.nhead_k : 0, row_elements = group * p.hdim_q;
@@ -52,34 +50,23 @@ int32_t launch_dq_dk_dv(const fmha_bwd_params& p, hipStream_t stream) {
   using Tile = BackwardTile<kHeadDim, kBackwardWarps, kBackwardBlockM, kMasked, kDeterministic>;
   // The workspace (dq_acc split slots, schedule) was laid out for the registry's tile: it must be this one.
   if (p.m0 != Tile::kBlockM || p.n0 != Tile::kBlockN) return kInvalidValue;
-  auto kernel = [] {
-    if constexpr (Tile::kSpecialized) {
-      return specialized_dq_dk_dv_kernel<Tile, T>;
-    } else {
-      return dq_dk_dv_kernel<Tile, T>;
-    }
-  }();
+  const auto kernel = dq_dk_dv_kernel<Tile, T>;
   static const cudaError_t configured =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes);
   if (configured != cudaSuccess) return static_cast<int32_t>(configured);
   const UnitGrid grid = dq_dk_dv_grid(p, kDeterministic, Tile::kBlockN);
   if (grid.x == 0) return 0;
-  const dim3 blocks(grid.x, grid.y, grid.z);
-  if constexpr (Tile::kSpecialized) {
-    BackwardMaps maps{};
-    maps.dq_boxes = encode_dq_acc_map<Tile>(p, &maps.dq);
-    // Q and dO as boxes of kBlockM rows (column blocks of 128 bytes), as the forward's query map.
-    const int64_t batches = p.group_mode ? 1 : p.batch;
-    maps.tiles = arch::encode_rows_map(&maps.q, reinterpret_cast<const void*>(p.q), sizeof(T), p.hdim_q, p.seqlen_q,
-                                       p.nhead_q, batches, p.q_row_stride, p.q_head_stride, p.q_batch_stride,
-                                       Tile::kBlockM) &&
-                 arch::encode_rows_map(&maps.d_o, reinterpret_cast<const void*>(p.d_o), sizeof(T), p.hdim_v,
-                                       p.seqlen_q, p.nhead_q, batches, p.do_row_stride, p.do_head_stride,
-                                       p.do_batch_stride, Tile::kBlockM);
-    kernel<<<blocks, Tile::kThreads, Tile::kSharedBytes, stream>>>(p, maps);
-  } else {
-    kernel<<<blocks, Tile::kThreads, Tile::kSharedBytes, stream>>>(p);
-  }
+  BackwardMaps maps{};
+  maps.dq_boxes = encode_dq_acc_map<Tile>(p, &maps.dq);
+  // Q and dO as boxes of kBlockM rows (column blocks of 128 bytes), as the forward's query map.
+  const int64_t batches = p.group_mode ? 1 : p.batch;
+  maps.tiles = arch::encode_rows_map(&maps.q, reinterpret_cast<const void*>(p.q), sizeof(T), p.hdim_q, p.seqlen_q,
+                                     p.nhead_q, batches, p.q_row_stride, p.q_head_stride, p.q_batch_stride,
+                                     Tile::kBlockM) &&
+               arch::encode_rows_map(&maps.d_o, reinterpret_cast<const void*>(p.d_o), sizeof(T), p.hdim_v,
+                                     p.seqlen_q, p.nhead_q, batches, p.do_row_stride, p.do_head_stride,
+                                     p.do_batch_stride, Tile::kBlockM);
+  kernel<<<dim3(grid.x, grid.y, grid.z), Tile::kThreads, Tile::kSharedBytes, stream>>>(p, maps);
   return static_cast<int32_t>(cudaGetLastError());
 }
 

@@ -312,17 +312,16 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
                 &SM90_FORWARD_TILES[1..],
                 "wgmma_ws_tma_vt",
             ));
-            // The non-deterministic backward is warp-specialized (hip/bwd/sm90/specialized_kernel.h): a
-            // producer warpgroup loads ahead of the consumers (Q and dO as TMA boxes where it can, the rest
-            // with cp.async); the deterministic one is not.
-            list.extend(
-                gpu_instances(arch, Operation::Backward, &HALF_DTYPES, &SM90_BACKWARD_TILES, "wgmma_cp_async")
-                    .into_iter()
-                    .map(|i| Instance {
-                        pipeline: if i.deterministic { i.pipeline } else { "wgmma_ws_cp_async" },
-                        ..i
-                    }),
-            );
+            // The backward is warp-specialized (hip/bwd/sm90/kernel.h): a producer warpgroup loads ahead
+            // of the consumers (Q and dO as TMA boxes where it can, the rest with cp.async), in both dQ
+            // modes.
+            list.extend(gpu_instances(
+                arch,
+                Operation::Backward,
+                &HALF_DTYPES,
+                &SM90_BACKWARD_TILES,
+                "wgmma_ws_cp_async",
+            ));
             // The forward kernels with paged K/V tiles (hip/kvcache/kvcache.hip): at D = 128 the
             // warp-specialized one, its producer loading K/V as TMA boxes of whole pages or gathering
             // them row by row (other pages; tensors TMA cannot describe take the cp.async kernel); at
@@ -732,7 +731,8 @@ mod tests {
 
     #[test]
     fn gpu_backward_instances_cover_both_dq_modes() {
-        let list = gpu_instances(Arch::Sm90, Operation::Backward, &HALF_DTYPES, &SM90_BACKWARD_TILES, "wgmma_cp_async");
+        let list =
+            gpu_instances(Arch::Sm90, Operation::Backward, &HALF_DTYPES, &SM90_BACKWARD_TILES, "wgmma_ws_cp_async");
         assert_eq!(list.len(), 2 * 2 * 2 * SM90_BACKWARD_TILES.len());
         assert_eq!(list.iter().filter(|i| i.deterministic).count(), list.len() / 2);
         let i = list

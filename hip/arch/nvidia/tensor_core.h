@@ -82,10 +82,16 @@ __device__ inline void copy_async_wait() {
 }
 
 // *global += (x, y), one vector reduction in L2 (sm_90 `red.global.add.v2.f32`): nothing comes back, so
-// the warp does not wait for it. (atomicAdd on a float2 compiles to a generic-address ATOM, which
-// measured 4-5 % slower in the backward on an H200.)
-__device__ inline void reduce_add_2(float* global, float x, float y) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(global), "f"(x), "f"(y) : "memory");
+// the warp does not wait for it (atomicAdd on a float2 compiles to a generic-address ATOM, which measured
+// 4-5 % slower in the backward on an H200); or, where `store`, global[0..1] = {x, y}. One predicated
+// instruction each, no branch (a branch per pair, in a loop that holds the accumulators, cost ptxas
+// registers).
+__device__ inline void store_or_add_2(float* global, float x, float y, bool store) {
+  asm volatile(
+      "{\n.reg .pred s;\nsetp.ne.b32 s, %3, 0;\n@s st.global.v2.f32 [%0], {%1, %2};\n"
+      "@!s red.global.add.v2.f32 [%0], {%1, %2};\n}\n" ::"l"(global),
+      "f"(x), "f"(y), "r"(static_cast<uint32_t>(store))
+      : "memory");
 }
 
 // Starts moving the 128-byte line at `global` into L2 (no register, no wait).

@@ -83,12 +83,16 @@ inline bool encode_packed_rows_map(CUtensorMap* map, const void* base, int eleme
 }
 
 // global[box at (column, c1, c2, c3) of `map`] += shared[the box, 1024-aligned, in the 128-byte swizzle]:
-// fp32 adds in L2, tracked in the issuing thread's bulk groups (arch/nvidia/bulk_copy.h).
-__device__ inline void tma_reduce_add(const CUtensorMap& map, uint32_t shared, int column, int c1, int c2, int c3) {
+// fp32 adds in L2, tracked in the issuing thread's bulk groups (arch/nvidia/bulk_copy.h); or, where
+// `store`, global[the box] = shared[the box]. One predicated instruction each, no branch.
+__device__ inline void tma_store_or_add(const CUtensorMap& map, uint32_t shared, int column, int c1, int c2, int c3,
+                                        bool store) {
   asm volatile(
-      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
-          reinterpret_cast<uint64_t>(&map)),
-      "r"(shared), "r"(column), "r"(c1), "r"(c2), "r"(c3)
+      "{\n.reg .pred s;\nsetp.ne.b32 s, %6, 0;\n"
+      "@s cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+      "@!s cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], "
+      "[%1];\n}\n" ::"l"(reinterpret_cast<uint64_t>(&map)),
+      "r"(shared), "r"(column), "r"(c1), "r"(c2), "r"(c3), "r"(static_cast<uint32_t>(store))
       : "memory");
 }
 

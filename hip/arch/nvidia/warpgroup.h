@@ -78,6 +78,10 @@ __device__ inline void hold_registers(uint32_t (&a)[kSteps][4]) {
 // (async) proxy: each writing thread fences before the barrier that publishes them.
 __device__ inline void fence_shared_for_async_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// This thread's generic-proxy writes to global memory, before async-proxy operations (TMA) on them that follow a
+// barrier.
+__device__ inline void fence_global_for_async_proxy() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+
 #define FMHA_ACC4(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
 #define FMHA_ACC_N32 FMHA_ACC4(0), FMHA_ACC4(1), FMHA_ACC4(2), FMHA_ACC4(3)
 #define FMHA_ACC_N64 FMHA_ACC_N32, FMHA_ACC4(4), FMHA_ACC4(5), FMHA_ACC4(6), FMHA_ACC4(7)

@@ -1,29 +1,42 @@
-// Stage 2 of the backward on Hopper tensor cores (wgmma, sm_90a) with cp.async copies:
-// FlashAttention-2's dK/dV-resident algorithm (host twin: src/launch/host/backward/dq_dk_dv.rs).
+// Stage 2 of the backward on Hopper tensor cores (wgmma, sm_90a): FlashAttention-2's dK/dV-resident
+// algorithm (host twin: src/launch/host/backward/dq_dk_dv.rs), warp-specialized.
 //
-// A work unit is one (batch, kv head, K tile of kBlockN keys); one warpgroup owns 64 keys. K and V stay
-// in shared memory while the q tiles (kBlockM rows) of every query head of the GQA group stream past,
-// double-buffered with their dO, LSE and D rows. Per q tile, each warpgroup computes its keys'
-// transposed scores Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (both operands from shared memory), so that the
-// accumulators are directly the register A operands of
+// A work unit is one (batch, kv head, K tile of kBlockN keys); one consumer warpgroup owns 64 keys. K and
+// V stay in shared memory while the q tiles (kBlockM rows) of every query head of the GQA group stream
+// past with their dO, LSE and D rows. Per q tile, each consumer warpgroup computes its keys' transposed
+// scores Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (both operands from shared memory), so that the accumulators are
+// directly the register A operands of
 //   dV += Pᵀ·dO,   dK += dSᵀ·Q,     with P = 2^(scale_log2 · S - LSE · log2 e), dS = P ∘ (dP - D),
 // and stores dSᵀ to shared memory, from which each warpgroup then computes its half of the columns of
-// dQ = dS·K for the tile and adds it to the unit's dq_acc split slot.
-// Non-deterministic mode (bwd/sm90/specialized_kernel.h: the same steps, warp-specialized): one
-// workgroup per unit, slot 0, adds in any order. Deterministic mode (this kernel: every thread copies
-// and computes): the persistent schedule gives every slot to one workgroup, and every element of it to
-// one thread, whose vector atomics apply in program order; the workgroup's first unit in a slot stores
-// instead, and zeroes the rows it does not visit (no zeroing pass over the slots).
-// dK (scaled) and dV are stored once per unit. Fully masked q tiles are never visited.
+// dQ = dS·K for the tile and sends it to the unit's dq_acc split slot. dK (scaled) and dV are stored once
+// per unit. Fully masked q tiles are never visited.
 //
-// The kernel is its tile (bwd/sm90/tile.h: the workgroup's shape and shared-memory layout), its
-// mainloop (bwd/sm90/mainloop.h: a step's copies, dK/dV and dQ of one q tile), its epilogue
-// (bwd/sm90/epilogue.h: dK and dV) and, in run_unit below, the walk of a unit's q tiles; the units come
-// from the schedule (bwd/unit_walk.h's for_each_unit). The copies are arch/nvidia/shared_tile.h's TileCopy.
+// A producer warpgroup loads K and V once per unit and each q tile's Q, dO, LSE and D into the next of two
+// stages, ahead of the consumers: Q and dO as TMA boxes from one thread where `maps` describes them
+// (boxed_unit), everything else by cp.async, every thread a share. The stages pass through mbarriers: a
+// producer thread's arrival on a full barrier completes once its copies (and the stage's boxes) have
+// landed; every consumer thread arrives on the empty barrier of a stage it no longer reads. The consumers
+// meet once per step, at a named barrier, when every warp's dSᵀ is in shared memory (dQ = dS·K needs all
+// of the tile's keys); dSᵀ is double-buffered, so that a warpgroup writes the next step's while the
+// other's dQ product still reads this one. dQ rows leave through shared memory as TMA boxes (`maps.dq`,
+// where the launcher could encode it) or element-wise, without waiting.
+//
+// Non-deterministic mode: one workgroup per unit (the grid cell), slot 0, adds in any order.
+// Deterministic mode: the persistent schedule gives every slot to one workgroup (its units posted through
+// shared memory, PostedUnits), and every element of it to one thread, whose stores and adds apply in
+// program order (a unit's first boxes wait for the previous unit's); the workgroup's first unit in a slot
+// stores instead of adding.
+//
+// The kernel is its tile (bwd/sm90/tile.h: the workgroup's shape and shared-memory layout), its mainloop
+// (bwd/sm90/mainloop.h: a step's copies, dK/dV and dQ of one q tile), its epilogue (bwd/sm90/epilogue.h:
+// dK and dV) and, below, the producer's and consumers' walks of a unit; the units come from the schedule
+// (bwd/unit_walk.h, bwd/schedule.h).
 #pragma once
 
+#include "arch/nvidia/bulk_copy.h"
+#include "arch/nvidia/pipeline.h"
 #include "arch/nvidia/shared_tile.h"
-#include "arch/nvidia/tensor_core.h"
+#include "arch/nvidia/tensor_map.h"
 #include "arch/nvidia/warpgroup.h"
 #include "arch/thread.h"
 #include "launch.h"
@@ -35,88 +48,281 @@
 
 namespace fmha {
 
+// The named barrier of the consumer warpgroups: every warp's dSᵀ of a step is in shared memory.
+constexpr uint32_t kDsComplete = 1;
+
+// The kernel's tensor maps (bwd/backward.hip encodes them): Q and dO as the producer's boxes, dq_acc as
+// the consumers' reduction target. Either set may be missing (the kernel then copies, or adds, itself).
+struct BackwardMaps {
+  CUtensorMap q, d_o, dq;
+  bool tiles, dq_boxes;
+};
+
+// Whether the unit's Q and dO tiles come as TMA boxes: where the maps exist, and every tile's rows are the
+// sequence's or, past its end, past the tensor's (zeros). Units whose last tile reaches into the next
+// sequence's rows are copied, with zeros there: those rows' values, if not finite, would reach dK and dV.
+// (Per unit, not per tile: see load_unit.)
+__device__ inline bool boxed_unit(const fmha_bwd_params& p, const BackwardMaps& maps, const BatchRows& rows,
+                                  int rows_per_tile) {
+  return maps.tiles && (rows.sq % rows_per_tile == 0 || rows.q_start + rows.sq >= p.seqlen_q);
+}
+
+// Deterministic mode: the units of this workgroup's range of the persistent schedule, posted into a ring
+// of two entries that every thread reads, one unit ahead, by the first consumer warp: every lane of it
+// walks and posts the same unit, so that the branch is warp-uniform (a one-thread branch cost the
+// consumers their uniform registers, and they spilled; in the producer's 40 registers the walk spilled).
+// The walk's cursor stays in shared memory, so that no thread holds it across a unit; an entry of batch
+// -1 ends the walk.
+struct PostedUnits {
+  ScheduleCursor cursor;
+  WorkUnit entry[2];
+  uint64_t full[2], empty[2];  // mbarriers: entry posted (the poster's 32 lanes) / read (every thread)
+};
+
+template <typename Tile>
+__device__ inline PostedUnits* posted_units(const BackwardShared<Tile>& sh) {
+  static_assert(sizeof(PostedUnits) <= Tile::kPostedUnitsBytes, "tile.h's kPostedUnitsBytes");
+  return static_cast<PostedUnits*>(__cvta_shared_to_generic(sh.posted_units));
+}
+
+__device__ inline uint32_t shared_address(const void* at) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(at));
+}
+
+// Thread 0, before the workgroup's first barrier: the walk at its start, the entries' barriers.
+template <typename Tile>
+__device__ inline void start_posted_units(const fmha_bwd_params& p, PostedUnits* posted) {
+  const int32_t worker = static_cast<int32_t>(arch::block_index_x());
+  posted->cursor = p.group_mode ? group_jobs_start(p, worker) : batch_jobs_start(p, worker);
+  for (int e = 0; e < 2; ++e) {
+    arch::mbarrier_init(shared_address(&posted->full[e]), 32);
+    arch::mbarrier_init(shared_address(&posted->empty[e]), Tile::kThreads);
+  }
+}
+
+// The poster's lanes: unit n of the walk into entry n % 2, once every thread has read the entry's last one.
+template <typename Tile>
+__device__ inline void post_unit(const fmha_bwd_params& p, PostedUnits* posted, int n) {
+  const int e = n & 1;
+  arch::mbarrier_wait(shared_address(&posted->empty[e]), ((n >> 1) & 1) ^ 1);  // the first lap passes
+  const int32_t worker = static_cast<int32_t>(arch::block_index_x());
+  ScheduleCursor at = posted->cursor;
+  WorkUnit unit;
+  const bool more = p.group_mode ? next_group_job(p, worker, Tile::kMasked, at, unit)
+                                 : next_batch_job(p, Tile::kMasked, at, unit);
+  if (!more) unit.batch = -1;
+  posted->cursor = at;
+  posted->entry[e] = unit;
+  arch::mbarrier_arrive(shared_address(&posted->full[e]));
+}
+
+// A posted unit, each field as lane 0 read it: values ptxas knows to be warp-uniform, which it keeps in
+// uniform registers (read from shared memory, the unit's addresses took the consumers' vector registers,
+// and they spilled).
+__device__ inline WorkUnit uniform_unit(const WorkUnit& entry) {
+  const auto lane0 = [](int32_t x) { return __shfl_sync(0xffffffffu, x, 0); };
+  return WorkUnit{lane0(entry.batch), lane0(entry.head), lane0(entry.k_tile), lane0(entry.split),
+                  lane0(entry.first_in_slot)};
+}
+
+// Calls run(unit) for each unit of this workgroup: in deterministic mode the posted ones (kPosts: the
+// caller's warpgroup has the poster), else the grid cell's (unit_walk.h's for_each_unit). `units` counts
+// the units run so far: each run counts one.
+template <typename Tile, bool kPosts, typename Run>
+__device__ inline void for_each_posted_unit(const fmha_bwd_params& p, const BackwardShared<Tile>& sh, const int& units,
+                                            Run&& run) {
+  if constexpr (!Tile::kDeterministic) {
+    for_each_unit<false>(p, Tile::kMasked, run);
+  } else {
+    // The poster warp's test, warp-uniform (lane 0's warp index), read where it is used: a flag would stay
+    // live across units.
+    const auto poster = [] {
+      return kPosts && __shfl_sync(0xffffffffu, arch::thread_index() / 32, 0) == Tile::Loader::kThreads / 32;
+    };
+    if (poster()) post_unit<Tile>(p, posted_units(sh), 0);
+    for (;;) {
+      const int n = units;
+      PostedUnits* const posted = posted_units(sh);
+      const int e = n & 1;
+      arch::mbarrier_wait(shared_address(&posted->full[e]), (n >> 1) & 1);
+      const WorkUnit unit = uniform_unit(posted->entry[e]);
+      arch::mbarrier_arrive(shared_address(&posted->empty[e]));
+      if (unit.batch < 0) return;
+      if (poster()) post_unit<Tile>(p, posted, n + 1);
+      run(unit);
+    }
+  }
+}
+
+// The producer's unit (`thread` of its 128): K and V once the consumers have released the last unit's,
+// then each q tile into the next stage once the consumers have released it. `ring` and `units` count
+// the stages and units loaded so far.
 template <typename Tile, typename T>
-__device__ inline void run_unit(const fmha_bwd_params& p, const WorkUnit& unit, unsigned char* shared_bytes) {
+__device__ inline void load_unit(const fmha_bwd_params& p, const BackwardMaps& maps, const WorkUnit& unit,
+                                 const BackwardShared<Tile>& sh, int thread, int& ring, int& units) {
+  using Loader = typename Tile::Loader;
   constexpr int M = Tile::kBlockM, N = Tile::kBlockN;
   const UnitQTiles<M, N, Tile::kMasked> walk(p, unit);
-  const DqAccBlock acc = dq_acc_block(p, unit.batch);
-  // The unit's split slot: rows of group · hdim_q, a q tile's query head gh at column gh · hdim_q.
-  float* const unit_slot = dq_acc_region(p) + acc.index(unit.head, unit.split, 0, 0);
-  const int64_t slot_row_elements = acc.row_elements;
-  const bool store_dq = unit.first_in_slot;
-  const int thread = static_cast<int>(arch::thread_index());
-  if (store_dq) walk.template zero_unvisited_rows<Tile::kThreads>(unit_slot, slot_row_elements, thread);
-  if (!walk.has_keys()) return;
+  if (!walk.has_keys()) {
+    // A unit past its batch's keys: no loads, one phase of the K/V barriers all the same (every unit is
+    // one, so that `units` numbers the posted units too).
+    arch::mbarrier_wait(sh.empty_kv(), (units & 1) ^ 1);
+    ++units;
+    arch::mbarrier_arrive(sh.full_kv());
+    return;
+  }
   const BatchRows& rows = walk.rows;
   const int64_t batch = walk.batch, j0 = walk.j0, j1 = walk.j1, steps = walk.steps;
   const int hk = unit.head;
-  const BackwardShared<Tile> sh(shared_bytes);
-  const int lane = thread % arch::kWarpSize, warp = thread / arch::kWarpSize;
-  const int g = lane / 4, t = lane % 4;
-
-  const TileCopy<Tile, M, typename Tile::QLayout> q_copy;
-  const TileCopy<Tile, N, typename Tile::KVLayout> kv_copy;
+  const TileCopy<Loader, N, typename Tile::KVLayout, Loader::kUnroll> kv_copy;
   const T* k = reinterpret_cast<const T*>(p.k) + batch * p.k_batch_stride + hk * p.k_head_stride +
                (rows.k_start + j0) * p.k_row_stride;
   const T* v = reinterpret_cast<const T*>(p.v) + batch * p.v_batch_stride + hk * p.v_head_stride +
                (rows.k_start + j0) * p.v_row_stride;
+  arch::mbarrier_wait(sh.empty_kv(), (units & 1) ^ 1);  // the first unit's passes
+  ++units;
   kv_copy.issue(sh.k, k, p.k_row_stride, static_cast<int>(j1 - j0), p.hdim_q);
   kv_copy.issue(sh.v, v, p.v_row_stride, static_cast<int>(j1 - j0), p.hdim_v);
-  QTile tile = walk.tile(0);
-  if (steps > 0) issue_q_tile<Tile, T, Tile::kThreads>(p, sh, 0, q_copy, rows, batch, tile, thread);
-  arch::copy_async_commit();
+  arch::copy_async_arrive(sh.full_kv());
+  // Each q tile into the next stage once the consumers have released it: `issue` queues its loads, each
+  // producer thread arrives when its own have landed. One loop per kind of load (the producer's 40
+  // registers hold one, not both).
+  const auto each_tile = [&](const auto& issue) {
+    QTile tile = walk.tile(0);
+    for (int64_t step = 0; step < steps; ++step, ++ring) {
+      const int stage = ring & 1;
+      arch::mbarrier_wait(sh.empty_q(stage), ((ring >> 1) & 1) ^ 1);  // the first lap passes
+      issue(stage, tile);
+      arch::copy_async_arrive(sh.full_q(stage));
+      tile = walk.next(tile);
+    }
+  };
+  if (boxed_unit(p, maps, rows, M)) {
+    const int row0 = static_cast<int>(rows.q_start), b = static_cast<int>(batch);
+    each_tile([&](int stage, const QTile& tile) {
+      // One thread arms the stage with the boxes' bytes (before its own arrival, so the phase cannot
+      // complete without them) and loads them; every thread copies its LSE or D row.
+      if (thread == 0) {
+        const uint32_t full = sh.full_q(stage);
+        arch::mbarrier_expect_bytes(full, 2 * Tile::kQBytes);
+        arch::tma_load_rows<T, Tile::kDim>(sh.q(stage), Tile::QLayout::kBlockBytes, maps.q, full, row0 + tile.i0,
+                                           tile.h, b);
+        arch::tma_load_rows<T, Tile::kDim>(sh.d_o(stage), Tile::QLayout::kBlockBytes, maps.d_o, full,
+                                           row0 + tile.i0, tile.h, b);
+      }
+      issue_row_stats<Tile, Loader::kThreads>(p, sh, stage, rows, batch, tile, thread);
+    });
+  } else {
+    const TileCopy<Loader, M, typename Tile::QLayout, Loader::kUnroll> q_copy;
+    each_tile([&](int stage, const QTile& tile) {
+      issue_q_tile<Tile, T, Loader::kThreads>(p, sh, stage, q_copy, rows, batch, tile, thread);
+    });
+  }
+}
+
+// The consumers' unit (`thread` of their 256): `ring` and `units` count the stages and units consumed
+// so far.
+template <typename Tile, typename T>
+__device__ inline void consume_unit(const fmha_bwd_params& p, const BackwardMaps& maps, const WorkUnit& unit,
+                                    const BackwardShared<Tile>& sh, int thread, int& ring, int& units) {
+  constexpr int M = Tile::kBlockM, N = Tile::kBlockN;
+  const UnitQTiles<M, N, Tile::kMasked> walk(p, unit);
+  const DqAccBlock acc = dq_acc_block(p, unit.batch);
+  // The unit's slot: rows of group · hdim_q, a q tile's query head gh at column gh · hdim_q.
+  float* const unit_slot = dq_acc_region(p) + acc.index(unit.head, unit.split, 0, 0);
+  const int64_t slot_row_elements = acc.row_elements;
+  // Deterministic mode: a worker's first unit in a slot writes its rows rather than adding to them
+  // (WorkUnit::first_in_slot); in batch mode nothing zeroed the slot, so it zeroes the rows it does not
+  // visit (group mode zeroes every slot first).
+  const bool store_dq = Tile::kDeterministic && unit.first_in_slot;
+  if (store_dq && !p.group_mode) {
+    walk.template zero_unvisited_rows<Tile::kConsumerThreads>(unit_slot, slot_row_elements, thread);
+    arch::fence_global_for_async_proxy();  // before the next units' boxes, after a consumers' barrier
+  }
+  if (!walk.has_keys()) {
+    arch::mbarrier_wait(sh.full_kv(), units & 1);
+    ++units;
+    arch::mbarrier_arrive(sh.empty_kv());
+    return;
+  }
+  const DqMapPlace place = dq_map_place(p, unit_slot, slot_row_elements);
+  const BatchRows& rows = walk.rows;
+  const int64_t batch = walk.batch, j0 = walk.j0, steps = walk.steps;
+  const int lane = thread % arch::kWarpSize, warp = thread / arch::kWarpSize;
+  const int g = lane / 4, t = lane % 4;
 
   UnitState<Tile> st;
   IndexRange kept_rows[2];
   const BackwardOperands operands = start_unit(st, kept_rows, sh, walk, j0, warp, g);
-  auto slot_of = [&](const QTile& q) { return unit_slot + (q.h - walk.first_head) * p.hdim_q; };
-  auto dq_target = [&](const QTile& q) {
-    return DqTarget{slot_of(q), slot_row_elements, rows.sq, p.hdim_q, store_dq, nullptr, 0, 0, 0};
-  };
-  auto prefetch_dq = [&](const QTile& q) {
-    // The first unit overwrites whole sectors: nothing to fetch.
-    if (Tile::kDeterministic && !store_dq) {
-      prefetch_dq_rows<Tile>(slot_of(q), slot_row_elements, q.i0, rows.sq, p.hdim_q, thread);
-    }
-  };
-  if (steps > 0) prefetch_dq(tile);
-
-  for (int64_t step = 0; step < steps; ++step) {
-    const int stage = static_cast<int>(step & 1);
-    const QTile next = walk.next(tile);
-    if (step + 1 < steps) {
-      issue_q_tile<Tile, T, Tile::kThreads>(p, sh, stage ^ 1, q_copy, rows, batch, next, thread);
-      arch::copy_async_commit();
-      prefetch_dq(next);
-      arch::copy_async_wait<1>();
-    } else {
-      arch::copy_async_wait<0>();
-    }
+  arch::mbarrier_wait(sh.full_kv(), units & 1);
+  ++units;
+  QTile tile = walk.tile(0);
+  for (int64_t step = 0; step < steps; ++step, ++ring) {
+    const int stage = ring & 1;
+    arch::mbarrier_wait(sh.full_q(stage), (ring >> 1) & 1);
+    // The producer's cp.async copies (Q and dO, unless boxed), before the wgmmas read them. (Skipping the
+    // fence for boxed units costs ptxas a spill in the masked D = 128 bf16 consumers.)
     arch::fence_shared_for_async_proxy();
-    arch::block_barrier();
-
     if (walk.edge(tile)) {
       accumulate_dk_dv<Tile, T, true>(st, sh, stage, operands, p.scale_log2, kept_rows, tile.i0, warp, g, t);
     } else {
       accumulate_dk_dv<Tile, T, false>(st, sh, stage, operands, p.scale_log2, kept_rows, tile.i0, warp, g, t);
     }
-    arch::block_barrier();  // dSᵀ complete; this stage's Q/dO are no longer read
-
-    accumulate_dq<Tile, T>(operands, sh, stage, dq_target(tile), tile.i0, p.scale, warp, lane);
-    tile = next;
+    arch::mbarrier_arrive(sh.empty_q(stage));  // this stage's Q, dO, LSE and D are no longer read
+    // Every warp's dSᵀ of this step is in shared memory. The stage of dSᵀ a warpgroup writes next was
+    // last read by the other's dQ product two steps back, which it waited for before arriving here.
+    arch::named_barrier_sync(kDsComplete, Tile::kConsumerThreads);
+    const int head = tile.h - walk.first_head;
+    const DqTarget to{unit_slot + head * p.hdim_q,
+                      slot_row_elements,
+                      rows.sq,
+                      p.hdim_q,
+                      store_dq,
+                      maps.dq_boxes ? &maps.dq : nullptr,
+                      head,
+                      place.row,
+                      place.slot,
+                      step == 0,
+                      !p.group_mode};
+    accumulate_dq<Tile, T>(operands, sh, stage, to, tile.i0, p.scale, warp, lane);
+    tile = walk.next(tile);
   }
-
-  store_dk_dv<Tile, T>(p, st, batch, hk, rows, j0, warp, g, t);
-  arch::block_barrier();  // the next unit overwrites K and V, which the last dQ step read
+  arch::mbarrier_arrive(sh.empty_kv());  // the last dQ product has read K
+  store_dk_dv<Tile, T>(p, st, batch, unit.head, rows, j0, warp, g, t);
 }
 
 template <typename Tile, typename T>
-__global__ void __launch_bounds__(Tile::kThreads, 1) dq_dk_dv_kernel(fmha_bwd_params p) {
-  static_assert(!Tile::kSpecialized, "every thread copies and computes");
+__global__ void __launch_bounds__(Tile::kThreads, 1)
+    dq_dk_dv_kernel(fmha_bwd_params p, const __grid_constant__ BackwardMaps maps) {
   extern __shared__ __align__(1024) unsigned char shared_bytes[];
   if (!workspace_prepared(p)) return;
-  for_each_unit<Tile::kDeterministic>(p, Tile::kMasked,
-                                      [&](const WorkUnit& unit) { run_unit<Tile, T>(p, unit, shared_bytes); });
+  const BackwardShared<Tile> sh(shared_bytes);
+  const int thread = static_cast<int>(arch::thread_index());
+  if (thread == 0) {
+    // Full barriers complete on every producer thread's arrival, empty ones on every consumer thread's.
+    arch::mbarrier_init(sh.full_kv(), Tile::Loader::kThreads);
+    arch::mbarrier_init(sh.empty_kv(), Tile::kConsumerThreads);
+    for (int s = 0; s < 2; ++s) {
+      arch::mbarrier_init(sh.full_q(s), Tile::Loader::kThreads);
+      arch::mbarrier_init(sh.empty_q(s), Tile::kConsumerThreads);
+    }
+    if constexpr (Tile::kDeterministic) start_posted_units<Tile>(p, posted_units(sh));
+    arch::mbarrier_init_fence();
+  }
+  arch::block_barrier();
+  int ring = 0, units = 0;
+  if (arch::warpgroup_index() == 0) {
+    arch::release_registers<Tile::kProducerRegisters>();
+    for_each_posted_unit<Tile, false>(
+        p, sh, units, [&](const WorkUnit& unit) { load_unit<Tile, T>(p, maps, unit, sh, thread, ring, units); });
+    arch::copy_async_wait<0>();  // (no thread leaves copies in flight)
+    return;
+  }
+  arch::claim_registers<Tile::kConsumerRegisters>();
+  for_each_posted_unit<Tile, true>(p, sh, units, [&](const WorkUnit& unit) {
+    consume_unit<Tile, T>(p, maps, unit, sh, thread - Tile::Loader::kThreads, ring, units);
+  });
+  arch::bulk_wait_written();  // (no dQ reduction reads shared memory after the workgroup exits)
 }
 
 }  // namespace fmha

@@ -1,6 +1,6 @@
 // The backward's (dq_dk_dv) mainloop on Hopper (sm_90a): the wgmma operands of a warpgroup, one q tile
-// against the unit's K/V (Sᵀ, dPᵀ, dV, dK, dSᵀ to shared memory), its dQ added to the dq_acc slot, the
-// deterministic mode's L2 prefetch of the next dq_acc rows, and the cp.async copies of a step.
+// against the unit's K/V (Sᵀ, dPᵀ, dV, dK, dSᵀ to shared memory), its dQ sent to the dq_acc slot, and the
+// cp.async copies of a step.
 #pragma once
 
 #include "arch/nvidia/bulk_copy.h"
@@ -81,9 +81,8 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
   const uint64_t q = arch::descriptor_plus(operands.q, q_stage), d_o = arch::descriptor_plus(operands.d_o, q_stage);
 
   // Sᵀ → P (kept rounded, as the MMAs consume it) → dV += Pᵀ·dO; dPᵀ → dS → dK += dSᵀ·Q and dSᵀ to shared
-  // memory. Two fp32 score tiles are live next to the dK/dV accumulators. Where Tile::kScoresTogether,
-  // Sᵀ and dPᵀ are issued together, P is computed while dPᵀ runs and dS while dV does; else dPᵀ is issued
-  // behind dV (fewer registers live at once).
+  // memory. Two fp32 score tiles are live next to the dK/dV accumulators: Sᵀ and dPᵀ are issued
+  // together, P is computed while dPᵀ runs and dS while dV does.
   float acc[kMTiles][4] = {};     // Sᵀ, then P; overwritten by the first wgmma
   float dp_acc[kMTiles][4] = {};  // dPᵀ, then dS
   // Sᵀ-shaped products: (64 keys × kBlockM) = the warpgroup's key rows · q rowsᵀ, over the head dim.
@@ -103,13 +102,9 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
   arch::warpgroup_fence();
   scores(acc, operands.k_rows, q);
   arch::warpgroup_commit();
-  if constexpr (Tile::kScoresTogether) {
-    scores(dp_acc, operands.v_rows, d_o);
-    arch::warpgroup_commit();
-    arch::warpgroup_wait<1>();
-  } else {
-    arch::warpgroup_wait<0>();
-  }
+  scores(dp_acc, operands.v_rows, d_o);
+  arch::warpgroup_commit();
+  arch::warpgroup_wait<1>();
   arch::hold_registers(acc);
 #pragma unroll
   for (int n = 0; n < kMTiles; ++n) {
@@ -131,17 +126,11 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
 #pragma unroll
   for (int kk = 0; kk < M / 16; ++kk) arch::a_fragment<T>(p_frag[kk], acc, kk);
 
-  // dV += Pᵀ·dO (dO N-major, 16 q rows a step), behind dPᵀ or ahead of it.
+  // dV += Pᵀ·dO (dO N-major, 16 q rows a step), behind dPᵀ.
   arch::warpgroup_fence();
   arch::mma_registers_by_columns<T>(st.dv, p_frag, d_o);
   arch::warpgroup_commit();
-  if constexpr (Tile::kScoresTogether) {
-    arch::warpgroup_wait<1>();
-  } else {
-    scores(dp_acc, operands.v_rows, d_o);
-    arch::warpgroup_commit();
-    arch::warpgroup_wait<0>();
-  }
+  arch::warpgroup_wait<1>();
   arch::hold_registers(dp_acc);
 
   // dS = P ∘ (dP - D) with P as rounded for dV.
@@ -183,9 +172,12 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
 }
 
 // Where dQ rows go: the unit's dq_acc slot, `store`d (the slot's first unit) or added element by element;
-// or, where `map` is set (the specialized kernel), added by TMA reductions of boxes of `map` (dq_acc as
-// columns × query heads of the group × rows × slots: row i of the unit's slot is row `map_row` + i of slot
-// `map_slot`, its query head `map_head`).
+// or, where `map` is set, stored or added by TMA boxes of `map` (dq_acc as columns × query heads of the
+// group × rows × slots: row i of the unit's slot is row `map_row` + i of slot `map_slot`, its query head
+// `map_head`). `wait_written`: a deterministic unit's first tile, whose boxes go to rows the worker's
+// previous unit may have sent boxes to: one thread's bulk operations are ordered only by waiting for them.
+// `map_clips`: the map ends each slot at the sequence's rows (batch mode), so that a stored box reaching
+// past them writes nothing there; else such a box adds, to a slot zeroed beforehand.
 struct DqTarget {
   float* slot;
   int64_t row_elements, sq;
@@ -193,6 +185,7 @@ struct DqTarget {
   bool store;
   const CUtensorMap* map;
   int map_head, map_row, map_slot;
+  bool wait_written, map_clips;
 };
 
 // The unit's slot (`unit_slot`, rows of `row_elements`) in dq_map's coordinates (bwd/backward.hip's
@@ -228,13 +221,15 @@ __device__ inline void accumulate_dq(const BackwardOperands& operands, const Bac
   arch::hold_registers(dq);
   const int col0 = col_group * Tile::kDqCols;
   const int64_t warp_row = i0 + row_group * Tile::kDqBoxRows;
-  if (Tile::kSpecialized && to.map != nullptr) {
-    // The warp's rows through shared memory as boxes, which one lane adds to the slot while the warp goes
-    // on to the next q tile (element-wise reductions each waited on their own address registers). Rows
-    // past the sequence are zeros (in group mode a box reaches into the next sequence's or head's rows;
-    // TMA skips those past the map): selected, not scaled, so that no NaN of this sequence's K leaks.
+  if (to.map != nullptr) {
+    // The warp's rows through shared memory as boxes, which one lane sends to the slot while the warp
+    // goes on to the next q tile (element-wise reductions each waited on their own address registers).
+    // Rows past the sequence are -0, which adds nothing to any value (in group mode a box reaches into the
+    // next sequence's or head's rows; TMA skips those past the map): selected, not scaled, so that no NaN
+    // of this sequence's K leaks. A box is stored only where that writes none of another slot's rows.
     const uint32_t boxes = sh.dq_rows(warp);
-    arch::bulk_wait_read();  // the previous tile's reductions have read the boxes
+    // The previous tile's boxes have been read (and, see wait_written, the previous unit's written).
+    arch::bulk_wait(Tile::kDeterministic && to.wait_written);
     __syncwarp();
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -245,18 +240,21 @@ __device__ inline void accumulate_dq(const BackwardOperands& operands, const Bac
         // Columns 8n + 2t, + 1: box n / 4, 16-byte chunk 2 (n % 4) + t / 2 of the row, swizzled by row % 8.
         const int chunk = (2 * (n % 4) + t / 2) ^ g;
         arch::shared_store_8(boxes + (n / 4) * Tile::kDqBoxBytes + row * 128 + chunk * 16 + (t % 2) * 8,
-                             in_sequence ? dq[n][2 * r] * scale : 0.f, in_sequence ? dq[n][2 * r + 1] * scale : 0.f);
+                             in_sequence ? dq[n][2 * r] * scale : -0.f, in_sequence ? dq[n][2 * r + 1] * scale : -0.f);
       }
     }
     arch::fence_shared_for_async_proxy();
     __syncwarp();
     if (lane == 0) {
+      const bool store = Tile::kDeterministic && to.store && (to.map_clips || warp_row + Tile::kDqBoxRows <= to.sq);
 #pragma unroll
       for (int box = 0; box < Tile::kDqCols / 32; ++box) {
         const int column = col0 + box * 32;
-        if (column < to.hdim_q) {
-          arch::tma_reduce_add(*to.map, boxes + box * Tile::kDqBoxBytes, column, to.map_head,
-                               to.map_row + static_cast<int>(warp_row), to.map_slot);
+        // (Boxes wholly past the sequence add nothing.)
+        if (column < to.hdim_q && warp_row < to.sq) {
+          const uint32_t box_rows = boxes + box * Tile::kDqBoxBytes;
+          const int row = to.map_row + static_cast<int>(warp_row);
+          arch::tma_store_or_add(*to.map, box_rows, column, to.map_head, row, to.map_slot, store);
         }
       }
       arch::bulk_commit();
@@ -277,27 +275,9 @@ __device__ inline void accumulate_dq(const BackwardOperands& operands, const Bac
       // the slot and this thread the element (same tile position in every unit), so the store and
       // adds to it are one thread's, which apply in program order: the sum is reproducible without
       // the load-add-store round trip.
-      if (to.store) {
-        *reinterpret_cast<float2*>(row + col) = make_float2(x, y);
-      } else {
-        arch::reduce_add_2(row + col, x, y);
-      }
+      arch::store_or_add_2(row + col, x, y, Tile::kDeterministic && to.store);
     }
   }
-}
-
-// Deterministic mode: pulls the dq_acc rows of the next q tile into L2 a step before their adds. A
-// worker's split slot is its own, so, unlike the one slot that every unit of a head shares in the
-// non-deterministic grid, its lines are rarely in L2 when the adds arrive, and an add to a missing
-// line waits for DRAM (ncu on an H200, S = 2k: L2 hit rate 28 %, against 91 % non-deterministic).
-template <typename Tile>
-__device__ inline void prefetch_dq_rows(const float* slot, int64_t row_elements, int i0, int sq, int hdim_q,
-                                        int thread) {
-  constexpr int kLinesPerRow = Tile::kDim * 4 / 128;  // 128-byte lines of a kDim-column fp32 row
-  const int x = thread;  // of the consumers
-  if (x >= Tile::kBlockM * kLinesPerRow) return;
-  const int row = i0 + x / kLinesPerRow, column = (x % kLinesPerRow) * 32;
-  if (row < sq && column < hdim_q) arch::prefetch_l2(slot + row * row_elements + column);
 }
 
 // A step's LSE and D rows of the q tile by kThreads threads (`thread` of them), zeros past the batch's rows.

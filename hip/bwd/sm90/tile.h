@@ -1,5 +1,5 @@
 // The backward's (dq_dk_dv) tile on Hopper (sm_90a): the workgroup's shape (two consumer warpgroups of
-// 64 keys each, q steps of kBlockM rows, a producer warpgroup where warp-specialized) and its
+// 64 keys each, q steps of kBlockM rows, a producer warpgroup) and its
 // shared-memory layout (K, V, two stages of Q, dO, LSE, D and dSᵀ, each consumer warp's dQ rows on their
 // way to the dq_acc slot, the pipeline's barriers).
 #pragma once
@@ -13,12 +13,8 @@ template <int kHeadDim, int kWarps_, int kBlockM_, bool kMasked_, bool kDetermin
 struct BackwardTile {
   static constexpr int kWarps = kWarps_;  // of the consumers, which compute
   static constexpr int kConsumerThreads = kWarps * arch::kWarpSize;
-  // Non-deterministic: warp-specialized (bwd/sm90/specialized_kernel.h), a producer warpgroup loading
-  // ahead of the consumers through mbarrier stages. Deterministic: every thread copies and computes
-  // (bwd/sm90/kernel.h): walking the persistent schedule, the consumers spill within the registers that
-  // a producer warpgroup leaves them.
-  static constexpr bool kSpecialized = !kDeterministic_;
-  static constexpr int kThreads = kConsumerThreads + (kSpecialized ? 128 : 0);
+  // A producer warpgroup loading ahead of the consumers through mbarrier stages (bwd/sm90/kernel.h).
+  static constexpr int kThreads = kConsumerThreads + 128;
   // setmaxnreg: the producer keeps what its copy loops need, the consumers take the rest of the CTA's pool
   // (3 × 168 at launch).
   static constexpr int kProducerRegisters = 40;
@@ -47,25 +43,23 @@ struct BackwardTile {
     static constexpr int kUnroll = 4;
   };
   // Shared memory (bytes), from a 1024-byte boundary: K, V, two stages of dSᵀ, Q and dO, two stages of
-  // LSE and D, the consumer warps' dQ rows, the barriers.
+  // LSE and D, the consumer warps' dQ rows, the barriers, the posted units.
   static constexpr int kKVBytes = kBlockN * kDim * 2;
   static constexpr int kQBytes = kBlockM * kDim * 2;
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
   static constexpr int kRowStatBytes = kBlockM * 4;
-  // Sᵀ and dPᵀ issued together (a second fp32 score tile in registers), in the specialized kernel; the
-  // deterministic kernel spills with it and issues dPᵀ behind dV.
-  static constexpr bool kScoresTogether = kSpecialized;
-  // dQ leaves the specialized kernel through shared memory: each consumer warp's 16 rows of its
-  // warpgroup's kDqCols columns in fp32, as boxes of 32 columns (128 bytes, the 128-byte swizzle) that
-  // one lane adds to the dq_acc slot by TMA reductions. (The deterministic kernel, at 255 registers,
-  // spills with them at D = 128: it adds element-wise.)
+  // dQ leaves through shared memory: each consumer warp's 16 rows of its warpgroup's kDqCols columns in
+  // fp32, as boxes of 32 columns (128 bytes, the 128-byte swizzle) that one lane sends to the dq_acc slot.
   static constexpr int kDqBoxRows = 16;
   static constexpr int kDqBoxBytes = kDqBoxRows * 128;
-  static constexpr int kDqRowsBytes = kSpecialized ? kDqCols / 32 * kDqBoxBytes : 0;
-  // mbarriers (warp-specialized): K/V full and empty, two stages of Q (with dO, LSE, D) full and empty.
-  static constexpr int kBarrierBytes = kSpecialized ? 6 * 8 : 0;
+  static constexpr int kDqRowsBytes = kDqCols / 32 * kDqBoxBytes;
+  // mbarriers: K/V full and empty, two stages of Q (with dO, LSE, D) full and empty.
+  static constexpr int kBarrierBytes = 6 * 8;
+  // Deterministic mode: the units posted from the persistent schedule (bwd/sm90/kernel.h's PostedUnits,
+  // 8-aligned after the barriers).
+  static constexpr int kPostedUnitsBytes = kDeterministic ? 128 : 0;
   static constexpr int kSharedBytes = 2 * kKVBytes + 4 * kQBytes + 2 * kDsBytes + 4 * kRowStatBytes +
-                                      kWarps * kDqRowsBytes + kBarrierBytes + kSwizzle128Slack;
+                                      kWarps * kDqRowsBytes + kBarrierBytes + kPostedUnitsBytes + kSwizzle128Slack;
   static_assert(kSharedBytes <= 227 * 1024, "Hopper's shared memory per CTA");
   static_assert((2 * kKVBytes + 2 * kDsBytes + 4 * kQBytes + 4 * kRowStatBytes) % 1024 == 0,
                 "the dQ boxes start 1024-aligned (the 128-byte swizzle)");
@@ -75,7 +69,7 @@ struct BackwardTile {
 // arithmetic, not by indexing an array: a runtime index into an array would put it in local memory.
 template <typename Tile>
 struct BackwardShared {
-  uint32_t k, v, ds0, q0, d_o0, lse0, d0, dq0, barriers;
+  uint32_t k, v, ds0, q0, d_o0, lse0, d0, dq0, barriers, posted_units;
 
   __device__ explicit BackwardShared(unsigned char* bytes) {
     k = swizzle128_base(bytes);
@@ -87,6 +81,7 @@ struct BackwardShared {
     d0 = lse0 + 2 * Tile::kRowStatBytes;  // two stages of D
     dq0 = d0 + 2 * Tile::kRowStatBytes;   // each consumer warp's dQ rows
     barriers = dq0 + Tile::kWarps * Tile::kDqRowsBytes;
+    posted_units = barriers + Tile::kBarrierBytes;
   }
   __device__ uint32_t ds(int stage) const { return ds0 + stage * Tile::kDsBytes; }
   __device__ uint32_t q(int stage) const { return q0 + stage * Tile::kQBytes; }
