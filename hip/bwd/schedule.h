@@ -20,61 +20,59 @@ struct WorkUnit {
 // tiles of a causal mask.
 FMHA_DEVICE inline int64_t interleaved_tile(int64_t t, int64_t n) { return t % 2 == 0 ? t / 2 : n - 1 - t / 2; }
 
-// A workgroup's place in its walk of the persistent schedule, between two units: the batch, kv head,
-// chunk (K tile) and split of its next unit, whether that is the first in its slot, and `w`: batch mode's
-// jobs left, group mode's work position. The walkers below take one unit at a time from it, without
-// divisions, so that a kernel can keep it where it likes (in registers, or in shared memory).
+// A workgroup's place in its walk of the persistent schedule, between two units. Batch mode: the next
+// job `w`, the end of the worker's range, the head it starts in and its split there (`split`), and whether
+// the next unit is the worker's first. Group mode: the work position `w` and the batch, kv head, chunk
+// (K tile) and split of the next unit, and whether that is the first in its slot. The walkers below take
+// one unit at a time from it, so that a kernel can keep it where it likes (in registers, or in shared
+// memory).
 struct ScheduleCursor {
-  int64_t w;
+  int64_t w, end, first_head;
   int32_t b, h, c, split, first_in_slot;
 };
 
 // `BatchPersistent::jobs` of workgroup `worker`: its first place, then each unit in order, false past the
-// last. Jobs are (batch, head, tile) in order, jobs_per_head tiles a head.
+// last.
 FMHA_DEVICE inline ScheduleCursor batch_jobs_start(const fmha_bwd_params& p, int64_t worker) {
   const int64_t jph = p.jobs_per_head, jpw = p.jobs_per_worker;
-  const int64_t begin = worker * jpw;
-  const int64_t end = begin + jpw < p.total_jobs ? begin + jpw : p.total_jobs;
   ScheduleCursor at{};
-  if (begin >= end) return at;
-  at.w = end - begin;
-  const int64_t flat_head = begin / jph;
-  at.b = static_cast<int32_t>(flat_head / p.nhead_k);
-  at.h = static_cast<int32_t>(flat_head % p.nhead_k);
-  at.c = static_cast<int32_t>(begin % jph);
+  at.w = worker * jpw;
+  at.end = at.w + jpw < p.total_jobs ? at.w + jpw : p.total_jobs;
+  if (at.w >= at.end) return at;
   // The worker starting inside a head uses split ceil(offset / jpw) there; every other head starts at 0.
-  at.split = static_cast<int32_t>((at.c + jpw - 1) / jpw);
+  at.first_head = at.w / jph;
+  at.split = static_cast<int32_t>((at.w % jph + jpw - 1) / jpw);
   at.first_in_slot = 1;
   return at;
 }
 
-FMHA_DEVICE inline bool next_batch_job(const fmha_bwd_params& p, bool masked, ScheduleCursor& at, WorkUnit& u) {
-  if (at.w <= 0) return false;
+// The unit of batch job `job` of the range `start` describes (`first`: the range's first job).
+FMHA_DEVICE inline WorkUnit batch_job_unit(const fmha_bwd_params& p, const ScheduleCursor& start, bool masked,
+                                           int64_t job, bool first) {
   const int64_t jph = p.jobs_per_head;
-  u.batch = at.b;
-  u.head = at.h;
-  u.k_tile = static_cast<int32_t>(masked ? interleaved_tile(at.c, jph) : at.c);
-  u.split = at.split;
-  u.first_in_slot = at.first_in_slot;
-  --at.w;
+  const int64_t flat_head = job / jph, t = job % jph;
+  WorkUnit u;
+  u.batch = static_cast<int32_t>(flat_head / p.nhead_k);
+  u.head = static_cast<int32_t>(flat_head % p.nhead_k);
+  u.k_tile = static_cast<int32_t>(masked ? interleaved_tile(t, jph) : t);
+  u.split = flat_head == start.first_head ? start.split : 0;
+  u.first_in_slot = first || t == 0;
+  return u;
+}
+
+FMHA_DEVICE inline bool next_batch_job(const fmha_bwd_params& p, bool masked, ScheduleCursor& at, WorkUnit& u) {
+  if (at.w >= at.end) return false;
+  u = batch_job_unit(p, at, masked, at.w, at.first_in_slot);
   at.first_in_slot = 0;
-  if (++at.c == jph) {
-    at.c = 0;
-    at.split = 0;
-    at.first_in_slot = 1;
-    if (++at.h == p.nhead_k) {
-      at.h = 0;
-      ++at.b;
-    }
-  }
+  ++at.w;
   return true;
 }
 
+// (A loop over the jobs rather than over next_batch_job: in that form the AMD kernels spilled.)
 template <typename Run>
 FMHA_DEVICE inline void for_each_batch_job(const fmha_bwd_params& p, int64_t worker, bool masked, Run&& run) {
-  ScheduleCursor at = batch_jobs_start(p, worker);
-  WorkUnit u;
-  while (next_batch_job(p, masked, at, u)) run(u);
+  const ScheduleCursor start = batch_jobs_start(p, worker);
+  for (int64_t job = start.w; job < start.end; ++job) run(batch_job_unit(p, start, masked, job, job == start.w));
 }
 
 // `BatchPersistent::splits_used`: the split slots of a head that some worker writes, 0..n.
@@ -95,7 +93,7 @@ FMHA_DEVICE inline int32_t summed_splits(const fmha_bwd_params& p, const DqAccBl
 // new head restarts at split 0.
 FMHA_DEVICE inline ScheduleCursor group_jobs_start(const fmha_bwd_params& p, int32_t cu) {
   const CuState s = cu_state(p, cu);
-  return ScheduleCursor{s.w_lo, s.ibatch, s.head_start, s.c_start, s.isplit, 1};
+  return ScheduleCursor{s.w_lo, 0, 0, s.ibatch, s.head_start, s.c_start, s.isplit, 1};
 }
 
 FMHA_DEVICE inline bool next_group_job(const fmha_bwd_params& p, int32_t cu, bool masked, ScheduleCursor& at,

@@ -93,7 +93,8 @@ fn units(records: Vec<UnitRecord>) -> Vec<WorkUnit> {
 }
 
 /// The units the C++ `for_each_batch_job` walks for workgroup `worker` (`hip/bwd/schedule.h`), from
-/// the kernel parameters' batch-mode schedule; `None` if more than `capacity`.
+/// the kernel parameters' batch-mode schedule; `None` if more than `capacity`, or if `next_batch_job`'s
+/// walk (the sm_90a kernel's) differs from it.
 pub fn batch_jobs(params: &BwdParams, worker: i64, masked: bool, capacity: usize) -> Option<Vec<WorkUnit>> {
     let args = WalkArgs { params: *params, worker, masked: i32::from(masked), pad: 0 };
     call_walker(abi::fmha_cpu_batch_jobs, &args, capacity).map(units)

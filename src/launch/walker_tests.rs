@@ -65,7 +65,9 @@ fn cpp_walkers_walk_the_rust_schedule() {
             } else {
                 cpu_twin::batch_jobs(&params, worker, masked, capacity)
             };
-            let cpp = cpp.unwrap_or_else(|| panic!("{ctx}: worker {worker}: C++ walked more than {capacity} units"));
+            let cpp = cpp.unwrap_or_else(|| {
+                panic!("{ctx}: worker {worker}: C++ walked more than {capacity} units, or its two batch walks differ")
+            });
             assert_eq!(cpp, rust, "{ctx}: worker {worker}, masked {masked}");
             units_compared += rust.len();
         }
