@@ -94,9 +94,6 @@ __device__ inline void store_or_add_2(float* global, float x, float y, bool stor
       : "memory");
 }
 
-// Starts moving the 128-byte line at `global` into L2 (no register, no wait).
-__device__ inline void prefetch_l2(const void* global) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(global)); }
-
 // The 16-bit input types: packing two floats into an operand register, and back.
 template <typename T>
 struct Element;
