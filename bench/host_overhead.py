@@ -12,7 +12,11 @@ and the batch of calls ends (host clock) well before the sleep does, which the r
     own host cost.
 
 The problem is the host-overhead one of the tools issue: batch 4, 256 tokens, 16 heads, d 64, causal,
-bf16. `--profile` adds cProfile's top functions of the fmha forward and forward + backward.
+bf16. `--profile` adds cProfile's top functions of the fmha forward and forward + backward; `--decompose` adds
+rows that take the forward + backward apart: the forward alone with inputs that require grad, fmha's autograd
+Function without fmha in it (a skeleton), the skeleton with fmha's backward, the real forward with a backward
+that only allocates, and the backward handed to a worker thread and back (what autograd does with a CUDA
+node's backward).
 
     FMHA_LIBRARY=.devbuild/libfmha.so.0 PYTHONPATH=python python3 bench/host_overhead.py [--out DIR]
 """
@@ -24,6 +28,8 @@ import io
 import json
 import os
 import pstats
+import queue
+import threading
 import time
 
 import torch
@@ -37,7 +43,7 @@ from fmha import ops
 B, S, H, D = 4, 256, 16, 64
 CALLS = 50  # per timed batch: the device's launch queue (~1k launches) must not fill behind the sleep
 BATCHES = 11  # the median batch is reported
-SLEEP_CYCLES = 2_000_000_000  # ~1 s at H200 clocks: longer than any batch
+SLEEP_CYCLES = 400_000_000  # ~0.2 s at H200 clocks: longer than any batch (checked), ~7x a batch of 50 fwd + bwd
 
 
 def timed(fn, calls=CALLS):
@@ -60,6 +66,31 @@ def timed(fn, calls=CALLS):
         torch.cuda.synchronize()
     per_call.sort()
     return per_call[len(per_call) // 2]
+
+
+class _Skeleton(torch.autograd.Function):
+    """fmha's autograd Function (FmhaAttnFunc) without fmha: the same 13 inputs, saved tensors and options,
+    outputs allocated but never computed; `backward_work`, when set, runs in the backward (on autograd's
+    device thread) in place of the gradients' allocation."""
+
+    backward_work = None
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, mask, left, right, deterministic, with_lse):
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.params = (max_q, max_k, scale, mask, left, right, deterministic)
+        ctx.set_materialize_grads(False)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        q, k, v, out, lse, _, _ = ctx.saved_tensors
+        if _Skeleton.backward_work is not None:
+            return _Skeleton.backward_work(dout) + (None,) * 10
+        return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)) + (None,) * 10
 
 
 class _Identity(torch.autograd.Function):
@@ -170,6 +201,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT"))
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--decompose", action="store_true",
+                    help="add rows that split the forward + backward's host time into its parts")
     args = ap.parse_args()
     dev = torch.device("cuda")
     torch.manual_seed(0)
@@ -212,6 +245,52 @@ def main():
             o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
         torch.autograd.grad(o, (qg, kg, vg), dout.transpose(1, 2))
 
+    # --decompose: where a training step's host time goes besides the rows above.
+    def fmha_fwd_graph():  # the forward of a training step: inputs that require grad, no backward
+        fmha.flash_attn_func(qg, kg, vg, causal=True)
+
+    def skeleton(work):
+        def run():
+            _Skeleton.backward_work = work
+            o = _Skeleton.apply(qg, kg, vg, None, None, None, None, None, L.MASK_BOTTOM_RIGHT, -1, 0, False, False)
+            torch.autograd.grad(o, (qg, kg, vg), dout)
+        return run
+
+    def saved_bwd(g):  # what FmhaAttnFunc.backward runs, on the saved tensors of one real forward
+        return ops._bwd(g, q, k, v, out, lse, mask_type=L.MASK_BOTTOM_RIGHT, window=(-1, 0))
+
+    def fwd_bwd_allocating_only():  # the real forward and autograd's backward, whose fmha work only allocates
+        real = ops._bwd
+        ops._bwd = lambda *args, **kwargs: (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+        try:
+            fmha_fwd_bwd()
+        finally:
+            ops._bwd = real
+
+    # _bwd handed to a waiting worker thread and back, as autograd hands a CUDA node's backward to its
+    # device thread: the cost of the hand-off to a thread on another core.
+    handoff, handback = queue.SimpleQueue(), queue.SimpleQueue()
+
+    def worker():
+        while (fn := handoff.get()) is not None:
+            fn()
+            handback.put(None)
+
+    def bwd_on_worker_thread():
+        handoff.put(fmha_bwd_direct)
+        handback.get()
+
+    decomposition = []
+    if args.decompose:
+        threading.Thread(target=worker, daemon=True).start()
+        decomposition = [
+            ("fmha forward, inputs requiring grad", fmha_fwd_graph),
+            ("autograd skeleton of fmha's Function", skeleton(None)),
+            ("skeleton + fmha _bwd in its backward", skeleton(saved_bwd)),
+            ("fmha forward + allocating-only backward", fwd_bwd_allocating_only),
+            ("fmha _bwd on a worker thread", bwd_on_worker_thread),
+        ]
+
     rows = [
         ("fmha forward (flash_attn_func)", fmha_fwd),
         ("SDPA flash forward", sdpa_fwd),
@@ -223,7 +302,7 @@ def main():
         ("fmha backward (C ABI: prepare_async + run)", c_abi_backward(q, k, v, out, lse, dout)),
         ("SDPA flash forward + backward", sdpa_fwd_bwd),
         ("fmha varlen forward + backward", fmha_varlen_fwd_bwd),
-    ]
+    ] + decomposition
     results = []
     print(f"host µs per call, GPU kept busy; b {B}, s {S}, h {H}, d {D}, causal, bf16; {torch.cuda.get_device_name()}")
     for name, fn in rows:
