@@ -51,6 +51,8 @@ typedef struct fmha_prepare_params {
   int64_t batch_state_count;
   // Size of the whole metadata region (a multiple of 4096).
   int64_t metadata_bytes;
+  // Whether the kernel masks (the group-mode chunk weights, `schedule::chunk_weight`).
+  int64_t masked;
 } fmha_prepare_params;
 
 // The workspace prepare's arguments: where the metadata goes, the seqstarts it is built from
@@ -407,8 +409,9 @@ typedef struct fmha_cu_state {
 
 // Per-batch schedule constants (CK's `FmhaBwdBatchState`, 16 bytes).
 typedef struct fmha_batch_state {
-  // Work weight of one chunk: `sq` rounded up to `m0`, or `m0` when `sq == 0` (such a batch still
-  // has units: they store zero dK/dV).
+  // Work weight of one chunk, in q rows (`schedule::chunk_weight`: the rows its K tile keeps,
+  // rounded up to `m0`, plus `m0`; `m0` when `sq == 0`, whose units store zero dK/dV). Only the
+  // walk's positions use it; dq_acc holds the physical rows.
   int32_t sq;
   // K tiles per kv head, `ceil(sk / n0)`.
   int32_t nc;

@@ -13,7 +13,7 @@ static_assert(offsetof(fmha_descale_params, data) == 0, "fmha_descale_params.dat
 static_assert(offsetof(fmha_descale_params, batch_stride) == 8, "fmha_descale_params.batch_stride: offset differs from Rust's");
 static_assert(offsetof(fmha_descale_params, head_stride) == 16, "fmha_descale_params.head_stride: offset differs from Rust's");
 static_assert(offsetof(fmha_descale_params, page_stride) == 24, "fmha_descale_params.page_stride: offset differs from Rust's");
-static_assert(sizeof(fmha_prepare_params) == 168, "fmha_prepare_params: size differs from Rust's");
+static_assert(sizeof(fmha_prepare_params) == 176, "fmha_prepare_params: size differs from Rust's");
 static_assert(offsetof(fmha_prepare_params, group_mode) == 0, "fmha_prepare_params.group_mode: offset differs from Rust's");
 static_assert(offsetof(fmha_prepare_params, deterministic) == 8, "fmha_prepare_params.deterministic: offset differs from Rust's");
 static_assert(offsetof(fmha_prepare_params, batch) == 16, "fmha_prepare_params.batch: offset differs from Rust's");
@@ -35,7 +35,8 @@ static_assert(offsetof(fmha_prepare_params, cu_state_count) == 136, "fmha_prepar
 static_assert(offsetof(fmha_prepare_params, batch_state_offset) == 144, "fmha_prepare_params.batch_state_offset: offset differs from Rust's");
 static_assert(offsetof(fmha_prepare_params, batch_state_count) == 152, "fmha_prepare_params.batch_state_count: offset differs from Rust's");
 static_assert(offsetof(fmha_prepare_params, metadata_bytes) == 160, "fmha_prepare_params.metadata_bytes: offset differs from Rust's");
-static_assert(sizeof(fmha_prepare_args) == 192, "fmha_prepare_args: size differs from Rust's");
+static_assert(offsetof(fmha_prepare_params, masked) == 168, "fmha_prepare_params.masked: offset differs from Rust's");
+static_assert(sizeof(fmha_prepare_args) == 200, "fmha_prepare_args: size differs from Rust's");
 static_assert(offsetof(fmha_prepare_args, workspace) == 0, "fmha_prepare_args.workspace: offset differs from Rust's");
 static_assert(offsetof(fmha_prepare_args, seqstart_q) == 8, "fmha_prepare_args.seqstart_q: offset differs from Rust's");
 static_assert(offsetof(fmha_prepare_args, seqstart_k) == 16, "fmha_prepare_args.seqstart_k: offset differs from Rust's");

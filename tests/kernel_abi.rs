@@ -61,6 +61,7 @@ fn layouts() -> Vec<Layout> {
                 batch_state_offset,
                 batch_state_count,
                 metadata_bytes,
+                masked,
             ]
         ),
         layout!(PrepareArgs, "fmha_prepare_args", [workspace, seqstart_q, seqstart_k, params]),

@@ -242,7 +242,8 @@ FMHA_HOST_DEVICE inline uint64_t fingerprint_of_params(const fmha_prepare_params
   h = absorb(h, static_cast<uint64_t>(p.m0));
   h = absorb(h, static_cast<uint64_t>(p.n0));
   h = absorb(h, static_cast<uint64_t>(p.num_cus));
-  return absorb(h, static_cast<uint64_t>(p.remap));
+  h = absorb(h, static_cast<uint64_t>(p.remap));
+  return absorb(h, static_cast<uint64_t>(p.masked));
 }
 
 // workspace.rs `fingerprint`: the params, then the two seqstart arrays.
@@ -382,18 +383,36 @@ struct CuStateWriter {
 // Work shape of batch b (`BatchWork`).
 struct BatchWork {
   int64_t sq;   // physical q rows (dq_acc rows)
-  int64_t sqw;  // chunk weight: sq rounded up to m0, m0 when sq == 0 (such a batch still stores zero dK/dV)
+  int64_t sqw;  // chunk weight (schedule.rs `chunk_weight`)
   int64_t nc;   // K tiles per head, ceil(sk / n0)
   int64_t hw;   // work per head, nc * sqw
 };
 
-// `batch_work`; false where Rust fails: the rounded weight must fit the 32-bit table.
+// schedule.rs `chunk_weight`: the q rows a chunk keeps (unmasked all; masked, a bottom-right causal
+// mask's average over the head's K tiles, in 2^-20 fixed point where the pair count could overflow),
+// rounded up to m0, plus m0 for the unit's own cost; m0 without q rows.
+FMHA_HOST_DEVICE inline int64_t chunk_weight(int64_t sq, int64_t sk, int64_t nc, int64_t m0, int64_t n0,
+                                             bool masked) {
+  if (sq == 0) return m0;
+  int64_t kept = sq;
+  if (masked && nc != 0) {
+    if (sq > sk) {
+      kept = ceil_div(sk * (sk + 1) / 2, nc * n0);
+    } else {
+      const int64_t fraction = div_i64((2 * sk - sq + 1) << 20, 2 * nc * n0);
+      kept = (sq * fraction + (int64_t(1) << 20) - 1) >> 20;
+    }
+  }
+  return round_up(max_i64(kept, 1), m0) + m0;
+}
+
+// `batch_work`; false where Rust fails: the weight must fit the 32-bit table.
 FMHA_HOST_DEVICE inline bool batch_work(const int32_t* q, const int32_t* k, int64_t b, const fmha_prepare_params& p,
                                         BatchWork* w) {
   w->sq = int64_t(q[b + 1]) - int64_t(q[b]);
   const int64_t sk = int64_t(k[b + 1]) - int64_t(k[b]);
-  w->sqw = w->sq == 0 ? p.m0 : round_up(w->sq, p.m0);
   w->nc = ceil_div(sk, p.n0);
+  w->sqw = chunk_weight(w->sq, sk, w->nc, p.m0, p.n0, p.masked != 0);
   w->hw = w->nc * w->sqw;
   return w->sqw <= kInt32Max;
 }

@@ -215,6 +215,8 @@ pub struct PrepareParams {
     pub batch_state_count: i64,
     /// Size of the whole metadata region (a multiple of 4096).
     pub metadata_bytes: i64,
+    /// Whether the kernel masks (the group-mode chunk weights, `schedule::chunk_weight`).
+    pub masked: i64,
 }
 
 /// The kv-cache workspace's first bytes: what the last prepare found (spec/inference.md §1.8), written

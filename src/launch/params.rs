@@ -192,6 +192,7 @@ impl PrepareParams {
             batch_state_offset: size(layout.batch_state.offset),
             batch_state_count: size(layout.batch_state.count),
             metadata_bytes: size(layout.metadata_bytes),
+            masked: i64::from(p.masked),
         }
     }
 }

@@ -69,6 +69,7 @@ fn random_case(rng: &mut Rng, group_mode: bool, deterministic: bool) -> Case {
         n0: rng.pick(&[16, 32, 64, 128]),
         num_cus: pick_or_range(rng, &[1, 2, 7, 8, 9, 80, 104, 132, 256, 304, 320], 1, 320),
         remap: rng.pick(&[XcdRemap::None, XcdRemap::Xcd8]),
+        masked: rng.range(0, 1) == 1,
     };
     Case { params, seqstart_q, seqstart_k }
 }
@@ -243,6 +244,7 @@ fn cpu_prepare_overflows_like_rust() {
         n0: 128,
         num_cus: 13,
         remap: XcdRemap::Xcd8,
+        masked: false,
     };
     let max = i64::from(i32::MAX);
     let group = |p: WorkspaceParams, sq: i32, sk: i32| {
@@ -251,18 +253,19 @@ fn cpu_prepare_overflows_like_rust() {
     };
     // (what, params, seqstart_q, seqstart_k, Rust succeeds)
     let cases = [
-        ("sq rounded up past i32::MAX", group(WorkspaceParams { m0: 2, ..base }, i32::MAX, 1), false),
-        ("sq rounded up to exactly i32::MAX", group(WorkspaceParams { m0: 1, ..base }, i32::MAX, 1), true),
-        ("sq rounded up to a multiple of 128", group(base, i32::MAX - 127, 1), true),
-        // offsets[1] = 2^20 * (2^31 - 128) * hdim; times 4 passes i64::MAX with hdim 1025, not with 1023.
+        // A chunk weighs sq rounded up to m0, plus m0 (schedule::chunk_weight).
+        ("a chunk weight past i32::MAX", group(WorkspaceParams { m0: 2, ..base }, i32::MAX - 1, 1), false),
+        ("a chunk weight of exactly i32::MAX", group(WorkspaceParams { m0: 1, ..base }, i32::MAX - 1, 1), true),
+        ("sq rounded up to a multiple of 128", group(base, i32::MAX - 255, 1), true),
+        // offsets[1] = 2^20 * (2^31 - 256) * hdim; times 4 passes i64::MAX with hdim 1025, not with 1023.
         (
             "4 * dq_acc offsets overflow",
-            group(WorkspaceParams { nhead_k: 1 << 20, row_elements: 1025, ..base }, i32::MAX - 127, 1),
+            group(WorkspaceParams { nhead_k: 1 << 20, row_elements: 1025, ..base }, i32::MAX - 255, 1),
             false,
         ),
         (
             "4 * dq_acc offsets just fit",
-            group(WorkspaceParams { nhead_k: 1 << 20, row_elements: 1023, ..base }, i32::MAX - 127, 1),
+            group(WorkspaceParams { nhead_k: 1 << 20, row_elements: 1023, ..base }, i32::MAX - 255, 1),
             true,
         ),
         // nhead * nc * sqw = (2^31 - 1)^3 with n0 = 1 and sqw = m0 (no q rows, so dq_acc is empty).
@@ -313,6 +316,7 @@ fn prepare_params_carry_the_layout() {
         n0: 128,
         num_cus: 5,
         remap: XcdRemap::Xcd8,
+        masked: true,
     };
     let l = WorkspaceLayout::new(&p).unwrap();
     let pp = PrepareParams::new(&l);

@@ -13,7 +13,7 @@
 //! Glossary (CK's names, kept so the code can be read next to CK's):
 //! - *job*: a work unit; `jph` jobs per head (`ceil(sk / n0)` K tiles), `jpw` jobs per worker;
 //! - *chunk* `c`: a K tile of one (batch, kv head) in group mode; `nc` chunks per kv head;
-//! - `sqw`: a chunk's work weight, its q rows rounded up to `m0` (`m0` for an empty batch);
+//! - `sqw`: a chunk's work weight in q rows ([`chunk_weight`]; CK's is `sq` rounded up to `m0`);
 //! - `hw`: work per kv head, `nc * sqw`; `pb`: the work position where batch `b` starts;
 //! - `w`, `[w_lo, w_hi)`: positions on the global work line, and a workgroup's range of it;
 //! - `ibatch`, `head_start`, `c_start`, `isplit`: where a workgroup starts (batch, kv head, chunk,
@@ -265,21 +265,48 @@ struct BatchWork {
     hw: i64,
 }
 
-fn batch_work(seqstart_q: &[i32], seqstart_k: &[i32], b: usize, m0: i64, n0: i64) -> Result<BatchWork> {
+/// The work weight of one chunk (K tile) of a batch with `sq` q rows and `sk` keys, in q rows: the rows
+/// its K tile keeps, rounded up to `m0`, plus `m0` for the unit's own cost (its K/V loads and dK/dV
+/// stores); `m0` for a batch without q rows (its units store zero dK/dV). Unmasked, a chunk keeps every
+/// row; masked, the average over the head's `nc` K tiles of a bottom-right causal mask, whose
+/// `sq · (2·sk − sq + 1) / 2` kept pairs (`sk · (sk + 1) / 2` when `sq > sk`) spread over `nc · n0` keys:
+/// a cost estimate, not the mask (windows are run-time arguments), which only moves the CU ranges. CK
+/// weighs every chunk `round_up(sq, m0)`, so that the CUs holding a varlen batch's short sequences got
+/// up to 1.3-1.7× the mean work under a causal mask (the schedule model in `docs/perf.md`).
+/// Exact in i64, in 2⁻²⁰ fixed point where the pair count could overflow: `hip/bwd/prepare_workspace.h`
+/// computes the same.
+pub fn chunk_weight(sq: i64, sk: i64, nc: i64, m0: i64, n0: i64, masked: bool) -> i64 {
+    if sq == 0 {
+        return m0;
+    }
+    let kept = if !masked || nc == 0 {
+        sq
+    } else if sq > sk {
+        ceil_div(sk * (sk + 1) / 2, nc * n0)
+    } else {
+        // The kept fraction (2·sk − sq + 1) / (2·nc·n0) <= 1 in 2⁻²⁰ units, then times sq (< 2⁵¹).
+        let fraction = ((2 * sk - sq + 1) << 20) / (2 * nc * n0);
+        (sq * fraction + (1 << 20) - 1) >> 20
+    };
+    round_up(kept.max(1), m0) + m0
+}
+
+fn batch_work(seqstart_q: &[i32], seqstart_k: &[i32], b: usize, m0: i64, n0: i64, masked: bool) -> Result<BatchWork> {
     let sq = i64::from(seqstart_q[b + 1]) - i64::from(seqstart_q[b]);
     let sk = i64::from(seqstart_k[b + 1]) - i64::from(seqstart_k[b]);
-    let sqw = if sq == 0 { m0 } else { round_up(sq, m0) };
-    ensure(sqw <= i64::from(i32::MAX), "seqstart_q", || {
-        format!("batch {b}: {sq} rows rounded up to {sqw} exceed the 32-bit work table")
-    })?;
     let nc = ceil_div(sk, n0);
+    let sqw = chunk_weight(sq, sk, nc, m0, n0, masked);
+    ensure(sqw <= i64::from(i32::MAX), "seqstart_q", || {
+        format!("batch {b}: {sq} rows weigh {sqw} per chunk, beyond the 32-bit work table")
+    })?;
     Ok(BatchWork { sq, sqw, nc, hw: nc * sqw })
 }
 
 /// Builds the group-mode persistent table (§4.2, CK gen C's scratch-free routine) and returns the
 /// dq_acc bytes used (`4 * offsets[batch]`).
 ///
-/// The total work `Σ_b nhead_k * nc_b * sqw_b` is cut into `num_cus` ranges of `target` positions;
+/// The total work `Σ_b nhead_k * nc_b * sqw_b` ([`chunk_weight`]: under a mask, `masked`, a chunk
+/// weighs the rows it keeps) is cut into `num_cus` ranges of `target` positions;
 /// each logical CU starts at the first whole chunk at or after its raw start. Ranges chain
 /// (`w_hi` of logical CU `c` = `w_lo` of `c + 1`), so they partition all chunk positions. A CU that
 /// starts at raw offset `wc > 0` inside a head uses split `ceil(wc / max(sqw, target))`, clamped to
@@ -292,6 +319,7 @@ pub fn build_group_table(
     row_elements: i64,
     m0: i64,
     n0: i64,
+    masked: bool,
     num_cus: i64,
     remap: XcdRemap,
     out: &mut GroupTableOut<'_>,
@@ -328,7 +356,7 @@ pub fn build_group_table(
 
     let mut total_w = 0i64;
     for b in 0..nb {
-        let w = batch_work(seqstart_q, seqstart_k, b, m0, n0)?;
+        let w = batch_work(seqstart_q, seqstart_k, b, m0, n0, masked)?;
         total_w = total_w
             .checked_add(mul(nhead_k, w.hw, "nhead_k")?)
             .ok_or_else(|| Error::invalid("seqstart_k", "total work overflows 64-bit arithmetic"))?;
@@ -351,7 +379,7 @@ pub fn build_group_table(
     let (mut cu_lo, mut pb) = (0i64, 0i64);
     out.offsets[0] = 0;
     for b in 0..nb {
-        let w = batch_work(seqstart_q, seqstart_k, b, m0, n0)?;
+        let w = batch_work(seqstart_q, seqstart_k, b, m0, n0, masked)?;
         let pb_next = pb + nhead_k * w.hw;
         let cu_hi = num_cus.min(ceil_div(pb_next, target));
         let mut ns = 1i64;
@@ -621,12 +649,14 @@ mod tests {
         batch_state: Vec<BatchState>,
     }
 
+    #[allow(clippy::too_many_arguments)] // build_group_table's, with lengths for seqstarts
     fn build(
         sq: &[i32],
         sk: &[i32],
         nhead: i64,
         hdim: i64,
         (m0, n0): (i64, i64),
+        masked: bool,
         ncu: i64,
         remap: XcdRemap,
     ) -> (Table, i64) {
@@ -644,7 +674,7 @@ mod tests {
             cu_state: &mut t.cu_state,
             batch_state: &mut t.batch_state,
         };
-        let bytes = build_group_table(&qs, &ks, nhead, hdim, m0, n0, ncu, remap, &mut out).unwrap();
+        let bytes = build_group_table(&qs, &ks, nhead, hdim, m0, n0, masked, ncu, remap, &mut out).unwrap();
         (t, bytes)
     }
 
@@ -672,7 +702,7 @@ mod tests {
                 continue;
             }
             cases += 1;
-            let (t, bytes) = build(&sq, &sk, nhead, hdim, (m0, n0), ncu, remap);
+            let (t, bytes) = build(&sq, &sk, nhead, hdim, (m0, n0), masked, ncu, remap);
             let ctx = format!(
                 "seed {seed} case {cases}: sq {sq:?} sk {sk:?} nhead {nhead} m0 {m0} n0 {n0} ncu {ncu} {remap:?}"
             );
@@ -702,7 +732,7 @@ mod tests {
 
     #[test]
     fn group_no_keys_is_all_idle() {
-        let (t, bytes) = build(&[5, 0, 7], &[0, 0, 0], 4, 64, (64, 128), 16, XcdRemap::Xcd8);
+        let (t, bytes) = build(&[5, 0, 7], &[0, 0, 0], 4, 64, (64, 128), true, 16, XcdRemap::Xcd8);
         assert_eq!(bytes, 0);
         assert_eq!(t.nsplits, [1, 1, 1]);
         assert_eq!(t.offsets, [0, 0, 0, 0]);
@@ -713,14 +743,14 @@ mod tests {
 
     #[test]
     fn group_hand_example() {
-        // One batch, sq 100 (sqw 128 with m0 64), sk 512 (nc 4 with n0 128), 2 heads, 4 CUs:
-        // total_w = 2 * 4 * 128 = 1024, target 256: every CU gets two chunks of one head.
-        let (t, bytes) = build(&[100], &[512], 2, 8, (64, 128), 4, XcdRemap::None);
+        // One batch, sq 100 (chunk weight 128 + 64 with m0 64, unmasked), sk 512 (nc 4 with n0 128),
+        // 2 heads, 4 CUs: total_w = 2 * 4 * 192 = 1536, target 384: every CU gets two chunks of one head.
+        let (t, bytes) = build(&[100], &[512], 2, 8, (64, 128), false, 4, XcdRemap::None);
         let st: Vec<(i64, i64, i32, i32, i32)> =
             t.cu_state.iter().map(|c| (c.w_lo, c.w_hi, c.isplit, c.head_start, c.c_start)).collect();
-        assert_eq!(st, [(0, 256, 0, 0, 0), (256, 512, 1, 0, 2), (512, 768, 0, 1, 0), (768, 1024, 1, 1, 2)]);
+        assert_eq!(st, [(0, 384, 0, 0, 0), (384, 768, 1, 0, 2), (768, 1152, 0, 1, 0), (1152, 1536, 1, 1, 2)]);
         assert_eq!(t.nsplits, [2]);
-        assert_eq!(t.batch_state[0], BatchState { sq: 128, nc: 4, nsplits: 2, pad: 0 });
+        assert_eq!(t.batch_state[0], BatchState { sq: 192, nc: 4, nsplits: 2, pad: 0 });
         assert_eq!(t.offsets, [0, 2 * 2 * 100 * 8]);
         assert_eq!(bytes, 4 * 3200);
         let units: Vec<WorkUnit> = group_jobs(&t.cu_state[1], &t.batch_state, 2, true).collect();
@@ -731,6 +761,22 @@ mod tests {
                 WorkUnit { batch: 0, head: 0, k_tile: 2, split: 1, first_in_slot: false },
             ]
         );
+    }
+
+    #[test]
+    fn chunk_weights_by_hand() {
+        // Unmasked: the rows rounded up to m0, plus m0; no rows: m0.
+        assert_eq!(chunk_weight(1024, 1024, 8, 64, 128, false), 1024 + 64);
+        assert_eq!(chunk_weight(100, 512, 4, 64, 128, false), 128 + 64);
+        assert_eq!(chunk_weight(0, 512, 4, 64, 128, true), 64);
+        // Causal, sq = sk = 1024: 1024 * 1025 / 2 pairs over 8 * 128 keys = 512.5 rows -> 576 + 64.
+        assert_eq!(chunk_weight(1024, 1024, 8, 64, 128, true), 576 + 64);
+        // sq > sk: 300 * 301 / 2 pairs over 3 * 128 keys = 117.6 rows -> 128 + 64.
+        assert_eq!(chunk_weight(1000, 300, 3, 64, 128, true), 128 + 64);
+        // The longest sequences the table takes, masked: no overflow, at most the unmasked weight.
+        let max = i64::from(i32::MAX);
+        assert_eq!(chunk_weight(max - 64, max, ceil_div(max, 128), 64, 128, true), (1 << 30) + 64); // about half
+        assert!(chunk_weight(4, max, ceil_div(max, 128), 1, 128, true) <= chunk_weight(4, max, 1, 1, 128, false));
     }
 
     #[test]
@@ -748,7 +794,7 @@ mod tests {
             batch_state: &mut t.batch_state,
         };
         let mut run = |q: &[i32], k: &[i32], ncu: i64| {
-            build_group_table(q, k, 1, 8, 64, 128, ncu, XcdRemap::None, &mut out).unwrap_err().message
+            build_group_table(q, k, 1, 8, 64, 128, false, ncu, XcdRemap::None, &mut out).unwrap_err().message
         };
         assert!(run(&[0, 5], &[0, 3, 4], 4).starts_with("seqstart_k"));
         assert!(run(&[1, 5], &[0, 3], 4).starts_with("seqstart_q"));

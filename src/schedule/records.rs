@@ -22,8 +22,9 @@ pub struct CuState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[repr(C)]
 pub struct BatchState {
-    /// Work weight of one chunk: `sq` rounded up to `m0`, or `m0` when `sq == 0` (such a batch still
-    /// has units: they store zero dK/dV).
+    /// Work weight of one chunk, in q rows (`schedule::chunk_weight`: the rows its K tile keeps,
+    /// rounded up to `m0`, plus `m0`; `m0` when `sq == 0`, whose units store zero dK/dV). Only the
+    /// walk's positions use it; dq_acc holds the physical rows.
     pub sq: i32,
     /// K tiles per kv head, `ceil(sk / n0)`.
     pub nc: i32,

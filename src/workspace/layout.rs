@@ -105,6 +105,9 @@ pub struct WorkspaceParams {
     /// Workgroups of the persistent grid; the device prepare must use the same value.
     pub num_cus: i64,
     pub remap: XcdRemap,
+    /// Whether the kernel masks: the group-mode schedule then weighs a chunk by the rows a causal mask
+    /// keeps ([`crate::schedule::chunk_weight`]).
+    pub masked: bool,
 }
 
 impl WorkspaceParams {

@@ -102,7 +102,8 @@ pub fn prepare_metadata(
                 cu_state: &mut cu_state,
                 batch_state: &mut batch_state,
             };
-            let bytes = build_group_table(q, k, p.nhead_k, p.row_elements, p.m0, p.n0, p.num_cus, p.remap, &mut out)?;
+            let bytes =
+                build_group_table(q, k, p.nhead_k, p.row_elements, p.m0, p.n0, p.masked, p.num_cus, p.remap, &mut out)?;
             for (i, v) in nsplits.iter().enumerate() {
                 put(region, ns_at + 4 * i, &v.to_le_bytes());
             }

@@ -27,6 +27,7 @@ fn params(group_mode: bool, deterministic: bool) -> WorkspaceParams {
         n0: 128,
         num_cus: 16,
         remap: XcdRemap::None,
+        masked: false,
     }
 }
 
@@ -69,10 +70,10 @@ fn sizes_by_scenario() {
             (false, false) => 204_800,
             (false, true) => 409_600,
             (true, false) => 256_000,
-            // sqw 128/192, nc 3/1, total_w 2304, target 144. Head 1 of batch 0 spans
-            // 384..768: CU 2 (raw 288, past head 0's last chunk start) begins there with split
-            // 0, CU 3 (raw 432) runs chunk 1 with split ceil(48/144) = 1, CU 4 (raw 576) chunk 2
-            // with split ceil(192/144) = 2. nsplits = [3, 1]: 4 * 4 * 64 * (3*100 + 1*150).
+            // Chunk weights 192/256 (rows rounded up to 64, plus 64), nc 3/1, total_w 3328, target
+            // 208. Head 1 of batch 0 spans 576..1152: CU 2 (raw 416, past head 0's last chunk start)
+            // begins there with split 0, CU 3 (raw 624) runs chunk 1 with split ceil(48/208) = 1, CU 4
+            // (raw 832) chunk 2 with split ceil(256/208) = 2. nsplits = [3, 1]: 4 * 4 * 64 * (3*100 + 1*150).
             (true, true) => {
                 assert_eq!((view.nsplits(0), view.nsplits(1)), (3, 1));
                 460_800
@@ -216,6 +217,7 @@ fn random_prepare_round_trip() {
             n0: [16, 64, 128][rng.range(0, 2) as usize],
             num_cus: rng.range(1, 320),
             remap: if rng.range(0, 1) == 0 { XcdRemap::None } else { XcdRemap::Xcd8 },
+            masked: rng.range(0, 1) == 1,
         };
         let ctx = format!("seed {seed} case {case}: {p:?} sq {sq:?} sk {sk:?}");
         let l = WorkspaceLayout::new(&p).unwrap();
