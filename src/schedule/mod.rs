@@ -272,7 +272,7 @@ struct BatchWork {
 /// `sq · (2·sk − sq + 1) / 2` kept pairs (`sk · (sk + 1) / 2` when `sq > sk`) spread over `nc · n0` keys:
 /// a cost estimate, not the mask (windows are run-time arguments), which only moves the CU ranges. CK
 /// weighs every chunk `round_up(sq, m0)`, so that the CUs holding a varlen batch's short sequences got
-/// up to 1.3-1.7× the mean work under a causal mask (the schedule model in `docs/perf.md`).
+/// up to 1.3-1.8× the mean work under a causal mask (the schedule model in `docs/perf.md`).
 /// Exact in i64, in 2⁻²⁰ fixed point where the pair count could overflow: `hip/bwd/prepare_workspace.h`
 /// computes the same.
 pub fn chunk_weight(sq: i64, sk: i64, nc: i64, m0: i64, n0: i64, masked: bool) -> i64 {
