@@ -85,18 +85,14 @@ __device__ inline PostedUnits* posted_units(const BackwardShared<Tile>& sh) {
   return static_cast<PostedUnits*>(__cvta_shared_to_generic(sh.posted_units));
 }
 
-__device__ inline uint32_t shared_address(const void* at) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(at));
-}
-
 // Thread 0, before the workgroup's first barrier: the walk at its start, the entries' barriers.
 template <typename Tile>
 __device__ inline void start_posted_units(const fmha_bwd_params& p, PostedUnits* posted) {
   const int32_t worker = static_cast<int32_t>(arch::block_index_x());
   posted->cursor = p.group_mode ? group_jobs_start(p, worker) : batch_jobs_start(p, worker);
   for (int e = 0; e < 2; ++e) {
-    arch::mbarrier_init(shared_address(&posted->full[e]), 32);
-    arch::mbarrier_init(shared_address(&posted->empty[e]), Tile::kThreads);
+    arch::mbarrier_init(arch::shared_address(&posted->full[e]), 32);
+    arch::mbarrier_init(arch::shared_address(&posted->empty[e]), Tile::kThreads);
   }
 }
 
@@ -104,7 +100,7 @@ __device__ inline void start_posted_units(const fmha_bwd_params& p, PostedUnits*
 template <typename Tile>
 __device__ inline void post_unit(const fmha_bwd_params& p, PostedUnits* posted, int n) {
   const int e = n & 1;
-  arch::mbarrier_wait(shared_address(&posted->empty[e]), ((n >> 1) & 1) ^ 1);  // the first lap passes
+  arch::mbarrier_wait(arch::shared_address(&posted->empty[e]), ((n >> 1) & 1) ^ 1);  // the first lap passes
   const int32_t worker = static_cast<int32_t>(arch::block_index_x());
   ScheduleCursor at = posted->cursor;
   WorkUnit unit;
@@ -113,7 +109,7 @@ __device__ inline void post_unit(const fmha_bwd_params& p, PostedUnits* posted, 
   if (!more) unit.batch = -1;
   posted->cursor = at;
   posted->entry[e] = unit;
-  arch::mbarrier_arrive(shared_address(&posted->full[e]));
+  arch::mbarrier_arrive(arch::shared_address(&posted->full[e]));
 }
 
 // A posted unit, each field as lane 0 read it: values ptxas knows to be warp-uniform, which it keeps in
@@ -144,9 +140,9 @@ __device__ inline void for_each_posted_unit(const fmha_bwd_params& p, const Back
       const int n = units;
       PostedUnits* const posted = posted_units(sh);
       const int e = n & 1;
-      arch::mbarrier_wait(shared_address(&posted->full[e]), (n >> 1) & 1);
+      arch::mbarrier_wait(arch::shared_address(&posted->full[e]), (n >> 1) & 1);
       const WorkUnit unit = uniform_unit(posted->entry[e]);
-      arch::mbarrier_arrive(shared_address(&posted->empty[e]));
+      arch::mbarrier_arrive(arch::shared_address(&posted->empty[e]));
       if (unit.batch < 0) return;
       if (poster()) post_unit<Tile>(p, posted, n + 1);
       run(unit);
