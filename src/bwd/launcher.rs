@@ -12,7 +12,7 @@ use super::traits::BwdTraits;
 use crate::error::{ensure, Error, Result};
 use crate::host_buffer::AlignedBytes;
 use crate::launch::BwdKargs;
-use crate::problem::{MaskType, Mode, Shape};
+use crate::problem::{Mode, Shape};
 use crate::registry::{Instance, Operation, Plan, Request, Stage};
 use crate::runtime::{self, Arch, CopyKind, DevicePtr, Stream};
 use crate::schedule::XcdRemap;
@@ -47,7 +47,7 @@ pub fn workspace_params(traits: &BwdTraits, instance: &Instance, num_cus: i64, a
         n0: instance.n0,
         num_cus,
         remap: if arch.has_eight_xcds() { XcdRemap::Xcd8 } else { XcdRemap::None },
-        masked: traits.mask_type != MaskType::None,
+        masked: instance.masked,
     }
 }
 
