@@ -212,6 +212,7 @@ fn main() {
         has_dropout: 0,
         is_store_randval: 0,
         is_deterministic: 1,
+        dq_scheme: i64::from(FMHA_DQ_SCHEME_AUTO),
     };
     let mut launcher = null_mut();
     check(fmha_bwd_launcher_create(&bwd_traits, &mut launcher), "fmha_bwd_launcher_create");

@@ -53,6 +53,10 @@ typedef struct fmha_prepare_params {
   int64_t metadata_bytes;
   // Whether the kernel masks (the group-mode chunk weights, `schedule::chunk_weight`).
   int64_t masked;
+  // The ordered dQ scheme (no split slots in deterministic mode) and the query heads (its semaphores
+  // are per query head): both shape the layout, so the fingerprint absorbs them.
+  int64_t ordered_dq;
+  int64_t nhead_q;
 } fmha_prepare_params;
 
 // The workspace prepare's arguments: where the metadata goes, the seqstarts it is built from
@@ -339,6 +343,11 @@ typedef struct fmha_bwd_params {
   int64_t jobs_per_head;
   int64_t jobs_per_worker;
   int64_t total_jobs;
+  // The ordered dQ scheme (`WorkspaceParams::ordered_dq`), deterministic mode: 1 where the units add
+  // into one dq_acc in turn, counted by `dq_semaphore_words` int32 semaphores after the dq_acc region
+  // (zeroed with it); 0 and 0 otherwise.
+  int64_t ordered_dq;
+  int64_t dq_semaphore_words;
   int32_t batch;
   int32_t nhead_q;
   int32_t nhead_k;

@@ -52,6 +52,18 @@
 
 #define FMHA_BIAS_ALIBI 2
 
+// `fmha_bwd_traits.dq_scheme`: how a deterministic backward sums dQ (non-deterministic runs ignore it).
+// AUTO: the library's choice for the device and shape (docs/perf.md's measurements); SPLIT_SLOTS: every
+// persistent workgroup sums into split slots of its own, which convert_dq adds in a fixed order (CK's
+// scheme; every backend); ORDERED: the work units add into one accumulator, taking turns per q tile
+// in a fixed order (FlashAttention-3's scheme; NVIDIA sm_90a and the host backend, elsewhere
+// FMHA_ERR_UNSUPPORTED). Both are bitwise reproducible; they round differently.
+#define FMHA_DQ_SCHEME_AUTO 0
+
+#define FMHA_DQ_SCHEME_SPLIT_SLOTS 1
+
+#define FMHA_DQ_SCHEME_ORDERED 2
+
 // `fmha_bwd_launcher_prepare_workspace_async` methods.
 #define FMHA_PREPARE_AUTO 0
 
@@ -275,8 +287,12 @@ typedef struct fmha_bwd_traits {
   int32_t has_dropout;
   // 1: store dropout random values (not supported yet: FMHA_ERR_UNSUPPORTED).
   int32_t is_store_randval;
-  // 1: bitwise reproducible dQ (persistent schedule, per-CU split slots, ordered reduction).
+  // 1: bitwise reproducible dQ, summed in a fixed order (`dq_scheme`).
   int32_t is_deterministic;
+  // `FMHA_DQ_SCHEME_*`: how deterministic mode sums dQ (0 = AUTO, the library's choice for the device
+  // and shape; ignored when `is_deterministic` is 0). 64 bits so that it starts past 0.1's struct,
+  // whose last 4 bytes are padding a caller may have left unset.
+  int64_t dq_scheme;
 } fmha_bwd_traits;
 
 // Backward arguments. Extensible: set `struct_size = sizeof(fmha_bwd_args)`. dK and dV have

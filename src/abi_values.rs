@@ -30,6 +30,16 @@ pub const FMHA_BIAS_NONE: i32 = 0;
 pub const FMHA_BIAS_ELEMENTWISE: i32 = 1;
 pub const FMHA_BIAS_ALIBI: i32 = 2;
 
+/// `fmha_bwd_traits.dq_scheme`: how a deterministic backward sums dQ (non-deterministic runs ignore it).
+/// AUTO: the library's choice for the device and shape (docs/perf.md's measurements); SPLIT_SLOTS: every
+/// persistent workgroup sums into split slots of its own, which convert_dq adds in a fixed order (CK's
+/// scheme; every backend); ORDERED: the work units add into one accumulator, taking turns per q tile
+/// in a fixed order (FlashAttention-3's scheme; NVIDIA sm_90a and the host backend, elsewhere
+/// FMHA_ERR_UNSUPPORTED). Both are bitwise reproducible; they round differently.
+pub const FMHA_DQ_SCHEME_AUTO: i32 = 0;
+pub const FMHA_DQ_SCHEME_SPLIT_SLOTS: i32 = 1;
+pub const FMHA_DQ_SCHEME_ORDERED: i32 = 2;
+
 /// `fmha_bwd_launcher_prepare_workspace_async` methods.
 pub const FMHA_PREPARE_AUTO: i32 = 0;
 pub const FMHA_PREPARE_HOST: i32 = 1;

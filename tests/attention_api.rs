@@ -276,6 +276,27 @@ fn backward_launcher_rejects_bad_inputs() {
         FMHA_ERR_INVALID_ARGUMENT,
         &["is_deterministic"],
     );
+    // dq_scheme: AUTO, SPLIT_SLOTS or ORDERED (AMD has no ordered kernel); a 0.1 caller's struct ends
+    // before it, and whatever its padding holds is not read.
+    for bad in [3, -1, i64::from(i32::MAX) + 1] {
+        let t = fmha_bwd_traits { is_deterministic: 1, dq_scheme: bad, ..traits };
+        expect_error(create(t), FMHA_ERR_INVALID_ARGUMENT, &["dq_scheme"]);
+    }
+    for scheme in [FMHA_DQ_SCHEME_AUTO, FMHA_DQ_SCHEME_SPLIT_SLOTS, FMHA_DQ_SCHEME_ORDERED] {
+        let status = create(fmha_bwd_traits { is_deterministic: 1, dq_scheme: i64::from(scheme), ..traits });
+        if scheme == FMHA_DQ_SCHEME_ORDERED && fmha::runtime::ACTIVE_BACKEND == fmha::runtime::BackendKind::Rocm {
+            expect_error(status, FMHA_ERR_UNSUPPORTED, &["dq_scheme"]);
+        } else {
+            ok(status);
+        }
+    }
+    let v01 = std::mem::offset_of!(fmha_bwd_traits, dq_scheme);
+    ok(create(fmha_bwd_traits { struct_size: v01, is_deterministic: 1, dq_scheme: -7, ..traits }));
+    expect_error(
+        create(fmha_bwd_traits { struct_size: v01 - 4, ..traits }),
+        FMHA_ERR_INVALID_ARGUMENT,
+        &["struct_size"],
+    );
     expect_error(create(fmha_bwd_traits { has_dbias: 1, ..traits }), FMHA_ERR_UNSUPPORTED, &["has_dbias"]);
     expect_error(create(fmha_bwd_traits { has_dropout: 1, ..traits }), FMHA_ERR_UNSUPPORTED, &["dropout"]);
     expect_error(create(fmha_bwd_traits { is_store_randval: 1, ..traits }), FMHA_ERR_UNSUPPORTED, &["randval"]);

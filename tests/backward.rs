@@ -5,6 +5,7 @@
 mod common;
 
 use common::attention::{check_backward, check_backward_modes, Case, Dtype, PreparedLauncher, Rng};
+use fmha::ffi::backward::{FMHA_DQ_SCHEME_ORDERED, FMHA_DQ_SCHEME_SPLIT_SLOTS};
 use fmha::problem::mask::{Mask, MaskType};
 
 /// CK's `smoke_test_bwd.sh` shapes: (batch, nhead_q, nhead_k, seqlen_q, seqlen_k, mask).
@@ -91,41 +92,55 @@ fn group_mode_zero_length_batches() {
     }
 }
 
-/// Repeated deterministic runs give identical bits (varlen, GQA, causal); on the host backend so do
-/// dK/dV across CU counts (each K tile's dK/dV is computed by one unit in a fixed order whatever the CU
-/// count). GPU builds run on the device's CU count, 20 times.
+/// Repeated deterministic runs give identical bits (varlen, GQA, causal), with either dQ scheme; on the
+/// host backend so do dK/dV across CU counts (each K tile's dK/dV is computed by one unit in a fixed
+/// order whatever the CU count), and with the ordered scheme dQ too (its turns do not depend on the
+/// workers). GPU builds run on the device's CU count, 20 times; AMD has split slots only.
 #[test]
 fn deterministic_backward_is_bitwise_reproducible() {
     let _serial = common::CU_COUNT_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let mut rng = Rng::fresh();
     eprintln!("seed {}", rng.0);
-    let mut case = Case::batch_mode(Dtype::Bf16, 3, 8, 2, (0, 0), (64, 64), Mask::causal(MaskType::BottomRight));
-    case.group = true;
-    case.deterministic = true;
-    case.seqlens = vec![(130, 260), (0, 77), (301, 190)];
-    case.padding = vec![(0, 0); 3];
-    let Some((fwd, bwd)) = check_backward(&case, &mut rng) else { return };
     let host = fmha::runtime::ACTIVE_BACKEND == fmha::runtime::BackendKind::Host;
-    let (cu_counts, repeats): (&[i32], usize) = if host { (&[1, 7, 80], 3) } else { (&[0], 20) };
-    let mut per_cu_count = Vec::new();
-    for &cus in cu_counts {
-        if host {
-            common::ok(fmha::ffi::runtime::fmha_host_set_cu_count(cus));
-        }
-        let launcher = PreparedLauncher::new(&case);
-        launcher.run(&case, &fwd, &bwd);
-        let first = bwd.bits();
-        for _ in 0..repeats {
-            bwd.poison(&case);
+    let rocm = fmha::runtime::ACTIVE_BACKEND == fmha::runtime::BackendKind::Rocm;
+    let schemes: &[i32] =
+        if rocm { &[FMHA_DQ_SCHEME_SPLIT_SLOTS] } else { &[FMHA_DQ_SCHEME_SPLIT_SLOTS, FMHA_DQ_SCHEME_ORDERED] };
+    for &dq_scheme in schemes {
+        let mut case = Case::batch_mode(Dtype::Bf16, 3, 8, 2, (0, 0), (64, 64), Mask::causal(MaskType::BottomRight));
+        case.group = true;
+        case.deterministic = true;
+        case.dq_scheme = dq_scheme;
+        case.seqlens = vec![(130, 260), (0, 77), (301, 190)];
+        case.padding = vec![(0, 0); 3];
+        let Some((fwd, bwd)) = check_backward(&case, &mut rng) else { return };
+        let (cu_counts, repeats): (&[i32], usize) = if host { (&[1, 7, 80], 3) } else { (&[0], 20) };
+        let mut per_cu_count = Vec::new();
+        for &cus in cu_counts {
+            if host {
+                common::ok(fmha::ffi::runtime::fmha_host_set_cu_count(cus));
+            }
+            let launcher = PreparedLauncher::new(&case);
             launcher.run(&case, &fwd, &bwd);
-            assert_eq!(bwd.bits(), first, "deterministic backward changed between runs ({cus} CUs, 0 = the device's)");
+            let first = bwd.bits();
+            for _ in 0..repeats {
+                bwd.poison(&case);
+                launcher.run(&case, &fwd, &bwd);
+                assert_eq!(
+                    bwd.bits(),
+                    first,
+                    "deterministic backward (dq_scheme {dq_scheme}) changed between runs ({cus} CUs, 0 = the device's)"
+                );
+            }
+            per_cu_count.push((cus, first));
         }
-        per_cu_count.push((cus, first));
-    }
-    let (_, reference) = &per_cu_count[0];
-    for (cus, bits) in &per_cu_count[1..] {
-        assert_eq!(bits.dk, reference.dk, "dK differs between 1 and {cus} CUs");
-        assert_eq!(bits.dv, reference.dv, "dV differs between 1 and {cus} CUs");
+        let (_, reference) = &per_cu_count[0];
+        for (cus, bits) in &per_cu_count[1..] {
+            assert_eq!(bits.dk, reference.dk, "dK differs between 1 and {cus} CUs (dq_scheme {dq_scheme})");
+            assert_eq!(bits.dv, reference.dv, "dV differs between 1 and {cus} CUs (dq_scheme {dq_scheme})");
+            if dq_scheme == FMHA_DQ_SCHEME_ORDERED {
+                assert_eq!(bits.dq, reference.dq, "ordered dQ differs between 1 and {cus} CUs");
+            }
+        }
     }
 }
 
@@ -149,6 +164,47 @@ fn deterministic_batch_mode_writes_or_skips_every_slot() {
         Mask { kind: MaskType::BottomRight, left: 70, right: 20 },
     ] {
         let case = Case::batch_mode(Dtype::Bf16, 2, 6, 3, (300, 600), (64, 64), mask);
+        check_backward_modes(&case, &[true], &mut rng);
+    }
+}
+
+/// The ordered dQ scheme (`FMHA_DQ_SCHEME_ORDERED`: the host executor's twin of the NVIDIA kernel's):
+/// every mask kind in batch and group mode (zero-length sequences, GQA, lengths off the tiles), against
+/// the float64 reference (bitwise reproducibility: the test above). The host executor checks each q
+/// tile's turn against its semaphore, so turn or index arithmetic that disagrees with the walks fails
+/// the run rather than changing the sum. Backends without the scheme (AMD) answer unsupported.
+#[test]
+fn ordered_dq_is_correct_under_every_mask() {
+    if matches!(fmha::runtime::ACTIVE_BACKEND, fmha::runtime::BackendKind::Rocm) {
+        let mut case = Case::varlen_causal(vec![(8, 8); 2], true);
+        case.dq_scheme = FMHA_DQ_SCHEME_ORDERED;
+        let mut launcher = std::ptr::null_mut();
+        let status =
+            fmha::ffi::backward::fmha_bwd_launcher_create(&common::attention::bwd_traits(&case), &mut launcher);
+        assert_eq!(status, fmha::ffi::status::FMHA_ERR_UNSUPPORTED);
+        return;
+    }
+    let mut rng = Rng::fresh();
+    eprintln!("seed {}", rng.0);
+    for (i, mask) in [
+        Mask::NONE,
+        Mask::causal(MaskType::BottomRight),
+        Mask::causal(MaskType::TopLeft),
+        Mask { kind: MaskType::BottomRight, left: 70, right: 20 },
+        Mask { kind: MaskType::TopLeft, left: 5, right: 90 },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let hdim = if i % 2 == 0 { 64 } else { 128 }; // both GPU buckets
+        let mut case = Case::batch_mode(Dtype::Bf16, 2, 6, 3, (300, 600), (hdim, hdim), mask);
+        case.dq_scheme = FMHA_DQ_SCHEME_ORDERED;
+        check_backward_modes(&case, &[true], &mut rng);
+        let mut case = Case::batch_mode(Dtype::F16, 4, 4, 2, (1, 1), (40, 40), mask);
+        case.dq_scheme = FMHA_DQ_SCHEME_ORDERED;
+        case.group = true;
+        case.padding = vec![(0, 0); 4];
+        case.seqlens = vec![(130, 260), (0, 77), (301, 190), (65, 0)];
         check_backward_modes(&case, &[true], &mut rng);
     }
 }

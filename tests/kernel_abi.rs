@@ -62,6 +62,8 @@ fn layouts() -> Vec<Layout> {
                 batch_state_count,
                 metadata_bytes,
                 masked,
+                ordered_dq,
+                nhead_q,
             ]
         ),
         layout!(PrepareArgs, "fmha_prepare_args", [workspace, seqstart_q, seqstart_k, params]),
@@ -171,6 +173,8 @@ fn layouts() -> Vec<Layout> {
                 jobs_per_head,
                 jobs_per_worker,
                 total_jobs,
+                ordered_dq,
+                dq_semaphore_words,
                 batch,
                 nhead_q,
                 nhead_k,

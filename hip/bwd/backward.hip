@@ -1,6 +1,6 @@
 // The backward's launch stub: dot_do_o (with the workspace check) → dq_acc zeroing → dq_dk_dv →
 // convert_dq, on one stream. Only what changes the dq_dk_dv inner loop is compiled per instance: the
-// element type, the head-dim bucket, masked or not, and atomic or deterministic dQ.
+// element type, the head-dim bucket, masked or not, and the dQ scheme (bwd/dq_scheme.h).
 #include "arch/platform.h"
 #include "launch.h"
 #include "bwd/convert_dq.h"
@@ -31,7 +31,8 @@ constexpr int kBackwardBlockM = 64;
 // dq_acc as the kernel's TMA target (bwd/sm90/mainloop.h's DqTarget): (column, query head of the group,
 // row, slot) boxes of 32 columns by kDqBoxRows rows. Batch mode's slots are seqlen_q rows each (one per
 // batch, kv head and split), so that TMA skips rows past a sequence; group mode's map is one slot of every
-// sequence's rows. False where TMA cannot describe it: the kernel then stores or adds element by element.
+// sequence's rows. False where TMA cannot describe it: the kernel then stores or adds element by element
+// (the ordered scheme's launch refuses).
 template <typename Tile>
 bool encode_dq_acc_map(const fmha_bwd_params& p, CUtensorMap* map) {
   const int64_t group = p.nhead_k > 0 ? p.nhead_q / p.nhead_k : 0, row_elements = group * p.hdim_q;
@@ -45,19 +46,21 @@ bool encode_dq_acc_map(const fmha_bwd_params& p, CUtensorMap* map) {
                           {p.hdim_q, row_elements, slot_rows * row_elements}, {1, Tile::kDqBoxRows, 1});
 }
 
-template <typename T, int kHeadDim, bool kMasked, bool kDeterministic>
+template <typename T, int kHeadDim, bool kMasked, DqScheme kScheme>
 int32_t launch_dq_dk_dv(const fmha_bwd_params& p, hipStream_t stream) {
-  using Tile = BackwardTile<kHeadDim, kBackwardWarps, kBackwardBlockM, kMasked, kDeterministic>;
+  using Tile = BackwardTile<kHeadDim, kBackwardWarps, kBackwardBlockM, kMasked, kScheme>;
   // The workspace (dq_acc split slots, schedule) was laid out for the registry's tile: it must be this one.
   if (p.m0 != Tile::kBlockM || p.n0 != Tile::kBlockN) return kInvalidValue;
   const auto kernel = dq_dk_dv_kernel<Tile, T>;
   static const cudaError_t configured =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSharedBytes);
   if (configured != cudaSuccess) return static_cast<int32_t>(configured);
-  const UnitGrid grid = dq_dk_dv_grid(p, kDeterministic, Tile::kBlockN);
+  const UnitGrid grid = dq_dk_dv_grid(p, Tile::kSplitSlots, Tile::kBlockN);
   if (grid.x == 0) return 0;
   BackwardMaps maps{};
   maps.dq_boxes = encode_dq_acc_map<Tile>(p, &maps.dq);
+  // The ordered dQ writer sends TMA boxes only.
+  if (Tile::kOrdered && !maps.dq_boxes && p.dq_acc_elements > 0) return kInvalidValue;
   // Q and dO as boxes of kBlockM rows (column blocks of 128 bytes), as the forward's query map.
   const int64_t batches = p.group_mode ? 1 : p.batch;
   maps.tiles = arch::encode_rows_map(&maps.q, reinterpret_cast<const void*>(p.q), sizeof(T), p.hdim_q, p.seqlen_q,
@@ -71,8 +74,9 @@ int32_t launch_dq_dk_dv(const fmha_bwd_params& p, hipStream_t stream) {
 }
 
 #else
-template <typename T, int kHeadDim, bool kMasked, bool kDeterministic>
+template <typename T, int kHeadDim, bool kMasked, DqScheme kScheme>
 int32_t launch_dq_dk_dv(const fmha_bwd_params& p, hipStream_t stream) {
+  constexpr bool kDeterministic = kScheme == DqScheme::kSplitSlots;
   using Tile = AmdBackwardTile<kHeadDim>;
   // The workspace (dq_acc split slots, schedule) was laid out for the registry's tile: it must be this one.
   if (p.m0 != Tile::kBlockM || p.n0 != Tile::kBlockN) return kInvalidValue;
@@ -92,23 +96,36 @@ int32_t launch_dq_dk_dv(const fmha_bwd_params& p, hipStream_t stream) {
 }
 #endif
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, DqScheme kScheme>
 int32_t dispatch_masks(const fmha_bwd_params& p, hipStream_t stream) {
-  if (p.deterministic) {
-    return p.masked ? launch_dq_dk_dv<T, kHeadDim, true, true>(p, stream)
-                    : launch_dq_dk_dv<T, kHeadDim, false, true>(p, stream);
+  return p.masked ? launch_dq_dk_dv<T, kHeadDim, true, kScheme>(p, stream)
+                  : launch_dq_dk_dv<T, kHeadDim, false, kScheme>(p, stream);
+}
+
+template <typename T, int kHeadDim>
+int32_t dispatch_schemes(const fmha_bwd_params& p, hipStream_t stream) {
+  switch (dq_scheme(p)) {
+    case DqScheme::kAtomic:
+      return dispatch_masks<T, kHeadDim, DqScheme::kAtomic>(p, stream);
+    case DqScheme::kSplitSlots:
+      return dispatch_masks<T, kHeadDim, DqScheme::kSplitSlots>(p, stream);
+    case DqScheme::kOrdered:
+#if defined(FMHA_PLATFORM_NVIDIA)
+      return dispatch_masks<T, kHeadDim, DqScheme::kOrdered>(p, stream);
+#else
+      return kInvalidValue;  // (the AMD kernels have split slots only: the launcher refuses ordered dQ)
+#endif
   }
-  return p.masked ? launch_dq_dk_dv<T, kHeadDim, true, false>(p, stream)
-                  : launch_dq_dk_dv<T, kHeadDim, false, false>(p, stream);
+  return kInvalidValue;
 }
 
 template <typename T>
 int32_t dispatch_dq_dk_dv(const fmha_bwd_params& p, hipStream_t stream) {
   switch (p.hdim_bucket) {
     case 64:
-      return dispatch_masks<T, 64>(p, stream);
+      return dispatch_schemes<T, 64>(p, stream);
     case 128:
-      return dispatch_masks<T, 128>(p, stream);
+      return dispatch_schemes<T, 128>(p, stream);
     default:
       return kInvalidValue;
   }
@@ -129,7 +146,7 @@ int32_t backward(const fmha_bwd_params& p, hipStream_t stream) {
   if (code != 0) return code;
   if (dq_acc_needs_zeroing(p)) {
     constexpr int64_t kMaxZeroBlocks = 4096;
-    int64_t zero_blocks = (p.dq_acc_elements / 4 + kZeroThreads - 1) / kZeroThreads;
+    int64_t zero_blocks = ((p.dq_acc_elements + p.dq_semaphore_words) / 4 + kZeroThreads - 1) / kZeroThreads;
     zero_blocks = zero_blocks < 1 ? 1 : (zero_blocks > kMaxZeroBlocks ? kMaxZeroBlocks : zero_blocks);
     zero_dq_acc_kernel<<<dim3(static_cast<uint32_t>(zero_blocks)), kZeroThreads, 0, stream>>>(p);
     code = static_cast<int32_t>(hipGetLastError());

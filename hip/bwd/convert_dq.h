@@ -61,7 +61,7 @@ constexpr int kZeroThreads = 256;
 // dq_acc is page-aligned.
 __global__ void __launch_bounds__(kZeroThreads) zero_dq_acc_kernel(fmha_bwd_params p) {
   if (!workspace_prepared(p)) return;
-  zero_floats(dq_acc_region(p), dq_acc_elements_to_zero(p),
+  zero_floats(dq_acc_region(p), dq_acc_words_to_zero(p),
               int64_t(arch::block_index_x()) * kZeroThreads + arch::thread_index(),
               int64_t(arch::grid_blocks_x()) * kZeroThreads);
 }

@@ -150,15 +150,21 @@ FMHA_HOST_DEVICE inline bool in_range(int64_t v, int64_t lo, int64_t hi) { retur
 // Whether the WorkspaceParams fields are in the ranges `WorkspaceLayout::new` accepts.
 FMHA_HOST_DEVICE inline bool params_in_range(const fmha_prepare_params& p) {
   return in_range(p.group_mode, 0, 1) && in_range(p.deterministic, 0, 1) && in_range(p.remap, 0, 1) &&
-         in_range(p.batch, 0, kInt32Max) && in_range(p.nhead_k, 1, kInt32Max) &&
+         in_range(p.ordered_dq, 0, 1) && in_range(p.batch, 0, kInt32Max) && in_range(p.nhead_q, 1, kInt32Max) &&
+         in_range(p.nhead_k, 1, kInt32Max) &&
          in_range(p.row_elements, 1, kInt32Max) && in_range(p.seqlen_q, 0, kInt32Max) &&
          in_range(p.seqlen_k, 0, kInt32Max) && in_range(p.max_seqlen_k, 0, kInt32Max) &&
          in_range(p.m0, 1, kInt32Max) && in_range(p.n0, 1, kInt32Max) && in_range(p.num_cus, 1, kInt32Max);
 }
 
+// WorkspaceParams::split_slots: deterministic dQ in the persistent schedule's split slots (not ordered).
+FMHA_HOST_DEVICE inline bool split_slots(const fmha_prepare_params& p) {
+  return p.deterministic != 0 && p.ordered_dq == 0;
+}
+
 // Whether the group-mode persistent table (offsets, cu_state, batch_state) is present.
 FMHA_HOST_DEVICE inline bool group_persistent(const fmha_prepare_params& p) {
-  return p.group_mode != 0 && p.deterministic != 0;
+  return p.group_mode != 0 && split_slots(p);
 }
 
 // Whether a section holds `count` elements of `elem_bytes` bytes, starts aligned at or after `*end` and
@@ -243,7 +249,9 @@ FMHA_HOST_DEVICE inline uint64_t fingerprint_of_params(const fmha_prepare_params
   h = absorb(h, static_cast<uint64_t>(p.n0));
   h = absorb(h, static_cast<uint64_t>(p.num_cus));
   h = absorb(h, static_cast<uint64_t>(p.remap));
-  return absorb(h, static_cast<uint64_t>(p.masked));
+  h = absorb(h, static_cast<uint64_t>(p.masked));
+  h = absorb(h, static_cast<uint64_t>(p.ordered_dq));
+  return absorb(h, static_cast<uint64_t>(p.nhead_q));
 }
 
 // workspace.rs `fingerprint`: the params, then the two seqstart arrays.
@@ -527,7 +535,7 @@ FMHA_HOST_DEVICE inline bool write_tables(uint8_t* region, const fmha_prepare_pa
     return SizeProduct().times(4).times(p.nhead_k).times(q[p.batch]).times(p.row_elements).fits;
   }
   BatchPersistent plan = {0, 0, 0, 1};
-  if (p.deterministic != 0 && !batch_persistent(p, &plan)) return false;
+  if (split_slots(p) && !batch_persistent(p, &plan)) return false;
   const int64_t splits = plan.nsplits;
   write_nsplits(region, p, 0, static_cast<int32_t>(splits));
   return SizeProduct().times(4).times(p.batch).times(p.nhead_k).times(splits).times(p.seqlen_q).times(p.row_elements).fits;

@@ -85,7 +85,7 @@ FMHA_DEVICE inline int64_t batch_splits_used(const fmha_bwd_params& p, int64_t f
 
 // `WorkspaceLayout::summed_splits`: the slots of batch b, kv head hk that convert_dq sums.
 FMHA_DEVICE inline int32_t summed_splits(const fmha_bwd_params& p, const DqAccBlock& acc, int32_t b, int32_t hk) {
-  if (p.group_mode || !p.deterministic) return acc.nsplits;
+  if (p.group_mode || !split_slots(p)) return acc.nsplits;
   return static_cast<int32_t>(batch_splits_used(p, int64_t(b) * p.nhead_k + hk));
 }
 

@@ -68,7 +68,7 @@ struct UnitQTiles {
     // DRAM bandwidth). Walking every other unit backwards starts each unit on the rows the previous
     // one touched last. (Non-deterministic units of a head run side by side and share the rows in
     // L2 when they walk in step.) The order is fixed per unit, so the sums stay reproducible.
-    reversed = p.deterministic && (unit.k_tile & 1) ? 1 : 0;
+    reversed = split_slots(p) && (unit.k_tile & 1) ? 1 : 0;
     interior_lo = clamp_row(int64_t(j0) + kBlockN - 1 - mask.off - mask.right, rows.sq);
     interior_hi = clamp_row(j0 - mask.off + mask.left, rows.sq);
   }
@@ -129,13 +129,14 @@ struct UnitQTiles {
   }
 };
 
-// Calls run(unit) for each unit of this workgroup: in non-deterministic mode the grid is
+// Calls run(unit) for each unit of this workgroup: with kSplitSlots (deterministic split slots)
+// the grid is the persistent one and the workgroup walks its schedule range; otherwise the grid is
 // (K tiles, kv heads, batches) and the workgroup's cell is its unit (under a causal mask the first K
-// tiles see the most query rows, so the natural order starts the longest units first); in
-// deterministic mode the grid is the persistent one and the workgroup walks its schedule range.
-template <bool kDeterministic, typename Run>
+// tiles see the most query rows, so the natural order starts the longest units first, except for the
+// ordered dQ's turns).
+template <bool kSplitSlots, typename Run>
 __device__ inline void for_each_unit(const fmha_bwd_params& p, bool masked, Run&& run) {
-  if constexpr (kDeterministic) {
+  if constexpr (kSplitSlots) {
     const int32_t worker = static_cast<int32_t>(arch::block_index_x());
     if (p.group_mode) {
       for_each_group_job(p, worker, masked, run);
@@ -144,7 +145,10 @@ __device__ inline void for_each_unit(const fmha_bwd_params& p, bool masked, Run&
     }
   } else {
     WorkUnit unit;
-    unit.k_tile = static_cast<int32_t>(arch::block_index_x());
+    // The ordered dQ (bwd/dq_order.h) launches masked K tiles last to first: a unit then waits only for
+    // the turns of units launched before it.
+    const uint32_t x = arch::block_index_x();
+    unit.k_tile = static_cast<int32_t>(p.ordered_dq && masked ? arch::grid_blocks_x() - 1 - x : x);
     unit.head = static_cast<int32_t>(arch::block_index_y());
     unit.batch = static_cast<int32_t>(arch::block_index_z());
     unit.split = 0;
@@ -158,8 +162,8 @@ struct UnitGrid {
   uint32_t x, y, z;
 };
 
-inline UnitGrid dq_dk_dv_grid(const fmha_bwd_params& p, bool deterministic, int block_n) {
-  if (deterministic) return UnitGrid{static_cast<uint32_t>(p.num_cus), 1, 1};
+inline UnitGrid dq_dk_dv_grid(const fmha_bwd_params& p, bool split_slots, int block_n) {
+  if (split_slots) return UnitGrid{static_cast<uint32_t>(p.num_cus), 1, 1};
   const uint32_t tiles = p.max_seqlen_k > 0 ? static_cast<uint32_t>((p.max_seqlen_k + block_n - 1) / block_n) : 0;
   return UnitGrid{tiles, static_cast<uint32_t>(p.nhead_k), static_cast<uint32_t>(p.batch)};
 }

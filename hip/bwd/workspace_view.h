@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "arch/registers.h"
+#include "bwd/dq_scheme.h"
 #include "bwd/prepare_workspace.h"
 #include "launch.h"
 
@@ -58,7 +59,7 @@ FMHA_DEVICE inline BatchState batch_state(const fmha_bwd_params& p, int32_t b) {
   return reinterpret_cast<const BatchState*>(metadata(p) + p.batch_state_offset)[b];
 }
 
-// Whether the deterministic dq_dk_dv kernel of this platform writes every row of a split slot in a
+// Whether the split-slot dq_dk_dv kernel of this platform writes every row of a split slot in a
 // worker's first unit there (WorkUnit::first_in_slot), as the host executor does: the NVIDIA kernel.
 // The AMD kernel adds in every unit, into slots zeroed before it (CK's rule, §3.5).
 #if defined(FMHA_PLATFORM_NVIDIA)
@@ -67,17 +68,17 @@ constexpr bool kFirstUnitWritesSlot = true;
 constexpr bool kFirstUnitWritesSlot = false;
 #endif
 
-// Elements of dq_acc a run zeroes before dq_dk_dv (WorkspaceLayout::needs_zero_dq_acc and
-// zero_dq_acc_elements): the whole region in non-deterministic mode, the used prefix in deterministic
-// group mode, none in deterministic batch mode where first units write their slots (convert_dq reads
-// only written ones), the whole region otherwise.
+// 4-byte words a run zeroes from the start of dq_acc before dq_dk_dv (WorkspaceLayout::needs_zero_dq_acc
+// and zero_dq_acc_elements): none with split slots in batch mode where first units write their slots
+// (convert_dq reads only written ones), the used prefix with split slots in group mode, else the whole
+// region, and the ordered scheme's semaphores after it.
 FMHA_HOST_DEVICE inline bool dq_acc_needs_zeroing(const fmha_bwd_params& p) {
-  return !p.deterministic || p.group_mode || !kFirstUnitWritesSlot;
+  return !split_slots(p) || p.group_mode || !kFirstUnitWritesSlot;
 }
 
-FMHA_DEVICE inline int64_t dq_acc_elements_to_zero(const fmha_bwd_params& p) {
+FMHA_DEVICE inline int64_t dq_acc_words_to_zero(const fmha_bwd_params& p) {
   if (!dq_acc_needs_zeroing(p)) return 0;
-  if (!(p.deterministic && p.group_mode)) return p.dq_acc_elements;
+  if (!(split_slots(p) && p.group_mode)) return p.dq_acc_elements + p.dq_semaphore_words;
   const int64_t used = dq_acc_offset(p, p.batch);
   return used < p.dq_acc_elements ? used : p.dq_acc_elements;
 }
@@ -101,7 +102,7 @@ FMHA_DEVICE inline DqAccBlock dq_acc_block(const fmha_bwd_params& p, int32_t b) 
     a.nsplits = nsplits_of(p, 0);
     a.rows = p.seqlen_q;
     a.base = int64_t(b) * heads * a.nsplits * a.rows * a.row_elements;
-  } else if (!p.deterministic) {
+  } else if (!split_slots(p)) {
     const int32_t* s = reinterpret_cast<const int32_t*>(p.seqstart_q);
     a.nsplits = 1;
     a.rows = s[b + 1] - s[b];

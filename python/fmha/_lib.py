@@ -213,6 +213,7 @@ class fmha_bwd_traits(_Extensible):
         ("has_dropout", c_int32),
         ("is_store_randval", c_int32),
         ("is_deterministic", c_int32),
+        ("dq_scheme", ctypes.c_int64),  # FMHA_DQ_SCHEME_*; 0 = AUTO
     ]
 
 

@@ -8,6 +8,7 @@
 //! and streams, and a workspace prepared by one launcher serves every launcher with the same traits.
 
 use super::args::BwdArgs;
+use super::dq_scheme::runs_ordered;
 use super::traits::BwdTraits;
 use crate::error::{ensure, Error, Result};
 use crate::host_buffer::AlignedBytes;
@@ -32,12 +33,21 @@ pub struct BwdLauncher {
 /// query heads of its kv head, so dK/dV are reduced over the GQA group inside the unit, in a fixed
 /// order, without per-query-head copies. dq_acc therefore holds, per (batch, kv head, split), rows of
 /// `group × hdim_q` floats; with `nhead_q == nhead_k` this is exactly CK's `[b][h][split][sq][dq]`.
-pub fn workspace_params(traits: &BwdTraits, instance: &Instance, num_cus: i64, arch: Arch) -> WorkspaceParams {
+/// `ordered_dq`: deterministic mode's dQ scheme ([`runs_ordered`]).
+pub fn workspace_params(
+    traits: &BwdTraits,
+    instance: &Instance,
+    num_cus: i64,
+    arch: Arch,
+    ordered_dq: bool,
+) -> WorkspaceParams {
     let group = traits.nhead_q / traits.nhead_k.max(1);
     WorkspaceParams {
         group_mode: traits.mode == Mode::Group,
         deterministic: traits.deterministic,
+        ordered_dq: traits.deterministic && ordered_dq,
         batch: traits.batch,
+        nhead_q: traits.nhead_q,
         nhead_k: traits.nhead_k,
         row_elements: traits.hdim_q * group,
         seqlen_q: traits.seqlen_q,
@@ -72,7 +82,8 @@ pub fn workspace_size_upper_bound(traits: &BwdTraits) -> Result<usize> {
     let rt = runtime::current()?;
     let arch = rt.arch()?;
     let instance = select(traits, &shape, arch)?;
-    workspace::workspace_size_upper_bound(&workspace_params(traits, &instance, rt.cu_count()?, arch))
+    let ordered_dq = runs_ordered(traits, arch)?;
+    workspace::workspace_size_upper_bound(&workspace_params(traits, &instance, rt.cu_count()?, arch, ordered_dq))
 }
 
 impl BwdLauncher {
@@ -81,8 +92,9 @@ impl BwdLauncher {
         let rt = runtime::current()?;
         let arch = rt.arch()?;
         let instance = select(&traits, &shape, arch)?;
+        let ordered_dq = runs_ordered(&traits, arch)?;
         // Invalid sizes (the workspace layout's bounds) are reported before what this build cannot run.
-        let layout = WorkspaceLayout::new(&workspace_params(&traits, &instance, rt.cu_count()?, arch))?;
+        let layout = WorkspaceLayout::new(&workspace_params(&traits, &instance, rt.cu_count()?, arch, ordered_dq))?;
         instance.check_grid(traits.nhead_q, traits.batch)?;
         Ok(BwdLauncher { traits, shape, instance, layout })
     }
@@ -205,18 +217,27 @@ impl BwdLauncher {
 
     /// What [`run`](Self::run) launches, in order. The dq_acc zeroing follows `WorkspaceLayout::
     /// needs_zero_dq_acc` and `zero_dq_acc_elements` (`dq_acc_needs_zeroing` in
-    /// `hip/bwd/workspace_view.h`); the AMD kernels add into every slot, so they always zero it.
+    /// `hip/bwd/workspace_view.h`); the AMD kernels add into every split slot, so they always zero it.
     pub fn plan(&self) -> Plan {
-        let zeroing = if self.layout.needs_zero_dq_acc() || self.instance.arch.has_eight_xcds() {
+        let p = &self.layout.params;
+        let zeroing = if p.deterministic && p.ordered_dq {
+            Some("the dq_acc region and the ordered dQ's semaphores")
+        } else if self.layout.needs_zero_dq_acc() || self.instance.arch.has_eight_xcds() {
             Some("the whole dq_acc region")
         } else if self.traits.mode == Mode::Group {
             Some("the used prefix of dq_acc (deterministic group mode)")
         } else {
             None // deterministic batch mode: each slot's first unit writes it
         };
+        let dq_dk_dv = Stage::instance("dq_dk_dv", self.instance);
+        let dq_dk_dv = match (p.deterministic, p.ordered_dq) {
+            (false, _) => dq_dk_dv,
+            (true, false) => dq_dk_dv.with_note("dQ in split slots"),
+            (true, true) => dq_dk_dv.with_note("dQ added in turn (ordered)"),
+        };
         let mut stages = vec![Stage::kernel("dot_do_o")];
         stages.extend(zeroing.map(|note| Stage::kernel("zero_dq_acc").with_note(note)));
-        stages.push(Stage::instance("dq_dk_dv", self.instance));
+        stages.push(dq_dk_dv);
         stages.push(Stage::kernel("convert_dq"));
         Plan { operation: Operation::Backward, arch: self.instance.arch, stages }
     }

@@ -3,11 +3,13 @@
 //! convert_dq (plus the dq_acc zeroing the workspace rule asks for) on the caller's stream.
 
 pub mod args;
+pub mod dq_scheme;
 pub mod launcher;
 pub mod prepare_async;
 pub mod traits;
 
 pub use args::BwdArgs;
+pub use dq_scheme::DqScheme;
 pub use launcher::BwdLauncher;
 pub use prepare_async::PrepareMethod;
 pub use traits::BwdTraits;

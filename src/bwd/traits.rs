@@ -1,6 +1,7 @@
 //! The backward dispatch key: what the launcher is created with. It fixes the problem shape the
 //! workspace is sized for; `run` refuses args that disagree with it.
 
+use super::dq_scheme::DqScheme;
 use crate::error::{Error, Result};
 use crate::problem::mask::{Mask, MaskType};
 use crate::problem::{require_no_dropout, BiasType, Dtype, Mode, Shape};
@@ -15,6 +16,8 @@ pub struct BwdTraits {
     pub has_dropout: bool,
     pub is_store_randval: bool,
     pub deterministic: bool,
+    /// Deterministic mode's dQ scheme (ignored otherwise).
+    pub dq_scheme: DqScheme,
     pub batch: i64,
     /// Batch mode: per-batch lengths; group mode: total physical rows.
     pub seqlen_q: i64,

@@ -4,7 +4,7 @@ use super::attention::{fmha_tensor, mask_type};
 use super::handle::HandleTable;
 use super::runtime::fmha_stream_t;
 use super::{boundary, flag, fmha_status, read_extensible, read_slice, write_out, Extensible};
-use crate::bwd::{launcher, BwdArgs, BwdLauncher, BwdTraits};
+use crate::bwd::{launcher, BwdArgs, BwdLauncher, BwdTraits, DqScheme};
 use crate::error::{Error, Result};
 use crate::problem::{BiasType, CacheDtype, Mode, SequenceArrays};
 use crate::runtime::{DevicePtr, Stream};
@@ -45,12 +45,19 @@ pub struct fmha_bwd_traits {
     pub has_dropout: i32,
     /// 1: store dropout random values (not supported yet: FMHA_ERR_UNSUPPORTED).
     pub is_store_randval: i32,
-    /// 1: bitwise reproducible dQ (persistent schedule, per-CU split slots, ordered reduction).
+    /// 1: bitwise reproducible dQ, summed in a fixed order (`dq_scheme`).
     pub is_deterministic: i32,
+    /// `FMHA_DQ_SCHEME_*`: how deterministic mode sums dQ (0 = AUTO, the library's choice for the device
+    /// and shape; ignored when `is_deterministic` is 0). 64 bits so that it starts past 0.1's struct,
+    /// whose last 4 bytes are padding a caller may have left unset.
+    pub dq_scheme: i64,
 }
 
 // SAFETY: repr(C), begins with `struct_size`, every field is an integer.
-unsafe impl Extensible for fmha_bwd_traits {}
+unsafe impl Extensible for fmha_bwd_traits {
+    /// 0.1's struct, up to `is_deterministic`.
+    const EARLIER_VERSION_SIZES: &'static [usize] = &[80];
+}
 
 /// Backward arguments. Extensible: set `struct_size = sizeof(fmha_bwd_args)`. dK and dV have
 /// `nhead_k` heads: the GQA/MQA reduction over query heads happens inside the library.
@@ -130,6 +137,7 @@ impl fmha_bwd_traits {
             has_dropout: flag(self.has_dropout, "has_dropout")?,
             is_store_randval: flag(self.is_store_randval, "is_store_randval")?,
             deterministic: flag(self.is_deterministic, "is_deterministic")?,
+            dq_scheme: DqScheme::from_i64(self.dq_scheme, "dq_scheme")?,
             batch: i64::from(self.batch),
             seqlen_q: i64::from(self.seqlen_q),
             seqlen_k: i64::from(self.seqlen_k),
@@ -308,7 +316,10 @@ pub extern "C" fn fmha_bwd_workspace_size_upper_bound(
     })
 }
 
-pub use crate::abi_values::{FMHA_PREPARE_AUTO, FMHA_PREPARE_DEVICE, FMHA_PREPARE_HOST};
+pub use crate::abi_values::{
+    FMHA_DQ_SCHEME_AUTO, FMHA_DQ_SCHEME_ORDERED, FMHA_DQ_SCHEME_SPLIT_SLOTS, FMHA_PREPARE_AUTO, FMHA_PREPARE_DEVICE,
+    FMHA_PREPARE_HOST,
+};
 
 /// Prepares `workspace` (16-byte aligned) on `stream` and returns at once: nothing blocks the host,
 /// on the first call too. `seqstart_q/k` are the device arrays (group mode; NULL in batch mode).

@@ -148,6 +148,11 @@ pub struct BwdParams {
     pub jobs_per_head: i64,
     pub jobs_per_worker: i64,
     pub total_jobs: i64,
+    /// The ordered dQ scheme (`WorkspaceParams::ordered_dq`), deterministic mode: 1 where the units add
+    /// into one dq_acc in turn, counted by `dq_semaphore_words` int32 semaphores after the dq_acc region
+    /// (zeroed with it); 0 and 0 otherwise.
+    pub ordered_dq: i64,
+    pub dq_semaphore_words: i64,
     pub batch: i32,
     pub nhead_q: i32,
     pub nhead_k: i32,
@@ -217,6 +222,10 @@ pub struct PrepareParams {
     pub metadata_bytes: i64,
     /// Whether the kernel masks (the group-mode chunk weights, `schedule::chunk_weight`).
     pub masked: i64,
+    /// The ordered dQ scheme (no split slots in deterministic mode) and the query heads (its semaphores
+    /// are per query head): both shape the layout, so the fingerprint absorbs them.
+    pub ordered_dq: i64,
+    pub nhead_q: i64,
 }
 
 /// The kv-cache workspace's first bytes: what the last prepare found (spec/inference.md §1.8), written

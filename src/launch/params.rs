@@ -158,6 +158,8 @@ impl BwdParams {
             jobs_per_head: plan.jobs_per_head,
             jobs_per_worker: plan.jobs_per_worker,
             total_jobs: plan.total_jobs,
+            ordered_dq: i64::from(w.deterministic && w.ordered_dq),
+            dq_semaphore_words: layout.dq_semaphore_words as i64,
             num_cus: w.num_cus as i32,
             ..self
         }
@@ -193,6 +195,8 @@ impl PrepareParams {
             batch_state_count: size(layout.batch_state.count),
             metadata_bytes: size(layout.metadata_bytes),
             masked: i64::from(p.masked),
+            ordered_dq: i64::from(p.ordered_dq),
+            nhead_q: p.nhead_q,
         }
     }
 }

@@ -70,7 +70,10 @@ fn random_case(rng: &mut Rng, group_mode: bool, deterministic: bool) -> Case {
         num_cus: pick_or_range(rng, &[1, 2, 7, 8, 9, 80, 104, 132, 256, 304, 320], 1, 320),
         remap: rng.pick(&[XcdRemap::None, XcdRemap::Xcd8]),
         masked: rng.range(0, 1) == 1,
+        ordered_dq: deterministic && rng.range(0, 1) == 1,
+        nhead_q: 0,
     };
+    let params = WorkspaceParams { nhead_q: params.nhead_k * rng.range(1, 4), ..params };
     Case { params, seqstart_q, seqstart_k }
 }
 
@@ -245,6 +248,8 @@ fn cpu_prepare_overflows_like_rust() {
         num_cus: 13,
         remap: XcdRemap::Xcd8,
         masked: false,
+        ordered_dq: false,
+        nhead_q: 1,
     };
     let max = i64::from(i32::MAX);
     let group = |p: WorkspaceParams, sq: i32, sk: i32| {
@@ -317,6 +322,8 @@ fn prepare_params_carry_the_layout() {
         num_cus: 5,
         remap: XcdRemap::Xcd8,
         masked: true,
+        ordered_dq: false,
+        nhead_q: 8,
     };
     let l = WorkspaceLayout::new(&p).unwrap();
     let pp = PrepareParams::new(&l);

@@ -37,6 +37,8 @@ fn cpp_walkers_walk_the_rust_schedule() {
             num_cus,
             remap: if rng.range(0, 1) == 0 { XcdRemap::None } else { XcdRemap::Xcd8 },
             masked: rng.range(0, 1) == 1,
+            ordered_dq: false,
+            nhead_q: 8,
         };
         let ctx = format!("seed {seed} case {case}: {p:?} lengths q {q_lengths:?} k {k_lengths:?}");
         let layout = WorkspaceLayout::new(&p).unwrap_or_else(|e| panic!("{ctx}: {e}"));

@@ -14,7 +14,7 @@ pub mod split;
 pub mod tensor;
 
 pub use fp8::Fp8Format;
-pub use mask::{Mask, MaskType};
+pub use mask::{Mask, MaskType, ResolvedMask};
 pub use operands::{check_memory_overlap, Operand};
 pub use shape::{SequenceArrays, Shape};
 pub use tensor::{check_device_array, check_lse_layout, Tensor};

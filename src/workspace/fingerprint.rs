@@ -16,7 +16,7 @@ fn absorb(h: u64, word: u64) -> u64 {
 ///
 /// Definition (reproducible on a device): start from `FORMAT_VERSION` and absorb, as 64-bit words,
 /// `group_mode, deterministic, batch, nhead_k, row_elements, seqlen_q, seqlen_k, max_seqlen_k, m0, n0,
-/// num_cus, remap (0 none, 1 xcd8), masked`, then for each of seqstart_q, seqstart_k: `u64::MAX` when absent,
+/// num_cus, remap (0 none, 1 xcd8), masked, ordered_dq, nhead_q`, then for each of seqstart_q, seqstart_k: `u64::MAX` when absent,
 /// else its length followed by every entry sign-extended to 64 bits. Not a cryptographic hash: it
 /// catches accidental reuse, not forgery.
 pub fn fingerprint(params: &WorkspaceParams, seqstart_q: Option<&[i32]>, seqstart_k: Option<&[i32]>) -> u64 {
@@ -48,6 +48,8 @@ pub fn fingerprint_of_params(params: &WorkspaceParams) -> u64 {
         p.num_cus,
         p.remap.code(),
         i64::from(p.masked),
+        i64::from(p.ordered_dq),
+        p.nhead_q,
     ];
     words.iter().fold(u64::from(FORMAT_VERSION), |h, &w| absorb(h, w as u64))
 }

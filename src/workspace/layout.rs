@@ -85,7 +85,15 @@ pub const FORMAT_VERSION: u32 = 1;
 pub struct WorkspaceParams {
     pub group_mode: bool,
     pub deterministic: bool,
+    /// Deterministic mode's dQ scheme: `true` adds every unit's dQ partial into one dq_acc in a fixed
+    /// order per q tile, each (batch, query head, q tile) counting its writers in a semaphore after
+    /// dq_acc (FlashAttention-3's scheme: the NVIDIA kernel and the host executor); `false` gives each
+    /// persistent workgroup split slots of its own, summed by convert_dq (CK's scheme: every backend).
+    /// The launcher chooses (`bwd::dq_scheme::runs_ordered`).
+    pub ordered_dq: bool,
     pub batch: i64,
+    /// Query heads: the ordered scheme's semaphores are per query head.
+    pub nhead_q: i64,
     /// Key/value heads: the schedule's work unit is one (batch, kv head, K tile), which loops over the
     /// query heads of its kv head, so dK/dV are reduced over the GQA group inside the unit.
     pub nhead_k: i64,
@@ -111,9 +119,27 @@ pub struct WorkspaceParams {
 }
 
 impl WorkspaceParams {
+    /// Whether dQ goes to split slots of the persistent schedule (deterministic, not ordered).
+    pub fn split_slots(&self) -> bool {
+        self.deterministic && !self.ordered_dq
+    }
+
     /// Whether the group-mode persistent table (offsets, cu_state, batch_state) is present.
     fn group_persistent(&self) -> bool {
-        self.group_mode && self.deterministic
+        self.group_mode && self.split_slots()
+    }
+
+    /// The ordered scheme's semaphores (int32, zero before dq_dk_dv): one per (batch, query head, q tile)
+    /// in batch mode, `(h * (ceil(seqlen_q / m0) + batch) + seqstart_q[b] / m0 + b + t)` in group mode,
+    /// where a sequence's tiles fit between its neighbours' however its start falls against m0
+    /// ([`WorkspaceLayout::dq_semaphore`]); 0 outside the ordered scheme.
+    fn dq_semaphore_words(&self) -> Result<usize> {
+        if !(self.deterministic && self.ordered_dq) {
+            return Ok(0);
+        }
+        let tiles = ceil_div(self.seqlen_q, self.m0);
+        let per_head = if self.group_mode { tiles + self.batch } else { self.batch * tiles };
+        Ok(size_product(&[("nhead_q", self.nhead_q), ("q tiles", per_head)], "workspace_size")?.next_multiple_of(4))
     }
 }
 
@@ -147,6 +173,9 @@ pub struct WorkspaceLayout {
     /// Size of the metadata region = byte offset of dq_acc in the workspace.
     pub metadata_bytes: usize,
     dq_acc_upper_bytes: usize,
+    /// int32 words of the ordered scheme's semaphores, right after the dq_acc upper bound (a multiple
+    /// of 4; 0 outside it).
+    pub dq_semaphore_words: usize,
 }
 
 pub(super) fn to_usize(v: i64, what: &str) -> Result<usize> {
@@ -171,6 +200,7 @@ impl WorkspaceLayout {
         let i32_max = i64::from(i32::MAX);
         for (field, value, min, max) in [
             ("batch", p.batch, 0, i32_max),
+            ("nhead_q", p.nhead_q, 1, i32_max),
             ("nhead_k", p.nhead_k, 1, i32_max),
             ("row_elements", p.row_elements, 1, i32_max),
             ("seqlen_q", p.seqlen_q, 0, i32_max),
@@ -203,12 +233,12 @@ impl WorkspaceLayout {
 
         // The deterministic batch-mode schedule, computed once here: every user (metadata, kernel
         // parameters, host executor, convert_dq's sums) reads it from the layout.
-        let batch_plan = (p.deterministic && !p.group_mode)
+        let batch_plan = (p.split_slots() && !p.group_mode)
             .then(|| BatchPersistent::new(p.batch, p.nhead_k, p.seqlen_k, p.n0, p.num_cus))
             .transpose()?;
         // §3.4: 4 * heads * F * total_q_padded * row elements, F = split slots per (batch, kv head).
         let total_q = if p.group_mode { p.seqlen_q } else { p.batch * p.seqlen_q };
-        let splits = match (&batch_plan, p.deterministic) {
+        let splits = match (&batch_plan, p.split_slots()) {
             (_, false) => 1,
             // Evaluated with the batch-mode Sk that `run` uses: the formula is not monotone in Sk,
             // so max_seqlen_k could give fewer splits than the schedule needs.
@@ -223,9 +253,16 @@ impl WorkspaceLayout {
             ("row_elements", p.row_elements),
         ];
         let dq_acc_upper_bytes = size_product(&factors, "workspace_size")?;
-        metadata_bytes.checked_add(dq_acc_upper_bytes).ok_or_else(|| {
-            Error::invalid("workspace_size", format!("{metadata_bytes} + {dq_acc_upper_bytes} overflows"))
-        })?;
+        let dq_semaphore_words = p.dq_semaphore_words()?;
+        metadata_bytes
+            .checked_add(dq_acc_upper_bytes)
+            .and_then(|b| b.checked_add(dq_semaphore_words.checked_mul(4)?))
+            .ok_or_else(|| {
+                Error::invalid(
+                    "workspace_size",
+                    format!("{metadata_bytes} + {dq_acc_upper_bytes} + 4 * {dq_semaphore_words} overflows"),
+                )
+            })?;
         Ok(WorkspaceLayout {
             params: p,
             batch_plan,
@@ -236,6 +273,7 @@ impl WorkspaceLayout {
             batch_state,
             metadata_bytes,
             dq_acc_upper_bytes,
+            dq_semaphore_words,
         })
     }
 
@@ -244,9 +282,10 @@ impl WorkspaceLayout {
         self.dq_acc_upper_bytes
     }
 
-    /// Bytes the caller allocates: metadata region plus the dq_acc upper bound (checked in `new`).
+    /// Bytes the caller allocates: metadata region, the dq_acc upper bound and the ordered scheme's
+    /// semaphores (checked in `new`).
     pub fn workspace_size(&self) -> usize {
-        self.metadata_bytes + self.dq_acc_upper_bytes
+        self.metadata_bytes + self.dq_acc_upper_bytes + 4 * self.dq_semaphore_words
     }
 
     /// Whether the run must zero the whole dq_acc region before dq_dk_dv (§3.5): in non-deterministic
@@ -256,9 +295,11 @@ impl WorkspaceLayout {
     /// mode zeroes only the used prefix, for the slots some head leaves unused
     /// ([`WorkspaceLayout::zero_dq_acc_elements`]). This is the host executor's and the NVIDIA kernel's
     /// rule; the AMD kernels keep CK's, zeroing before every run (`kFirstUnitWritesSlot` in
-    /// `hip/bwd/workspace_view.h`).
+    /// `hip/bwd/workspace_view.h`). The ordered scheme adds into one zeroed dq_acc, like the
+    /// non-deterministic mode (the GPU zeroes its semaphores with it; the host executor keeps its turn
+    /// counters in memory of its own).
     pub fn needs_zero_dq_acc(&self) -> bool {
-        !self.params.deterministic
+        !self.params.split_slots()
     }
 
     /// fp32 elements at the start of dq_acc that `run` must zero before dq_dk_dv when it need not zero
@@ -281,7 +322,7 @@ impl WorkspaceLayout {
         let p = &self.params;
         ensure((b as i64) < p.batch, "batch", || format!("index {b} out of range 0..{}", p.batch))?;
         let (hq, dq) = (p.nhead_k as usize, p.row_elements as usize);
-        let (base, nsplits, rows) = match (p.group_mode, p.deterministic) {
+        let (base, nsplits, rows) = match (p.group_mode, p.split_slots()) {
             (false, _) => {
                 let (ns, sq) = (meta.nsplits(0) as usize, p.seqlen_q as usize);
                 (b * hq * ns * sq * dq, ns, sq)
@@ -310,6 +351,22 @@ impl WorkspaceLayout {
             Some(plan) => plan.splits_used((b * self.params.nhead_k as usize + head) as i64) as usize,
             None => block.nsplits,
         }
+    }
+}
+
+impl WorkspaceLayout {
+    /// The ordered scheme's semaphore (word index after dq_acc) of query head `head`'s q tile `tile`
+    /// (rows `tile * m0..`) of batch `b`, whose rows start at `q_start` in group mode (`seqstart_q[b]`;
+    /// ignored in batch mode). `hip/bwd/dq_order.h`'s `dq_semaphore` is its twin.
+    pub fn dq_semaphore(&self, b: i64, q_start: i64, head: i64, tile: i64) -> usize {
+        let p = &self.params;
+        let tiles = ceil_div(p.seqlen_q, p.m0);
+        let word = if p.group_mode {
+            head * (tiles + p.batch) + q_start / p.m0 + b + tile
+        } else {
+            (b * p.nhead_q + head) * tiles + tile
+        };
+        word as usize
     }
 }
 

@@ -89,7 +89,7 @@ pub fn prepare_metadata(
     put(region, 8, &fp.to_le_bytes());
 
     let ns_at = layout.nsplits.offset;
-    let dq_acc_bytes = match (seqstarts, p.deterministic) {
+    let dq_acc_bytes = match (seqstarts, p.split_slots()) {
         (Some((q, k)), true) => {
             let b = p.batch as usize;
             let mut nsplits = vec![0i32; b];

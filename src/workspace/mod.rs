@@ -12,6 +12,10 @@
 //! | cu_state | after offsets | [`CuState`](crate::schedule::CuState) × (G ? num_cus : 0), 32 bytes each |
 //! | batch_state | after cu_state | [`BatchState`](crate::schedule::BatchState) × (G ? batch : 0), 16 bytes each |
 //!
+//! After the dq_acc region's upper bound, the ordered dQ scheme (`WorkspaceParams::ordered_dq`, the
+//! NVIDIA kernel's deterministic mode) keeps its int32 semaphores, one per (batch, query head, q tile),
+//! zeroed with dq_acc before every run ([`WorkspaceLayout::dq_semaphore`]).
+//!
 //! Bytes not covered by a section are zero, so the region is a pure function of the inputs and a
 //! device-side prepare can be compared byte for byte with the host one. The header is our addition to
 //! CK's layout: `run` checks it to refuse a workspace prepared for other arguments.

@@ -28,6 +28,8 @@ fn params(group_mode: bool, deterministic: bool) -> WorkspaceParams {
         num_cus: 16,
         remap: XcdRemap::None,
         masked: false,
+        ordered_dq: false,
+        nhead_q: 8,
     }
 }
 
@@ -218,7 +220,10 @@ fn random_prepare_round_trip() {
             num_cus: rng.range(1, 320),
             remap: if rng.range(0, 1) == 0 { XcdRemap::None } else { XcdRemap::Xcd8 },
             masked: rng.range(0, 1) == 1,
+            ordered_dq: deterministic && rng.range(0, 1) == 1,
+            nhead_q: 0,
         };
+        let p = WorkspaceParams { nhead_q: p.nhead_k * rng.range(1, 3), ..p };
         let ctx = format!("seed {seed} case {case}: {p:?} sq {sq:?} sk {sk:?}");
         let l = WorkspaceLayout::new(&p).unwrap();
         let (q, k) = if group_mode { (Some(&qs[..]), Some(&ks[..])) } else { (None, None) };
@@ -235,7 +240,7 @@ fn random_prepare_round_trip() {
         for bi in 0..batch as usize {
             let blk = l.dq_acc_block(&view, q, bi).unwrap();
             let rows = if group_mode { (qs[bi + 1] - qs[bi]) as usize } else { p.seqlen_q as usize };
-            let no_keys = group_mode && deterministic && ks[batch as usize] == 0;
+            let no_keys = group_mode && p.split_slots() && ks[batch as usize] == 0;
             assert_eq!(blk.rows, if no_keys { 0 } else { rows }, "{ctx}: batch {bi}");
             assert_eq!(blk.base, next, "{ctx}: batch {bi}");
             next = blk.base + p.nhead_k as usize * blk.nsplits * blk.rows * blk.hdim;
@@ -245,7 +250,7 @@ fn random_prepare_round_trip() {
             }
         }
         assert_eq!(next * 4, info.dq_acc_bytes, "{ctx}");
-        if group_mode && deterministic {
+        if group_mode && p.split_slots() {
             // Every unit's split fits the batch's slots, read back through the view.
             let states = view.batch_states();
             for i in 0..p.num_cus as usize {

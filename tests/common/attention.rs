@@ -5,7 +5,7 @@
 
 use super::{last_error, ok};
 use fmha::ffi::attention::*;
-use fmha::ffi::backward::{fmha_bwd_args, fmha_bwd_traits};
+use fmha::ffi::backward::{fmha_bwd_args, fmha_bwd_traits, FMHA_DQ_SCHEME_AUTO};
 use fmha::ffi::runtime::*;
 use fmha::ffi::status::*;
 use fmha::problem::mask::{Mask, MaskType};
@@ -39,6 +39,8 @@ pub struct Case {
     pub padding: Vec<(usize, usize)>,
     pub mask: Mask,
     pub deterministic: bool,
+    /// `FMHA_DQ_SCHEME_*` of the backward traits.
+    pub dq_scheme: i32,
     pub layout: Layout,
     pub scale: f32,
     /// Group mode: `max_seqlen_q/k` to declare instead of the actual maxima (a launcher reused
@@ -67,6 +69,7 @@ impl Case {
             padding: vec![(0, 0); b],
             mask,
             deterministic: false,
+            dq_scheme: FMHA_DQ_SCHEME_AUTO,
             layout: Layout::Bshd,
             scale: 0.0,
             max_seqlen: None,
@@ -664,6 +667,7 @@ pub fn bwd_traits(case: &Case) -> fmha_bwd_traits {
         has_dropout: 0,
         is_store_randval: 0,
         is_deterministic: case.deterministic as i32,
+        dq_scheme: i64::from(case.dq_scheme),
     }
 }
 

@@ -1931,10 +1931,31 @@ static void build(void) {
         ->flags = F_HEAVY;
 
     /* ---- backward traits (create) ---- */
-    MUT(B_BWD, TG_BT, fmha_bwd_traits, struct_size, 0, "struct_size|traits")->statuses = INV;
-    for (i = 0; i < 3; ++i)
-        MUT(B_BWD, TG_BT, fmha_bwd_traits, struct_size, (int64_t)sizeof(fmha_bwd_traits) + struct_sizes_delta[i],
-            "struct_size|traits")->statuses = INV;
+    /* struct_size: 0.1's (80: is_deterministic and padding) or this header's (88); 76 ends inside 0.1's */
+    {
+        static const int64_t bad[] = {0, 8, 76, 84, (int64_t)sizeof(fmha_bwd_traits) - 1, (int64_t)sizeof(fmha_bwd_traits) + 8};
+        _Static_assert(offsetof(fmha_bwd_traits, dq_scheme) == 80 && sizeof(fmha_bwd_traits) == 88, "fmha_bwd_traits 0.1 is 80 bytes");
+        for (i = 0; i < sizeof bad / sizeof bad[0]; ++i)
+            MUT(B_BWD, TG_BT, fmha_bwd_traits, struct_size, bad[i], "struct_size|traits")->statuses = INV;
+        for (i = 0; i < 2; ++i) {
+            tcase *c = MUT(i ? B_BWD_GROUP_DET : B_BWD, TG_BT, fmha_bwd_traits, struct_size, 80, "");
+            c->expect = EXPECT_OK;
+            c->judge = J_CHAIN;
+            snprintf(c->desc + strlen(c->desc), sizeof c->desc - strlen(c->desc), " (valid: a 0.1 caller's traits)");
+        }
+    }
+    /* dq_scheme: AUTO, SPLIT_SLOTS, ORDERED (the host backend runs both), else invalid */
+    MUT(B_BWD_DET, TG_BT, fmha_bwd_traits, dq_scheme, 3, "dq_scheme")->statuses = INV;
+    MUT(B_BWD_GROUP_DET, TG_BT, fmha_bwd_traits, dq_scheme, -1, "dq_scheme")->statuses = INV;
+    MUT(B_BWD, TG_BT, fmha_bwd_traits, dq_scheme, INT32_MIN, "dq_scheme")->statuses = INV;
+    for (i = 1; i <= 2; ++i) {
+        int k;
+        for (k = 0; k < 2; ++k) {
+            tcase *c = MUT(k ? B_BWD_GROUP_DET : B_BWD_DET, TG_BT, fmha_bwd_traits, dq_scheme, i, "");
+            c->expect = EXPECT_OK;
+            c->judge = J_CHAIN;
+        }
+    }
     MUT(B_BWD, TG_BT, fmha_bwd_traits, dtype, 2, "dtype")->statuses = INV;
     MUT(B_BWD, TG_BT, fmha_bwd_traits, dtype, -1, "dtype")->statuses = INV;
     MUT(B_BWD, TG_BT, fmha_bwd_traits, hdim_q, 0, "hdim_q");

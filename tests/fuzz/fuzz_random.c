@@ -354,13 +354,16 @@ static cls classify_create(const rctx *r) {
     const fmha_bwd_traits *bt = r->s.bt;
     cls c;
     memset(&c, 0, sizeof c);
-    if (bt->struct_size != sizeof *bt) mark(&c, CL_FORBIDDEN, "struct_size|traits", "struct_size");
+    /* 0.1's struct (up to is_deterministic) or this header's */
+    if (bt->struct_size != sizeof *bt && bt->struct_size != offsetof(fmha_bwd_traits, dq_scheme))
+        mark(&c, CL_FORBIDDEN, "struct_size|traits", "struct_size");
     check_common_traits(&c, bt->dtype, bt->hdim_q, bt->hdim_v, bt->is_group_mode, bt->mask_type, bt->bias_type);
     /* flags are 0 or 1 (1: unsupported features) */
     if (bt->has_dbias) mark(&c, CL_FORBIDDEN, "has_dbias", bt->has_dbias == 1 ? "not supported" : "not 0 or 1");
     if (bt->has_dropout) mark(&c, CL_FORBIDDEN, "has_dropout", bt->has_dropout == 1 ? "not supported" : "not 0 or 1");
     if (bt->is_store_randval) mark(&c, CL_FORBIDDEN, "is_store_randval", bt->is_store_randval == 1 ? "not supported" : "not 0 or 1");
     if (!ok_enum(bt->is_deterministic, 2)) mark(&c, CL_FORBIDDEN, "is_deterministic", "not 0 or 1");
+    if (bt->struct_size == sizeof *bt && (bt->dq_scheme < 0 || bt->dq_scheme > 2)) mark(&c, CL_FORBIDDEN, "dq_scheme", "not a dQ scheme");
     check_shape(&c, bt->is_group_mode == 1, bt->batch, bt->nhead_q, bt->nhead_k, bt->seqlen_q, bt->seqlen_k, bt->max_seqlen_q,
                 bt->max_seqlen_k, 0.0f, bt->mask_type, -1, bt->mask_type == FMHA_MASK_NONE ? -1 : 0);
     /* sizes far beyond anything allocatable: the library must answer an error, but what it answers
@@ -843,23 +846,27 @@ static void mutate(rctx *r, undo *u) {
         fmha_bwd_traits *t = s->bt;
         static const char *const names[] = {"seqlen_q", "seqlen_k", "batch", "max_seqlen_q", "max_seqlen_k", "hdim_q", "hdim_v",
                                             "nhead_q", "nhead_k", "dtype", "is_group_mode", "mask_type", "bias_type", "has_dbias",
-                                            "has_dropout", "is_store_randval", "is_deterministic"};
-        int f = rng_int(rng, 0, 17);
-        if (f == 17) {
+                                            "has_dropout", "is_store_randval", "is_deterministic", "dq_scheme"};
+        int f = rng_int(rng, 0, 18);
+        static const size_t offs[] = {
+            offsetof(fmha_bwd_traits, seqlen_q),      offsetof(fmha_bwd_traits, seqlen_k),
+            offsetof(fmha_bwd_traits, batch),         offsetof(fmha_bwd_traits, max_seqlen_q),
+            offsetof(fmha_bwd_traits, max_seqlen_k),  offsetof(fmha_bwd_traits, hdim_q),
+            offsetof(fmha_bwd_traits, hdim_v),        offsetof(fmha_bwd_traits, nhead_q),
+            offsetof(fmha_bwd_traits, nhead_k),       offsetof(fmha_bwd_traits, dtype),
+            offsetof(fmha_bwd_traits, is_group_mode), offsetof(fmha_bwd_traits, mask_type),
+            offsetof(fmha_bwd_traits, bias_type),     offsetof(fmha_bwd_traits, has_dbias),
+            offsetof(fmha_bwd_traits, has_dropout),   offsetof(fmha_bwd_traits, is_store_randval),
+            offsetof(fmha_bwd_traits, is_deterministic)};
+        if (f == 18) {
             save(u, &t->struct_size, sizeof t->struct_size);
             t->struct_size = size_palette(rng, sizeof *t);
             snprintf(d, sizeof d, "bwd_traits.struct_size = %zu", t->struct_size);
+        } else if (f == 17) { /* dq_scheme, 64 bits */
+            save(u, &t->dq_scheme, sizeof t->dq_scheme);
+            t->dq_scheme = rng_chance(rng, 50) ? rng_int(rng, -1, 4) : (rng_chance(rng, 50) ? INT64_MIN : ((int64_t)1 << 32) + 1);
+            snprintf(d, sizeof d, "bwd_traits.%s = %lld", names[f], (long long)t->dq_scheme);
         } else {
-            static const size_t offs[] = {
-                offsetof(fmha_bwd_traits, seqlen_q),      offsetof(fmha_bwd_traits, seqlen_k),
-                offsetof(fmha_bwd_traits, batch),         offsetof(fmha_bwd_traits, max_seqlen_q),
-                offsetof(fmha_bwd_traits, max_seqlen_k),  offsetof(fmha_bwd_traits, hdim_q),
-                offsetof(fmha_bwd_traits, hdim_v),        offsetof(fmha_bwd_traits, nhead_q),
-                offsetof(fmha_bwd_traits, nhead_k),       offsetof(fmha_bwd_traits, dtype),
-                offsetof(fmha_bwd_traits, is_group_mode), offsetof(fmha_bwd_traits, mask_type),
-                offsetof(fmha_bwd_traits, bias_type),     offsetof(fmha_bwd_traits, has_dbias),
-                offsetof(fmha_bwd_traits, has_dropout),   offsetof(fmha_bwd_traits, is_store_randval),
-                offsetof(fmha_bwd_traits, is_deterministic)};
             int32_t *field = (int32_t *)((unsigned char *)t + offs[f]);
             save(u, field, 4);
             *field = f >= 9 && rng_chance(rng, 50) ? rng_int(rng, -1, 4) : int_palette(rng, *field);

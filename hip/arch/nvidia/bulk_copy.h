@@ -13,6 +13,9 @@ __device__ inline void bulk_commit() { asm volatile("cp.async.bulk.commit_group;
 // Waits until this thread's committed bulk operations have completed their writes.
 __device__ inline void bulk_wait_written() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
+// Waits until they have read their shared sources (which may then be written again).
+__device__ inline void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+
 // bulk_wait_written where `written`, else waits until they have read their shared sources: one predicated
 // instruction each, no branch.
 __device__ inline void bulk_wait(bool written) {

@@ -22,10 +22,16 @@
 // where the launcher could encode it) or element-wise, without waiting.
 //
 // Non-deterministic mode: one workgroup per unit (the grid cell), slot 0, adds in any order.
-// Deterministic mode: the persistent schedule gives every slot to one workgroup (its units posted through
-// shared memory, PostedUnits), and every element of it to one thread, whose stores and adds apply in
-// program order (a unit's first boxes wait for the previous unit's); the workgroup's first unit in a slot
-// stores instead of adding.
+// Deterministic mode, by the tile's DqScheme (bwd/sm90/tile.h):
+// - split slots (CK's): the persistent schedule gives every slot to one workgroup (its units posted
+//   through shared memory, PostedUnits), and every element of it to one thread, whose stores and adds
+//   apply in program order (a unit's first boxes wait for the previous unit's); the workgroup's first unit
+//   in a slot stores instead of adding;
+// - ordered (FlashAttention-3's, bwd/dq_order.h): one workgroup per unit and one dq_acc; the units adding
+//   to a q tile take turns in a fixed order, counted by the tile's semaphore; the producer's last warp, the
+//   dQ writer, waits for the turn, sends every consumer warp's boxes and counts its turn once they are
+//   written, so that the consumers never wait for other workgroups. Masked grids run their K tiles last
+//   to first: a unit waits only for units launched before it.
 //
 // The kernel is its tile (bwd/sm90/tile.h: the workgroup's shape and shared-memory layout), its mainloop
 // (bwd/sm90/mainloop.h: a step's copies, dK/dV and dQ of one q tile), its epilogue (bwd/sm90/epilogue.h:
@@ -35,11 +41,13 @@
 
 #include "arch/nvidia/bulk_copy.h"
 #include "arch/nvidia/pipeline.h"
+#include "arch/nvidia/semaphore.h"
 #include "arch/nvidia/shared_tile.h"
 #include "arch/nvidia/tensor_map.h"
 #include "arch/nvidia/warpgroup.h"
 #include "arch/thread.h"
 #include "launch.h"
+#include "bwd/dq_order.h"
 #include "bwd/unit_walk.h"
 #include "common/kept_range.h"
 #include "bwd/sm90/epilogue.h"
@@ -121,13 +129,13 @@ __device__ inline WorkUnit uniform_unit(const WorkUnit& entry) {
                   lane0(entry.first_in_slot)};
 }
 
-// Calls run(unit) for each unit of this workgroup: in deterministic mode the posted ones (kPosts: the
-// caller's warpgroup has the poster), else the grid cell's (unit_walk.h's for_each_unit). `units` counts
-// the units run so far: each run counts one.
+// Calls run(unit) for each unit of this workgroup: with split slots the posted ones (kPosts: the caller's
+// warpgroup has the poster), else the grid cell's (unit_walk.h's for_each_unit). `units` counts the units
+// run so far: each run counts one.
 template <typename Tile, bool kPosts, typename Run>
 __device__ inline void for_each_posted_unit(const fmha_bwd_params& p, const BackwardShared<Tile>& sh, const int& units,
                                             Run&& run) {
-  if constexpr (!Tile::kDeterministic) {
+  if constexpr (!Tile::kSplitSlots) {
     for_each_unit<false>(p, Tile::kMasked, run);
   } else {
     // The poster warp's test, warp-uniform (lane 0's warp index), read where it is used: a flag would stay
@@ -151,8 +159,8 @@ __device__ inline void for_each_posted_unit(const fmha_bwd_params& p, const Back
 }
 
 // The producer's unit (`thread` of its 128): K and V once the consumers have released the last unit's,
-// then each q tile into the next stage once the consumers have released it. `ring` and `units` count
-// the stages and units loaded so far.
+// then each q tile into the next stage once the consumers have released it (StepLoader's threads: with
+// ordered dQ not the dQ writer's warp). `ring` and `units` count the stages and units loaded so far.
 template <typename Tile, typename T>
 __device__ inline void load_unit(const fmha_bwd_params& p, const BackwardMaps& maps, const WorkUnit& unit,
                                  const BackwardShared<Tile>& sh, int thread, int& ring, int& units) {
@@ -161,7 +169,7 @@ __device__ inline void load_unit(const fmha_bwd_params& p, const BackwardMaps& m
   const UnitQTiles<M, N, Tile::kMasked> walk(p, unit);
   if (!walk.has_keys()) {
     // A unit past its batch's keys: no loads, one phase of the K/V barriers all the same (every unit is
-    // one, so that `units` numbers the posted units too).
+    // one, so that `units` counts what the consumers count, and numbers the posted units).
     arch::mbarrier_wait(sh.empty_kv(), (units & 1) ^ 1);
     ++units;
     arch::mbarrier_arrive(sh.full_kv());
@@ -180,6 +188,11 @@ __device__ inline void load_unit(const fmha_bwd_params& p, const BackwardMaps& m
   kv_copy.issue(sh.k, k, p.k_row_stride, static_cast<int>(j1 - j0), p.hdim_q);
   kv_copy.issue(sh.v, v, p.v_row_stride, static_cast<int>(j1 - j0), p.hdim_v);
   arch::copy_async_arrive(sh.full_kv());
+  using StepLoader = typename Tile::StepLoader;
+  // (Compiled only with ordered dQ: the test alone, never true, made ptxas spill in the other kernels.)
+  if constexpr (Tile::kOrdered) {
+    if (thread >= StepLoader::kThreads) return;  // the dQ writer's warp
+  }
   // Each q tile into the next stage once the consumers have released it: `issue` queues its loads, each
   // producer thread arrives when its own have landed. One loop per kind of load (the producer's 40
   // registers hold one, not both).
@@ -206,12 +219,12 @@ __device__ inline void load_unit(const fmha_bwd_params& p, const BackwardMaps& m
         arch::tma_load_rows<T, Tile::kDim>(sh.d_o(stage), Tile::QLayout::kBlockBytes, maps.d_o, full,
                                            row0 + tile.i0, tile.h, b);
       }
-      issue_row_stats<Tile, Loader::kThreads>(p, sh, stage, rows, batch, tile, thread);
+      issue_row_stats<Tile, StepLoader::kThreads>(p, sh, stage, rows, batch, tile, thread);
     });
   } else {
-    const TileCopy<Loader, M, typename Tile::QLayout, Loader::kUnroll> q_copy;
+    const TileCopy<StepLoader, M, typename Tile::QLayout, StepLoader::kUnroll> q_copy;
     each_tile([&](int stage, const QTile& tile) {
-      issue_q_tile<Tile, T, Loader::kThreads>(p, sh, stage, q_copy, rows, batch, tile, thread);
+      issue_q_tile<Tile, T, StepLoader::kThreads>(p, sh, stage, q_copy, rows, batch, tile, thread);
     });
   }
 }
@@ -227,10 +240,10 @@ __device__ inline void consume_unit(const fmha_bwd_params& p, const BackwardMaps
   // The unit's slot: rows of group · hdim_q, a q tile's query head gh at column gh · hdim_q.
   float* const unit_slot = dq_acc_region(p) + acc.index(unit.head, unit.split, 0, 0);
   const int64_t slot_row_elements = acc.row_elements;
-  // Deterministic mode: a worker's first unit in a slot writes its rows rather than adding to them
+  // Split slots: a worker's first unit in a slot writes its rows rather than adding to them
   // (WorkUnit::first_in_slot); in batch mode nothing zeroed the slot, so it zeroes the rows it does not
   // visit (group mode zeroes every slot first).
-  const bool store_dq = Tile::kDeterministic && unit.first_in_slot;
+  const bool store_dq = Tile::kSplitSlots && unit.first_in_slot;
   if (store_dq && !p.group_mode) {
     walk.template zero_unvisited_rows<Tile::kConsumerThreads>(unit_slot, slot_row_elements, thread);
     arch::fence_global_for_async_proxy();  // before the next units' boxes, after a consumers' barrier
@@ -280,11 +293,55 @@ __device__ inline void consume_unit(const fmha_bwd_params& p, const BackwardMaps
                       place.slot,
                       step == 0,
                       !p.group_mode};
-    accumulate_dq<Tile, T>(operands, sh, stage, to, tile.i0, p.scale, warp, lane);
+    accumulate_dq<Tile, T>(operands, sh, stage, to, tile.i0, p.scale, warp, lane, ring);
     tile = walk.next(tile);
   }
   arch::mbarrier_arrive(sh.empty_kv());  // the last dQ product has read K
   store_dk_dv<Tile, T>(p, st, batch, unit.head, rows, j0, warp, g, t);
+}
+
+// The ordered dQ writer (two lanes of the producer's last warp): for each step of the unit, once
+// every consumer warp's boxes are in shared memory, lane ring % 2 waits for the unit's turn at the q tile
+// (bwd/dq_order.h), adds the boxes into dq_acc, releases them to the consumers once read, and counts the
+// turn once they are written, while the other lane takes the next step: a lane waits only for its own bulk
+// groups, so one step's writes complete under the next one's turn. `ring` counts the steps so far (the
+// consumers' count too).
+template <typename Tile>
+__device__ inline void write_dq_in_turn(const fmha_bwd_params& p, const BackwardMaps& maps, const WorkUnit& unit,
+                                        const BackwardShared<Tile>& sh, int lane, int& ring) {
+  constexpr int M = Tile::kBlockM, N = Tile::kBlockN;
+  const UnitQTiles<M, N, Tile::kMasked> walk(p, unit);
+  if (!walk.has_keys()) return;
+  const DqAccBlock acc = dq_acc_block(p, unit.batch);
+  const DqMapPlace place = dq_map_place(p, dq_acc_region(p) + acc.index(unit.head, 0, 0, 0), acc.row_elements);
+  int32_t* const semaphores = reinterpret_cast<int32_t*>(dq_acc_region(p) + p.dq_acc_elements);
+  QTile tile = walk.tile(0);
+  for (int64_t step = 0; step < walk.steps; ++step, ++ring) {
+    if (lane == (ring & 1)) {
+      const int q_tile = tile.i0 / M;
+      int32_t* const semaphore = semaphores + dq_semaphore(p, unit.batch, walk.rows.q_start, tile.h, q_tile);
+      const int64_t turn = dq_write_turn(Tile::kMasked, walk.mask.off, walk.mask.right, walk.rows.sq,
+                                         walk.rows.sk, M, N, unit.k_tile, q_tile);
+      // The turn first: the boxes go as soon as they are written.
+      arch::semaphore_wait_equal(semaphore, static_cast<int32_t>(turn));
+      arch::fence_global_for_async_proxy();  // the earlier turns' sums, before this turn's adds read them
+      arch::mbarrier_wait(sh.dq_full(ring), (static_cast<uint32_t>(ring) >> 1) & 1);
+      // (Adds only: no stores, no waits of the consumers' sends.)
+      const DqTarget to{nullptr, 0, walk.rows.sq, p.hdim_q, false, &maps.dq, tile.h - walk.first_head, place.row,
+                        place.slot, false, false};
+#pragma unroll 1
+      for (int warp = 0; warp < Tile::kWarps; ++warp) {
+        send_dq_boxes<Tile>(sh.dq_rows(warp), (warp / 4) * Tile::kDqCols, tile.i0 + (warp % 4) * Tile::kDqBoxRows, to);
+      }
+      arch::bulk_commit();
+      arch::bulk_wait_read();
+      arch::mbarrier_arrive(sh.dq_empty());
+      arch::bulk_wait_written();
+      arch::fence_global_for_async_proxy();
+      arch::semaphore_release_add(semaphore, 1);
+    }
+    tile = walk.next(tile);
+  }
 }
 
 template <typename Tile, typename T>
@@ -299,10 +356,15 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     arch::mbarrier_init(sh.full_kv(), Tile::Loader::kThreads);
     arch::mbarrier_init(sh.empty_kv(), Tile::kConsumerThreads);
     for (int s = 0; s < 2; ++s) {
-      arch::mbarrier_init(sh.full_q(s), Tile::Loader::kThreads);
+      arch::mbarrier_init(sh.full_q(s), Tile::StepLoader::kThreads);
       arch::mbarrier_init(sh.empty_q(s), Tile::kConsumerThreads);
     }
-    if constexpr (Tile::kDeterministic) start_posted_units<Tile>(p, posted_units(sh));
+    if constexpr (Tile::kSplitSlots) start_posted_units<Tile>(p, posted_units(sh));
+    if constexpr (Tile::kOrdered) {
+      arch::mbarrier_init(sh.dq_full(0), Tile::kWarps);
+      arch::mbarrier_init(sh.dq_full(1), Tile::kWarps);
+      arch::mbarrier_init(sh.dq_empty(), 1);
+    }
     arch::mbarrier_init_fence();
   }
   arch::block_barrier();
@@ -312,6 +374,12 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     for_each_posted_unit<Tile, false>(
         p, sh, units, [&](const WorkUnit& unit) { load_unit<Tile, T>(p, maps, unit, sh, thread, ring, units); });
     arch::copy_async_wait<0>();  // (no thread leaves copies in flight)
+    const int lane = thread % arch::kWarpSize;
+    if (Tile::kOrdered && thread >= Tile::StepLoader::kThreads && lane < 2) {
+      ring = 0;
+      for_each_unit<false>(p, Tile::kMasked,
+                           [&](const WorkUnit& unit) { write_dq_in_turn<Tile>(p, maps, unit, sh, lane, ring); });
+    }
     return;
   }
   arch::claim_registers<Tile::kConsumerRegisters>();

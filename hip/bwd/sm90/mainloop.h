@@ -171,7 +171,7 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
   arch::hold_registers(st.dk);
 }
 
-// Where dQ rows go: the unit's dq_acc slot, `store`d (the slot's first unit) or added element by element;
+// Where dQ rows go: the unit's dq_acc slot, `store`d (a split slot's first unit) or added element by element;
 // or, where `map` is set, stored or added by TMA boxes of `map` (dq_acc as columns × query heads of the
 // group × rows × slots: row i of the unit's slot is row `map_row` + i of slot `map_slot`, its query head
 // `map_head`). `wait_written`: a deterministic unit's first tile, whose boxes go to rows the worker's
@@ -200,11 +200,29 @@ __device__ inline DqMapPlace dq_map_place(const fmha_bwd_params& p, const float*
   return {static_cast<int>(rows % p.seqlen_q), static_cast<int>(rows / p.seqlen_q)};
 }
 
+// The boxes of one consumer warp's dQ rows (`boxes` in shared memory: its 16 rows from `warp_row` of the
+// tile, the columns from `col0`) as TMA stores or adds into the target's map, from one thread. (Boxes
+// wholly past the sequence add nothing.) A box is stored only where that writes none of another slot's
+// rows.
+template <typename Tile>
+__device__ inline void send_dq_boxes(uint32_t boxes, int col0, int64_t warp_row, const DqTarget& to) {
+  const bool store = Tile::kSplitSlots && to.store && (to.map_clips || warp_row + Tile::kDqBoxRows <= to.sq);
+#pragma unroll
+  for (int box = 0; box < Tile::kDqCols / 32; ++box) {
+    const int column = col0 + box * 32;
+    if (column < to.hdim_q && warp_row < to.sq) {
+      arch::tma_store_or_add(*to.map, boxes + box * Tile::kDqBoxBytes, column, to.map_head,
+                             to.map_row + static_cast<int>(warp_row), to.map_slot, store);
+    }
+  }
+}
+
 // dQ = scale · dS·K for the q tile (after the consumers' barrier: dSᵀ of every warp is in stage `stage`
 // of shared memory), into the unit's dq_acc slot: warpgroup w the columns [w · kDqCols, (w + 1) · kDqCols).
+// `step`: the consumers' steps before this one, over all units (the ordered dQ writer's barrier phases).
 template <typename Tile, typename T>
 __device__ inline void accumulate_dq(const BackwardOperands& operands, const BackwardShared<Tile>& sh, int stage,
-                                     const DqTarget& to, int64_t i0, float scale, int warp, int lane) {
+                                     const DqTarget& to, int64_t i0, float scale, int warp, int lane, int step) {
   constexpr int N = Tile::kBlockN, kColTiles = Tile::kDqCols / 8;
   const int row_group = warp % 4, col_group = warp / 4, g = lane / 4, t = lane % 4;
   float dq[kColTiles][4];
@@ -223,13 +241,18 @@ __device__ inline void accumulate_dq(const BackwardOperands& operands, const Bac
   const int64_t warp_row = i0 + row_group * Tile::kDqBoxRows;
   if (to.map != nullptr) {
     // The warp's rows through shared memory as boxes, which one lane sends to the slot while the warp
-    // goes on to the next q tile (element-wise reductions each waited on their own address registers).
-    // Rows past the sequence are -0, which adds nothing to any value (in group mode a box reaches into the
-    // next sequence's or head's rows; TMA skips those past the map): selected, not scaled, so that no NaN
-    // of this sequence's K leaks. A box is stored only where that writes none of another slot's rows.
+    // goes on to the next q tile (element-wise reductions each waited on their own address registers);
+    // with ordered dQ the dQ writer warp sends every warp's boxes in the tile's turn (bwd/sm90/kernel.h's
+    // write_dq_in_turn). Rows past the sequence are -0, which adds nothing to any value (in group mode a
+    // box reaches into the next sequence's or head's rows; TMA skips those past the map): selected, not
+    // scaled, so that no NaN of this sequence's K leaks.
     const uint32_t boxes = sh.dq_rows(warp);
     // The previous tile's boxes have been read (and, see wait_written, the previous unit's written).
-    arch::bulk_wait(Tile::kDeterministic && to.wait_written);
+    if constexpr (Tile::kOrdered) {
+      arch::mbarrier_wait(sh.dq_empty(), (static_cast<uint32_t>(step) & 1) ^ 1);  // the first step's passes
+    } else {
+      arch::bulk_wait(Tile::kSplitSlots && to.wait_written);
+    }
     __syncwarp();
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -245,18 +268,10 @@ __device__ inline void accumulate_dq(const BackwardOperands& operands, const Bac
     }
     arch::fence_shared_for_async_proxy();
     __syncwarp();
-    if (lane == 0) {
-      const bool store = Tile::kDeterministic && to.store && (to.map_clips || warp_row + Tile::kDqBoxRows <= to.sq);
-#pragma unroll
-      for (int box = 0; box < Tile::kDqCols / 32; ++box) {
-        const int column = col0 + box * 32;
-        // (Boxes wholly past the sequence add nothing.)
-        if (column < to.hdim_q && warp_row < to.sq) {
-          const uint32_t box_rows = boxes + box * Tile::kDqBoxBytes;
-          const int row = to.map_row + static_cast<int>(warp_row);
-          arch::tma_store_or_add(*to.map, box_rows, column, to.map_head, row, to.map_slot, store);
-        }
-      }
+    if constexpr (Tile::kOrdered) {
+      if (lane == 0) arch::mbarrier_arrive(sh.dq_full(step));
+    } else if (lane == 0) {
+      send_dq_boxes<Tile>(boxes, col0, warp_row, to);
       arch::bulk_commit();
     }
     return;
@@ -271,11 +286,11 @@ __device__ inline void accumulate_dq(const BackwardOperands& operands, const Bac
       const int col = col0 + n * 8 + 2 * t;
       if (col >= to.hdim_q) continue;
       const float x = dq[n][2 * r] * scale, y = dq[n][2 * r + 1] * scale;
-      // One vector reduction for the pair, fire and forget. In deterministic mode the workgroup owns
-      // the slot and this thread the element (same tile position in every unit), so the store and
-      // adds to it are one thread's, which apply in program order: the sum is reproducible without
-      // the load-add-store round trip.
-      arch::store_or_add_2(row + col, x, y, Tile::kDeterministic && to.store);
+      // One vector reduction for the pair, fire and forget. With split slots the workgroup owns the
+      // slot and this thread the element (same tile position in every unit), so the store and adds to
+      // it are one thread's, which apply in program order: the sum is reproducible without the
+      // load-add-store round trip. (The launch refuses ordered dQ without the dq_acc map.)
+      arch::store_or_add_2(row + col, x, y, Tile::kSplitSlots && to.store);
     }
   }
 }

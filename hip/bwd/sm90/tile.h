@@ -1,15 +1,16 @@
 // The backward's (dq_dk_dv) tile on Hopper (sm_90a): the workgroup's shape (two consumer warpgroups of
 // 64 keys each, q steps of kBlockM rows, a producer warpgroup) and its
 // shared-memory layout (K, V, two stages of Q, dO, LSE, D and dSᵀ, each consumer warp's dQ rows on their
-// way to the dq_acc slot, the pipeline's barriers).
+// way to dq_acc, the pipeline's barriers).
 #pragma once
 
 #include "arch/nvidia/shared_tile.h"
 #include "arch/nvidia/tensor_core.h"
+#include "bwd/dq_scheme.h"
 
 namespace fmha {
 
-template <int kHeadDim, int kWarps_, int kBlockM_, bool kMasked_, bool kDeterministic_>
+template <int kHeadDim, int kWarps_, int kBlockM_, bool kMasked_, DqScheme kDqScheme_>
 struct BackwardTile {
   static constexpr int kWarps = kWarps_;  // of the consumers, which compute
   static constexpr int kConsumerThreads = kWarps * arch::kWarpSize;
@@ -22,7 +23,9 @@ struct BackwardTile {
   static constexpr int kBlockN = 16 * kWarps;  // one warpgroup per 64 keys
   static constexpr int kBlockM = kBlockM_;
   static constexpr bool kMasked = kMasked_;
-  static constexpr bool kDeterministic = kDeterministic_;
+  static constexpr DqScheme kDqScheme = kDqScheme_;
+  static constexpr bool kSplitSlots = kDqScheme == DqScheme::kSplitSlots;
+  static constexpr bool kOrdered = kDqScheme == DqScheme::kOrdered;
   static constexpr int kDim = kHeadDim;
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of a Q/K/V/dO row
   static constexpr int kMChunks = kBlockM / 8;  // of a dSᵀ row
@@ -36,9 +39,16 @@ struct BackwardTile {
   using QLayout = Swizzle128<kChunks, kBlockM>;
   using DsLayout = Swizzle128<kMChunks, kBlockN>;  // dSᵀ: kBlockN key rows of kBlockM q columns
   // The producer warpgroup's copies (shared_tile.h's TileCopy shape), 4 chunks a loop trip: unrolled
-  // whole, its loops spill at 40 registers.
+  // whole, its loops spill at 40 registers. K and V take all four warps; with ordered dQ the q
+  // tiles take three (StepLoader), the last warp being the dQ writer, which sends the consumers' dQ boxes
+  // in their turn (bwd/sm90/kernel.h's write_dq_in_turn).
   struct Loader {
     static constexpr int kThreads = 128;
+    static constexpr int kChunks = kHeadDim / 8;
+    static constexpr int kUnroll = 4;
+  };
+  struct StepLoader {
+    static constexpr int kThreads = kOrdered ? 96 : 128;
     static constexpr int kChunks = kHeadDim / 8;
     static constexpr int kUnroll = 4;
   };
@@ -53,11 +63,12 @@ struct BackwardTile {
   static constexpr int kDqBoxRows = 16;
   static constexpr int kDqBoxBytes = kDqBoxRows * 128;
   static constexpr int kDqRowsBytes = kDqCols / 32 * kDqBoxBytes;
-  // mbarriers: K/V full and empty, two stages of Q (with dO, LSE, D) full and empty.
-  static constexpr int kBarrierBytes = 6 * 8;
-  // Deterministic mode: the units posted from the persistent schedule (bwd/sm90/kernel.h's PostedUnits,
+  // mbarriers: K/V full and empty, two stages of Q (with dO, LSE, D) full and empty; with ordered dQ the
+  // consumers' dQ boxes full (one per writer lane: even and odd steps) and empty (the dQ writer's).
+  static constexpr int kBarrierBytes = (kOrdered ? 9 : 6) * 8;
+  // With split slots: the units posted from the persistent schedule (bwd/sm90/kernel.h's PostedUnits,
   // 8-aligned after the barriers).
-  static constexpr int kPostedUnitsBytes = kDeterministic ? 128 : 0;
+  static constexpr int kPostedUnitsBytes = kSplitSlots ? 128 : 0;
   static constexpr int kSharedBytes = 2 * kKVBytes + 4 * kQBytes + 2 * kDsBytes + 4 * kRowStatBytes +
                                       kWarps * kDqRowsBytes + kBarrierBytes + kPostedUnitsBytes + kSwizzle128Slack;
   static_assert(kSharedBytes <= 227 * 1024, "Hopper's shared memory per CTA");
@@ -95,6 +106,10 @@ struct BackwardShared {
   // Stage s of Q, dO, LSE and D loaded / released.
   __device__ uint32_t full_q(int stage) const { return barriers + 16 + 8 * stage; }
   __device__ uint32_t empty_q(int stage) const { return barriers + 32 + 8 * stage; }
+  // Ordered dQ: every consumer warp's dQ boxes of step `step` written (each warp's arrival; one barrier
+  // for even steps, one for odd, as the dQ writer's two lanes take them) / read (the writer's).
+  __device__ uint32_t dq_full(int step) const { return barriers + 48 + 8 * (step & 1); }
+  __device__ uint32_t dq_empty() const { return barriers + 64; }
 };
 
 }  // namespace fmha

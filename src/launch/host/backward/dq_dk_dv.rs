@@ -1,19 +1,24 @@
 //! Stage 2: one work unit = one (batch, kv head, K tile). K/V stay resident while the q tiles of every
 //! query head of the GQA group stream past: P is recomputed from LSE, dV and dK accumulate in f32,
-//! dQ partials go to the unit's dq_acc split slot. The grid is either one block per unit with atomic
-//! dq_acc adds (non-deterministic) or the persistent schedule of `schedule.rs`, one workgroup per CU
-//! walking its range, each split slot written by exactly one CU (deterministic). There the CU's first
-//! unit in a slot writes all of it (its partial, zeros on the rows it does not visit), so that no
-//! pass zeroes the slots beforehand; its later units add.
+//! dQ partials go to dq_acc. Three schemes:
+//! - non-deterministic: one block per unit, atomic dq_acc adds;
+//! - deterministic, split slots (CK's, the AMD kernels'): the persistent schedule of `schedule.rs`, one
+//!   workgroup per CU walking its range, each split slot written by exactly one CU. There the CU's first
+//!   unit in a slot writes all of it (its partial, zeros on the rows it does not visit), so that no pass
+//!   zeroes the slots beforehand; its later units add;
+//! - deterministic, ordered (the NVIDIA kernel's, `schedule::dq_write_turn`): one block per (batch, kv
+//!   head) runs its units in the kernel's launch order, adding into the one dq_acc; each q tile's turn
+//!   counter (the kernel's semaphore, here in memory of the run's own) must show the unit's turn, so a
+//!   turn or semaphore index that disagrees with the units' walks is an error, not a different sum.
 
 use super::BwdContext;
 use crate::error::{Error, Result};
 use crate::launch::host::grid::for_each_block;
 use crate::launch::host::tile_math::{axpy, dot, scale};
-use crate::problem::{Element, Mode};
-use crate::schedule::{group_jobs, BatchPersistent, WorkUnit};
+use crate::problem::{Element, Mode, ResolvedMask};
+use crate::schedule::{ceil_div, dq_write_turn, group_jobs, BatchPersistent, WorkUnit};
 use crate::workspace::{DqAccBlock, MetadataView};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicI64, Ordering};
 
 /// How a unit's dQ partial reaches dq_acc.
 enum DqWrite<'a> {
@@ -23,6 +28,9 @@ enum DqWrite<'a> {
     /// in the CU's fixed unit order. The owner table turns a schedule bug (two CUs on one slot, or a
     /// slot's first unit not marked first) into an error instead of a silent race.
     Owned { cu: i64, owners: &'a SlotOwners },
+    /// The one dq_acc, in turn: `turns` counts each q tile's writers so far (indexed as the kernel's
+    /// semaphores, `WorkspaceLayout::dq_semaphore`).
+    Ordered { turns: &'a [AtomicI32] },
 }
 
 /// First CU to touch each (batch, kv head, split) slot.
@@ -78,6 +86,23 @@ pub fn run<E: Element>(c: &BwdContext<E>, workers: i64) -> Result<()> {
             run_unit(c, &meta, &unit, DqWrite::Atomic)
         });
     }
+    let layout = &c.kargs.layout;
+    if layout.params.ordered_dq {
+        let tiles = ceil_div(s.max_seqlen_k, n0);
+        let turns: Vec<AtomicI32> = (0..layout.dq_semaphore_words).map(|_| AtomicI32::new(0)).collect();
+        return for_each_block((s.batch * heads) as usize, workers, |block| {
+            let block = block as i64;
+            // The kernel's launch order: K tiles first to last, masked last to first.
+            let order: Box<dyn Iterator<Item = i64>> =
+                if masked { Box::new((0..tiles).rev()) } else { Box::new(0..tiles) };
+            for k_tile in order {
+                let unit =
+                    WorkUnit { batch: block / heads, head: block % heads, k_tile, split: 0, first_in_slot: false };
+                run_unit(c, &meta, &unit, DqWrite::Ordered { turns: &turns })?;
+            }
+            Ok(())
+        });
+    }
     let max_splits = ((s.max_seqlen_k + n0 - 1) / n0).max(1) as usize;
     let owners = SlotOwners::new(s.batch as usize, heads as usize, max_splits);
     match s.mode {
@@ -101,6 +126,33 @@ pub fn run<E: Element>(c: &BwdContext<E>, workers: i64) -> Result<()> {
             })
         }
     }
+}
+
+/// The ordered scheme's turn check for the unit's q tile `q_tile` of query head `head`: the tile's counter
+/// must hold the unit's turn (every earlier writer has added, no later one has); returns the counter to
+/// advance once the unit's adds are done.
+fn take_turn<'a, E: Element>(
+    c: &BwdContext<E>,
+    turns: &'a [AtomicI32],
+    mask: &ResolvedMask,
+    unit: &WorkUnit,
+    q_start: i64,
+    head: i64,
+    q_tile: i64,
+) -> Result<&'a AtomicI32> {
+    let (layout, instance) = (&c.kargs.layout, &c.kargs.instance);
+    let index = layout.dq_semaphore(unit.batch, q_start, head, q_tile);
+    let counter = turns.get(index).ok_or_else(|| {
+        Error::internal(format!("ordered dQ: semaphore {index} of q tile {q_tile} (head {head}) past {}", turns.len()))
+    })?;
+    let turn = dq_write_turn(mask, c.kargs.shape.masked(), instance.m0, instance.n0, unit.k_tile, q_tile);
+    let seen = i64::from(counter.load(Ordering::Acquire));
+    if seen != turn {
+        return Err(Error::internal(format!(
+            "ordered dQ: {unit:?} has turn {turn} at q tile {q_tile} of head {head}, whose semaphore {index} shows {seen}"
+        )));
+    }
+    Ok(counter)
 }
 
 /// Per-unit scratch rows, f32.
@@ -132,7 +184,7 @@ fn run_unit<E: Element>(c: &BwdContext<E>, meta: &MetadataView<'_>, unit: &WorkU
             owners.claim(unit, *cu)?;
             unit.first_in_slot
         }
-        DqWrite::Atomic => false,
+        DqWrite::Atomic | DqWrite::Ordered { .. } => false,
     };
     let mask = s.mask.resolve(rows.sq, rows.sk);
     let (i_lo, i_hi) = if rows.sk <= j0 {
@@ -187,6 +239,10 @@ fn run_unit<E: Element>(c: &BwdContext<E>, meta: &MetadataView<'_>, unit: &WorkU
                 big_d[i] = c.d.slice().get(c.d.row_offset(b, h, row));
             }
             let edge = s.masked() && mask.tile_needs_mask(i0, i1, j0, j1);
+            let turn = match write {
+                DqWrite::Ordered { turns } => Some(take_turn(c, turns, &mask, unit, rows.q_start, h, i0 / m0)?),
+                _ => None,
+            };
             for i in 0..m {
                 let qi = q_tile.row(i);
                 let gi = do_tile.row(i);
@@ -212,12 +268,15 @@ fn run_unit<E: Element>(c: &BwdContext<E>, meta: &MetadataView<'_>, unit: &WorkU
                         }
                     }
                     DqWrite::Owned { .. } if store_first => c.dq_acc.write_from(start, dq_i),
-                    DqWrite::Owned { .. } => {
+                    DqWrite::Owned { .. } | DqWrite::Ordered { .. } => {
                         for (col, x) in dq_i.iter().enumerate() {
                             c.dq_acc.set(start + col, c.dq_acc.get(start + col) + *x);
                         }
                     }
                 }
+            }
+            if let Some(counter) = turn {
+                counter.fetch_add(1, Ordering::Release);
             }
             i0 = i1;
         }

@@ -1,0 +1,123 @@
+//! The deterministic backward's dQ scheme (`fmha_bwd_traits.dq_scheme`; `hip/bwd/dq_scheme.h` is the
+//! kernels' side): the one a launcher runs, by request, device and shape.
+
+use super::traits::BwdTraits;
+use crate::abi_values::{abi_enum, FMHA_DQ_SCHEME_AUTO, FMHA_DQ_SCHEME_ORDERED, FMHA_DQ_SCHEME_SPLIT_SLOTS};
+use crate::error::{Error, Result};
+use crate::problem::{MaskType, Mode};
+use crate::runtime::Arch;
+
+abi_enum! {
+    /// How a deterministic backward sums dQ (`FMHA_DQ_SCHEME_*`).
+    pub enum DqScheme {
+        /// The library's choice for the device and shape ([`runs_ordered`]).
+        Auto = FMHA_DQ_SCHEME_AUTO => "auto",
+        /// Per-workgroup split slots of the persistent schedule, summed by convert_dq (CK's).
+        SplitSlots = FMHA_DQ_SCHEME_SPLIT_SLOTS => "split slots",
+        /// One accumulator, its writers taking turns per q tile (FlashAttention-3's).
+        Ordered = FMHA_DQ_SCHEME_ORDERED => "ordered",
+    }
+}
+
+impl DqScheme {
+    pub fn from_i64(value: i64, field: &str) -> Result<DqScheme> {
+        i32::try_from(value)
+            .ok()
+            .and_then(DqScheme::parse)
+            .ok_or_else(|| Error::invalid(field, format!("{value} is not a dQ scheme ({})", DqScheme::choices())))
+    }
+}
+
+/// Unmasked batch-mode rows at D = 128 take the ordered scheme from this many keys on.
+const ORDERED_MIN_UNMASKED_SEQLEN_K: i64 = 4096;
+
+/// Whether a launcher of `traits` on `arch` runs the ordered scheme (`WorkspaceParams::ordered_dq`):
+/// never outside deterministic mode; where asked, on the backends that have it (NVIDIA sm_90a, the
+/// host); by default where it measured faster than the split slots. On an H200 (2026-11-27,
+/// docs/perf.md) the ordered scheme's turn waits cost more than the split slots save at D = 64 (0.79-0.87×
+/// their speed) and on short unmasked rows at D = 128 (0.97× at 8 × 2048); at D = 128 it gains under a
+/// mask (1.08-1.12×), in group mode (1.14-1.29×) and on long unmasked rows (1.12× at 2 × 8192). The host
+/// backend's default is the split slots of the AMD kernels (CK's), as its tests assume.
+pub fn runs_ordered(traits: &BwdTraits, arch: Arch) -> Result<bool> {
+    if !traits.deterministic {
+        return Ok(false);
+    }
+    match (traits.dq_scheme, arch) {
+        (DqScheme::SplitSlots, _) => Ok(false),
+        (DqScheme::Ordered, Arch::Host | Arch::Sm90) => Ok(true),
+        (DqScheme::Ordered, arch) => Err(Error::unsupported(format!(
+            "dq_scheme: no ordered dQ kernel for {} (its deterministic backward sums split slots: \
+             FMHA_DQ_SCHEME_SPLIT_SLOTS or AUTO)",
+            arch.name()
+        ))),
+        (DqScheme::Auto, Arch::Sm90) => Ok(ordered_pays(traits)),
+        (DqScheme::Auto, _) => Ok(false),
+    }
+}
+
+/// sm_90a's default (see [`runs_ordered`]).
+fn ordered_pays(traits: &BwdTraits) -> bool {
+    traits.hdim_q.max(traits.hdim_v) > 64
+        && (traits.mask_type != MaskType::None
+            || traits.mode == Mode::Group
+            || traits.seqlen_k >= ORDERED_MIN_UNMASKED_SEQLEN_K)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::{BiasType, Dtype};
+
+    fn traits(hdim: i64, mask_type: MaskType, mode: Mode, seqlen_k: i64, dq_scheme: DqScheme) -> BwdTraits {
+        BwdTraits {
+            dtype: Dtype::Bf16,
+            mode,
+            mask_type,
+            bias_type: BiasType::None,
+            has_dbias: false,
+            has_dropout: false,
+            is_store_randval: false,
+            deterministic: true,
+            dq_scheme,
+            batch: 2,
+            seqlen_q: seqlen_k,
+            seqlen_k,
+            max_seqlen_q: 0,
+            max_seqlen_k: 0,
+            nhead_q: 8,
+            nhead_k: 8,
+            hdim_q: hdim,
+            hdim_v: hdim,
+        }
+    }
+
+    #[test]
+    fn auto_takes_the_ordered_scheme_where_it_measured_faster_on_sm90() {
+        let auto =
+            |hdim, mask, mode, sk| runs_ordered(&traits(hdim, mask, mode, sk, DqScheme::Auto), Arch::Sm90).unwrap();
+        assert!(auto(128, MaskType::BottomRight, Mode::Batch, 2048));
+        assert!(auto(128, MaskType::None, Mode::Group, 2048));
+        assert!(auto(128, MaskType::None, Mode::Batch, 8192));
+        assert!(auto(96, MaskType::TopLeft, Mode::Batch, 1024));
+        assert!(!auto(128, MaskType::None, Mode::Batch, 2048));
+        assert!(!auto(64, MaskType::BottomRight, Mode::Batch, 2048));
+        assert!(!auto(64, MaskType::None, Mode::Group, 8192));
+    }
+
+    #[test]
+    fn other_devices_default_to_split_slots_and_refuse_ordered_where_they_have_no_kernel() {
+        let t = traits(128, MaskType::BottomRight, Mode::Group, 8192, DqScheme::Auto);
+        for arch in [Arch::Host, Arch::Gfx942, Arch::Gfx950] {
+            assert!(!runs_ordered(&t, arch).unwrap());
+        }
+        let ordered = BwdTraits { dq_scheme: DqScheme::Ordered, ..t };
+        assert!(runs_ordered(&ordered, Arch::Host).unwrap());
+        let e = runs_ordered(&ordered, Arch::Gfx942).unwrap_err();
+        assert!(e.message.contains("dq_scheme") && e.message.contains("gfx942"), "{}", e.message);
+        let split = BwdTraits { dq_scheme: DqScheme::SplitSlots, ..t };
+        assert!(!runs_ordered(&split, Arch::Sm90).unwrap());
+        // Non-deterministic runs have no scheme to take.
+        let atomic = BwdTraits { deterministic: false, ..ordered };
+        assert!(!runs_ordered(&atomic, Arch::Gfx950).unwrap());
+    }
+}
