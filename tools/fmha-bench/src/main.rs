@@ -34,7 +34,7 @@ struct Cli {
     matrix: String,
     /// Keep only cases (and instances) whose FIELD equals VALUE (FIELD=VALUE) or contains TEXT
     /// (FIELD~TEXT); case fields (op, dtype, batch, nhead_q, nhead_k, hdim_q, hdim_v, seqlen_q,
-    /// seqlen_k, mask, varlen, deterministic, page_size, table) and instance fields (instance,
+    /// seqlen_k, mask, varlen, deterministic, dq_scheme, page_size, table) and instance fields (instance,
     /// pipeline, arch, m0, n0, ...). Repeatable; all must hold.
     #[arg(long)]
     filter: Vec<Filter>,

@@ -11,6 +11,7 @@
 //! mask = ["0", "b", "b:128,0"] # CK's mask syntax (none, causal top-left t / bottom-right b, windows)
 //! varlen = [false, true]       # group mode: sequence i of the batch has lengths scaled by (i+1)/batch
 //! deterministic = [false]      # bwd
+//! dq_scheme = ["auto"]           # bwd, deterministic: auto | split | ordered (FMHA_DQ_SCHEME_*)
 //! page_size = [16]             # kvcache: tokens per page
 //! table = ["block"]            # kvcache: block | csr
 //! splits = [0]                 # kvcache: max_splits of the launcher (0: the library's heuristic)
@@ -93,6 +94,8 @@ pub struct Case {
     pub mask: Mask,
     pub varlen: bool,
     pub deterministic: bool,
+    /// Deterministic backward: `auto`, `split` or `ordered` (`auto` elsewhere).
+    pub dq_scheme: String,
     pub page_size: usize,
     pub table: String,
     /// kvcache: the launcher's `max_splits` (0: the library's heuristic).
@@ -157,6 +160,7 @@ impl Case {
             ("mask", self.mask_text.clone()),
             ("varlen", self.varlen.to_string()),
             ("deterministic", self.deterministic.to_string()),
+            ("dq_scheme", self.dq_scheme.clone()),
             ("page_size", self.page_size.to_string()),
             ("table", self.table.clone()),
             ("splits", self.splits.to_string()),
@@ -188,6 +192,8 @@ struct Group {
     varlen: Vec<bool>,
     #[serde(default = "default_false")]
     deterministic: Vec<bool>,
+    #[serde(default = "default_dq_scheme")]
+    dq_scheme: Vec<String>,
     #[serde(default = "default_page")]
     page_size: Vec<usize>,
     #[serde(default = "default_table")]
@@ -198,6 +204,9 @@ struct Group {
 
 fn default_mask() -> Vec<String> {
     vec!["0".into()]
+}
+fn default_dq_scheme() -> Vec<String> {
+    vec!["auto".into()]
 }
 fn default_false() -> Vec<bool> {
     vec![false]
@@ -292,6 +301,7 @@ fn expand(g: &Group, out: &mut Vec<Case>) -> Result<()> {
         mask: Mask::NONE,
         varlen: false,
         deterministic: false,
+        dq_scheme: "auto".into(),
         page_size: 0,
         table: String::new(),
         splits: 0,
@@ -328,6 +338,13 @@ fn expand(g: &Group, out: &mut Vec<Case>) -> Result<()> {
     // Fields of one operation only stay at their neutral value on the others.
     cases = times(cases, &g.deterministic, |c, &v| {
         c.deterministic = v && c.op == Op::Bwd;
+        Ok(())
+    })?;
+    cases = times(cases, &g.dq_scheme, |c, t| {
+        if !matches!(t.as_str(), "auto" | "split" | "ordered") {
+            bail!("dq_scheme: {t:?} is not auto, split or ordered");
+        }
+        c.dq_scheme = if c.deterministic { t.clone() } else { "auto".into() };
         Ok(())
     })?;
     cases = times(cases, &g.page_size, |c, &v| {

@@ -25,6 +25,7 @@ pub struct Row {
     pub mask: String,
     pub varlen: bool,
     pub deterministic: bool,
+    pub dq_scheme: String,
     pub page_size: usize,
     pub table: String,
     pub splits: usize,
@@ -71,6 +72,7 @@ impl Row {
             mask: case.mask_text.clone(),
             varlen: case.varlen,
             deterministic: case.deterministic,
+            dq_scheme: case.dq_scheme.clone(),
             page_size: case.page_size,
             table: case.table.clone(),
             splits: case.splits,
@@ -183,7 +185,13 @@ impl Row {
             self.seqlen_k,
             self.mask,
             if self.varlen { " varlen" } else { "" },
-            if self.deterministic { " det" } else { "" },
+            if !self.deterministic {
+                String::new()
+            } else if self.dq_scheme == "auto" {
+                " det".into()
+            } else {
+                format!(" det {}", self.dq_scheme)
+            },
             if self.page_size > 0 {
                 format!(
                     " page {} {}{}",

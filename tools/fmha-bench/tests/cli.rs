@@ -15,7 +15,7 @@ fn temp(name: &str) -> PathBuf {
 /// The columns every row has, in order: the case, the outcome, the kernel's identity, the numbers,
 /// the verification, the plan.
 const COLUMNS: &str = "op,dtype,batch,nhead_q,nhead_k,hdim_q,hdim_v,seqlen_q,seqlen_k,mask,varlen,deterministic,\
-page_size,table,splits,status,message,arch,instance,m0,n0,pipeline,stages,latency_ms,latency_min_ms,tflops,gb_per_s,\
+dq_scheme,page_size,table,splits,status,message,arch,instance,m0,n0,pipeline,stages,latency_ms,latency_min_ms,tflops,gb_per_s,\
 flops,bytes,verify,verify_max_error,verify_bound,verify_detail,plan";
 
 #[test]

@@ -248,6 +248,11 @@ impl Backward {
             has_dropout: 0,
             is_store_randval: 0,
             is_deterministic: case.deterministic as i32,
+            dq_scheme: i64::from(match case.dq_scheme.as_str() {
+                "split" => FMHA_DQ_SCHEME_SPLIT_SLOTS,
+                "ordered" => FMHA_DQ_SCHEME_ORDERED,
+                _ => FMHA_DQ_SCHEME_AUTO,
+            }),
         };
         let mut raw = null_mut();
         check(fmha_bwd_launcher_create(&traits, &mut raw), "fmha_bwd_launcher_create")?;
