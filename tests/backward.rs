@@ -170,8 +170,9 @@ fn deterministic_batch_mode_writes_or_skips_every_slot() {
 
 /// The ordered dQ scheme (`FMHA_DQ_SCHEME_ORDERED`: the host executor's twin of the NVIDIA kernel's):
 /// every mask kind in batch and group mode (zero-length sequences, GQA, lengths off the tiles), against
-/// the float64 reference (bitwise reproducibility: the test above). The host executor checks each q
-/// tile's turn against its semaphore, so turn or index arithmetic that disagrees with the walks fails
+/// the float64 reference (bitwise reproducibility: the test above); unmasked on the host backend with 1
+/// CU (units walk in turn) and 80 (rotated walks, the units interleaved). The host executor checks each
+/// q tile's turn against its semaphore, so turn or index arithmetic that disagrees with the walks fails
 /// the run rather than changing the sum. Backends without the scheme (AMD) answer unsupported.
 #[test]
 fn ordered_dq_is_correct_under_every_mask() {
@@ -184,6 +185,8 @@ fn ordered_dq_is_correct_under_every_mask() {
         assert_eq!(status, fmha::ffi::status::FMHA_ERR_UNSUPPORTED);
         return;
     }
+    let _serial = common::CU_COUNT_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let host = fmha::runtime::ACTIVE_BACKEND == fmha::runtime::BackendKind::Host;
     let mut rng = Rng::fresh();
     eprintln!("seed {}", rng.0);
     for (i, mask) in [
@@ -196,15 +199,21 @@ fn ordered_dq_is_correct_under_every_mask() {
     .into_iter()
     .enumerate()
     {
-        let hdim = if i % 2 == 0 { 64 } else { 128 }; // both GPU buckets
-        let mut case = Case::batch_mode(Dtype::Bf16, 2, 6, 3, (300, 600), (hdim, hdim), mask);
-        case.dq_scheme = FMHA_DQ_SCHEME_ORDERED;
-        check_backward_modes(&case, &[true], &mut rng);
-        let mut case = Case::batch_mode(Dtype::F16, 4, 4, 2, (1, 1), (40, 40), mask);
-        case.dq_scheme = FMHA_DQ_SCHEME_ORDERED;
-        case.group = true;
-        case.padding = vec![(0, 0); 4];
-        case.seqlens = vec![(130, 260), (0, 77), (301, 190), (65, 0)];
-        check_backward_modes(&case, &[true], &mut rng);
+        let cu_counts: &[i32] = if host && !mask.is_masked() { &[1, 80] } else { &[0] };
+        for &cus in cu_counts {
+            if cus > 0 {
+                common::ok(fmha::ffi::runtime::fmha_host_set_cu_count(cus));
+            }
+            let hdim = if i % 2 == 0 { 64 } else { 128 }; // both GPU buckets
+            let mut case = Case::batch_mode(Dtype::Bf16, 2, 6, 3, (300, 600), (hdim, hdim), mask);
+            case.dq_scheme = FMHA_DQ_SCHEME_ORDERED;
+            check_backward_modes(&case, &[true], &mut rng);
+            let mut case = Case::batch_mode(Dtype::F16, 4, 4, 2, (1, 1), (40, 40), mask);
+            case.dq_scheme = FMHA_DQ_SCHEME_ORDERED;
+            case.group = true;
+            case.padding = vec![(0, 0); 4];
+            case.seqlens = vec![(130, 260), (0, 77), (301, 190), (65, 0)];
+            check_backward_modes(&case, &[true], &mut rng);
+        }
     }
 }

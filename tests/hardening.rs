@@ -269,9 +269,18 @@ fn struct_size_is_read_first_and_nothing_past_it() {
         expect_error(fmha_fwd(g2.place(&fwd_traits, 40), g.place(&a, size), null_mut()), 1, &["args", "struct_size"]);
     }
     let traits = bwd_traits(&case);
-    let g3 = GuardedBytes::new(80);
+    let traits_size = std::mem::size_of::<fmha_bwd_traits>();
+    let g3 = GuardedBytes::new(traits_size);
     let mut bytes = 0;
-    ok(fmha_bwd_workspace_size_upper_bound(g3.place(&traits, 80), &mut bytes));
+    ok(fmha_bwd_workspace_size_upper_bound(g3.place(&traits, traits_size), &mut bytes));
+    // A caller of the first fmha_bwd_traits (80 bytes, before dq_scheme), whose struct ends at the guard
+    // page.
+    let v01_traits = std::mem::offset_of!(fmha_bwd_traits, dq_scheme);
+    let g80 = GuardedBytes::new(v01_traits);
+    let old_traits = fmha_bwd_traits { struct_size: v01_traits, ..traits };
+    let mut old_bytes = 0;
+    ok(fmha_bwd_workspace_size_upper_bound(g80.place(&old_traits, v01_traits), &mut old_bytes));
+    assert_eq!(old_bytes, bytes);
     // Smaller than the first version, inside a field, larger than this library knows: refused, naming
     // the struct.
     for size in [0, 8, v1 - 8, v1 + 4, std::mem::size_of::<fmha_bwd_args>() + 8] {

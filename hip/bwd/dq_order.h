@@ -11,8 +11,23 @@
 
 namespace fmha {
 
+// Whether the unmasked units of one (batch, kv head), `k_tiles` of them (those with keys), each walking
+// `steps` q tiles, start their walks rotated, unit k at step k: then the writers of a q tile reach it one
+// step apart instead of queueing behind each other. A unit may wait for units launched after it, so all
+// of a (batch, kv head)'s units must be resident at once: at most one per compute unit.
+FMHA_HOST_DEVICE inline bool rotated_walks(bool masked, int64_t k_tiles, int64_t steps, int64_t num_cus) {
+  return !masked && k_tiles <= steps && k_tiles <= num_cus;
+}
+
+// Rotated walks: the turn of K tile `k_tile` at step `step` of the unrotated walk (the tile's index among
+// the unit's q tiles, query head major): the order in which the units reach it, step (step - k) mod steps.
+FMHA_HOST_DEVICE inline int64_t rotated_write_turn(int64_t k_tiles, int64_t k_tile, int64_t step) {
+  if (k_tile > step) return step + k_tiles - k_tile;
+  return (step < k_tiles - 1 ? step : k_tiles - 1) - k_tile;
+}
+
 // The turn of K tile `k_tile` among the units that add to q tile `q_tile` (rows [q_tile · m0, ...) of
-// sq): unmasked its index; masked, counted down from the last K tile whose keys the tile's rows keep
+// sq), where the walks are not rotated: unmasked its index; masked, counted down from the last K tile whose keys the tile's rows keep
 // (row i keeps keys up to i + off + right), so that the diagonal unit, which starts on this tile, goes
 // first. For units that visit the tile.
 FMHA_HOST_DEVICE inline int64_t dq_write_turn(bool masked, int64_t off, int64_t right, int64_t sq, int64_t sk,

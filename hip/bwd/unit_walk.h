@@ -8,6 +8,7 @@
 
 #include "arch/thread.h"
 #include "launch.h"
+#include "bwd/dq_order.h"
 #include "bwd/schedule.h"
 #include "bwd/workspace_view.h"
 #include "common/sequence.h"
@@ -27,7 +28,10 @@ struct QTile {
 // Rows and keys are 32-bit here (a batch's lengths are int32): the fields stay live across a unit's
 // q tiles, next to the dK/dV accumulators, where the GPU kernels have no register to spare. Values
 // that the mask can push outside [0, sq] are clamped into it with the same meaning.
-template <int kBlockM, int kBlockN, bool kMasked>
+//
+// kRotated (the ordered dQ's unmasked walks, bwd/dq_order.h's rotated_walks): where `rotated`, the walk
+// starts at step `rotation` (the unit's K tile) and wraps around.
+template <int kBlockM, int kBlockN, bool kMasked, bool kRotated = false>
 struct UnitQTiles {
   BatchRows rows;
   ResolvedMask mask;
@@ -43,6 +47,7 @@ struct UnitQTiles {
   // from the first row that keeps the unit's last key to the last row that keeps its first key
   // (clamped to [-1, sq]).
   int interior_lo, interior_hi;
+  int rotated, rotation;
 
   __device__ UnitQTiles(const fmha_bwd_params& p, const WorkUnit& unit) {
     rows = batch_rows(p, unit.batch);
@@ -71,7 +76,15 @@ struct UnitQTiles {
     reversed = split_slots(p) && (unit.k_tile & 1) ? 1 : 0;
     interior_lo = clamp_row(int64_t(j0) + kBlockN - 1 - mask.off - mask.right, rows.sq);
     interior_hi = clamp_row(j0 - mask.off + mask.left, rows.sq);
+    rotated = kRotated && rotated_walks(kMasked, k_tiles(), steps, p.num_cus) ? 1 : 0;
+    rotation = rotated ? unit.k_tile : 0;
   }
+
+  // K tiles with keys of the unit's batch.
+  __device__ int k_tiles() const { return (rows.sk + kBlockN - 1) / kBlockN; }
+
+  // The step of tile `t` in the unrotated walk.
+  __device__ int step_of(const QTile& t) const { return (t.h - first_head) * tiles_per_head + (t.i0 - i_start) / kBlockM; }
 
   // Whether the unit has keys at all (a tile past this batch's keys: padding or a shorter batch).
   __device__ bool has_keys() const { return j0 < rows.sk; }
@@ -84,6 +97,7 @@ struct UnitQTiles {
   __device__ QTile tile(int64_t step) const {
     if (steps == 0) return QTile{i_start, first_head};
     if (reversed) step = steps - 1 - step;
+    if constexpr (kRotated) step = (step + rotation) % steps;
     QTile t;
     t.h = first_head + static_cast<int>(step / tiles_per_head);
     t.i0 = i_start + static_cast<int>(step % tiles_per_head) * kBlockM;
@@ -98,6 +112,7 @@ struct UnitQTiles {
       if (n.i0 >= i_start + tiles_per_head * kBlockM) {
         n.i0 = i_start;
         ++n.h;
+        if (kRotated && n.h == first_head + group) n.h = first_head;
       }
     } else {
       n.i0 -= kBlockM;

@@ -28,16 +28,16 @@ impl DqScheme {
     }
 }
 
-/// Unmasked batch-mode rows at D = 128 take the ordered scheme from this many keys on.
-const ORDERED_MIN_UNMASKED_SEQLEN_K: i64 = 4096;
+/// Unmasked batch-mode rows at D = 128 take the ordered scheme from this many keys on (shorter rows
+/// were not measured).
+const ORDERED_MIN_UNMASKED_SEQLEN_K: i64 = 2048;
 
 /// Whether a launcher of `traits` on `arch` runs the ordered scheme (`WorkspaceParams::ordered_dq`):
 /// never outside deterministic mode; where asked, on the backends that have it (NVIDIA sm_90a, the
-/// host); by default where it measured faster than the split slots. On an H200 (2026-11-27,
-/// docs/perf.md) the ordered scheme's turn waits cost more than the split slots save at D = 64 (0.79-0.87×
-/// their speed) and on short unmasked rows at D = 128 (0.97× at 8 × 2048); at D = 128 it gains under a
-/// mask (1.08-1.12×), in group mode (1.14-1.29×) and on long unmasked rows (1.12× at 2 × 8192). The host
-/// backend's default is the split slots of the AMD kernels (CK's), as its tests assume.
+/// host); by default where it measured faster than the split slots. On an H200 (2026-11-27 18:10 UTC,
+/// docs/perf.md) it costs 11-16 % at D = 64 against the split slots; at D = 128 it gains 7-8 % unmasked
+/// (2k-8k keys), 8-13 % under a causal mask and 24-31 % in group mode. The host backend's default is
+/// the split slots of the AMD kernels (CK's), as its tests assume.
 pub fn runs_ordered(traits: &BwdTraits, arch: Arch) -> Result<bool> {
     if !traits.deterministic {
         return Ok(false);
@@ -99,7 +99,8 @@ mod tests {
         assert!(auto(128, MaskType::None, Mode::Group, 2048));
         assert!(auto(128, MaskType::None, Mode::Batch, 8192));
         assert!(auto(96, MaskType::TopLeft, Mode::Batch, 1024));
-        assert!(!auto(128, MaskType::None, Mode::Batch, 2048));
+        assert!(auto(128, MaskType::None, Mode::Batch, 2048));
+        assert!(!auto(128, MaskType::None, Mode::Batch, 1024));
         assert!(!auto(64, MaskType::BottomRight, Mode::Batch, 2048));
         assert!(!auto(64, MaskType::None, Mode::Group, 8192));
     }

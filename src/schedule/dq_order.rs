@@ -4,14 +4,34 @@
 //! turn of K tile `n` is `n`; under a mask it is the K tiles counted down from the last one that reaches
 //! the tile's rows, so that the diagonal tile, whose unit starts on that q tile, goes first (the kernel
 //! launches masked K tiles last to first, so every unit waits only for units launched before it).
-//! `hip/bwd/dq_order.h` is the twin.
+//! Unmasked units that all fit the device at once walk their q tiles rotated, unit `n` from step `n`,
+//! and take their turns in the order they reach a tile ([`rotated_write_turn`]), so that the writers of a
+//! tile do not queue behind each other. `hip/bwd/dq_order.h` is the twin.
 
 use super::ceil_div;
 use crate::problem::ResolvedMask;
 
+/// Whether the unmasked units of one (batch, kv head), `k_tiles` of them (those with keys), each walking
+/// `steps` q tiles, start their walks rotated: unit `n` at step `n`, wrapping around. A unit may then
+/// wait for units launched after it, so all of them must be resident at once: at most one per CU.
+pub fn rotated_walks(masked: bool, k_tiles: i64, steps: i64, num_cus: i64) -> bool {
+    !masked && k_tiles <= steps && k_tiles <= num_cus
+}
+
+/// Rotated walks: the turn of K tile `k_tile` at `step` of the unrotated walk (the tile's index among
+/// the unit's q tiles, query head major), which unit `n` reaches at its step `(step - n) mod steps`.
+pub fn rotated_write_turn(k_tiles: i64, k_tile: i64, step: i64) -> i64 {
+    if k_tile > step {
+        step + k_tiles - k_tile
+    } else {
+        step.min(k_tiles - 1) - k_tile
+    }
+}
+
 /// The turn of K tile `k_tile` (keys `k_tile * n0..`) among the units that add to q tile `q_tile`
-/// (rows `q_tile * m0..`) of one (batch, query head) under `mask` (its `sq`, `sk`). Only meaningful
-/// where the unit visits the tile (the mask keeps some pair of its rows and keys).
+/// (rows `q_tile * m0..`) of one (batch, query head) under `mask` (its `sq`, `sk`), where the walks are
+/// not rotated. Only meaningful where the unit visits the tile (the mask keeps some pair of its rows
+/// and keys).
 pub fn dq_write_turn(mask: &ResolvedMask, masked: bool, m0: i64, n0: i64, k_tile: i64, q_tile: i64) -> i64 {
     if !masked {
         return k_tile;
@@ -65,5 +85,29 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Rotated walks in lockstep (every unit one step a tick): at each tile, the units arrive in their
+    /// turns' order, and the turns are 0, 1, ... with no gap or repeat.
+    #[test]
+    fn rotated_turns_follow_the_arrival_order() {
+        for steps in 1..40 {
+            for k_tiles in 1..=steps {
+                let mut next = vec![0; steps as usize];
+                for tick in 0..steps {
+                    for n in 0..k_tiles {
+                        let step = (tick + n) % steps;
+                        assert_eq!(
+                            rotated_write_turn(k_tiles, n, step),
+                            next[step as usize],
+                            "{k_tiles} units, {steps} steps"
+                        );
+                        next[step as usize] += 1;
+                    }
+                }
+            }
+        }
+        assert!(rotated_walks(false, 16, 32, 132) && !rotated_walks(true, 16, 32, 132));
+        assert!(!rotated_walks(false, 33, 32, 132) && !rotated_walks(false, 16, 32, 8));
     }
 }

@@ -22,7 +22,7 @@
 mod dq_order;
 mod records;
 
-pub use dq_order::dq_write_turn;
+pub use dq_order::{dq_write_turn, rotated_walks, rotated_write_turn};
 pub use records::{BatchState, CuState};
 
 use crate::error::{ensure, Error, Result};

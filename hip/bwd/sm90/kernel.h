@@ -166,7 +166,7 @@ __device__ inline void load_unit(const fmha_bwd_params& p, const BackwardMaps& m
                                  const BackwardShared<Tile>& sh, int thread, int& ring, int& units) {
   using Loader = typename Tile::Loader;
   constexpr int M = Tile::kBlockM, N = Tile::kBlockN;
-  const UnitQTiles<M, N, Tile::kMasked> walk(p, unit);
+  const UnitQTiles<M, N, Tile::kMasked, Tile::kRotatedWalks> walk(p, unit);
   if (!walk.has_keys()) {
     // A unit past its batch's keys: no loads, one phase of the K/V barriers all the same (every unit is
     // one, so that `units` counts what the consumers count, and numbers the posted units).
@@ -235,7 +235,7 @@ template <typename Tile, typename T>
 __device__ inline void consume_unit(const fmha_bwd_params& p, const BackwardMaps& maps, const WorkUnit& unit,
                                     const BackwardShared<Tile>& sh, int thread, int& ring, int& units) {
   constexpr int M = Tile::kBlockM, N = Tile::kBlockN;
-  const UnitQTiles<M, N, Tile::kMasked> walk(p, unit);
+  const UnitQTiles<M, N, Tile::kMasked, Tile::kRotatedWalks> walk(p, unit);
   const DqAccBlock acc = dq_acc_block(p, unit.batch);
   // The unit's slot: rows of group · hdim_q, a q tile's query head gh at column gh · hdim_q.
   float* const unit_slot = dq_acc_region(p) + acc.index(unit.head, unit.split, 0, 0);
@@ -310,7 +310,7 @@ template <typename Tile>
 __device__ inline void write_dq_in_turn(const fmha_bwd_params& p, const BackwardMaps& maps, const WorkUnit& unit,
                                         const BackwardShared<Tile>& sh, int lane, int& ring) {
   constexpr int M = Tile::kBlockM, N = Tile::kBlockN;
-  const UnitQTiles<M, N, Tile::kMasked> walk(p, unit);
+  const UnitQTiles<M, N, Tile::kMasked, Tile::kRotatedWalks> walk(p, unit);
   if (!walk.has_keys()) return;
   const DqAccBlock acc = dq_acc_block(p, unit.batch);
   const DqMapPlace place = dq_map_place(p, dq_acc_region(p) + acc.index(unit.head, 0, 0, 0), acc.row_elements);
@@ -320,8 +320,9 @@ __device__ inline void write_dq_in_turn(const fmha_bwd_params& p, const Backward
     if (lane == (ring & 1)) {
       const int q_tile = tile.i0 / M;
       int32_t* const semaphore = semaphores + dq_semaphore(p, unit.batch, walk.rows.q_start, tile.h, q_tile);
-      const int64_t turn = dq_write_turn(Tile::kMasked, walk.mask.off, walk.mask.right, walk.rows.sq,
-                                         walk.rows.sk, M, N, unit.k_tile, q_tile);
+      const int64_t turn = walk.rotated ? rotated_write_turn(walk.k_tiles(), unit.k_tile, walk.step_of(tile))
+                                        : dq_write_turn(Tile::kMasked, walk.mask.off, walk.mask.right, walk.rows.sq,
+                                                        walk.rows.sk, M, N, unit.k_tile, q_tile);
       // The turn first: the boxes go as soon as they are written.
       arch::semaphore_wait_equal(semaphore, static_cast<int32_t>(turn));
       arch::fence_global_for_async_proxy();  // the earlier turns' sums, before this turn's adds read them

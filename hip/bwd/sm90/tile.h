@@ -26,6 +26,8 @@ struct BackwardTile {
   static constexpr DqScheme kDqScheme = kDqScheme_;
   static constexpr bool kSplitSlots = kDqScheme == DqScheme::kSplitSlots;
   static constexpr bool kOrdered = kDqScheme == DqScheme::kOrdered;
+  // The ordered dQ's unmasked units start their q walks rotated (bwd/dq_order.h's rotated_walks).
+  static constexpr bool kRotatedWalks = kOrdered && !kMasked;
   static constexpr int kDim = kHeadDim;
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of a Q/K/V/dO row
   static constexpr int kMChunks = kBlockM / 8;  // of a dSᵀ row
