@@ -1,4 +1,4 @@
-// The ordered deterministic dQ (the NVIDIA kernel's scheme; src/schedule/dq_order.rs and
+// The ordered deterministic dQ (the NVIDIA kernel's scheme; src/launch/dq_order.rs and
 // WorkspaceLayout::dq_semaphore are the Rust twins): every unit adds its dQ partial of a q tile into the
 // one dq_acc in its turn, the writers of each (batch, query head, q tile) counted by an int32 semaphore
 // after the dq_acc region, zeroed with it.

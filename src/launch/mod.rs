@@ -6,6 +6,7 @@
 
 pub mod abi;
 pub mod cpu_twin;
+pub mod dq_order;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 mod gpu;
 pub mod host;

@@ -19,10 +19,8 @@
 //! - `ibatch`, `head_start`, `c_start`, `isplit`: where a workgroup starts (batch, kv head, chunk,
 //!   split slot); *split*: a dq_acc slot of one (batch, kv head) written by one workgroup only.
 
-mod dq_order;
 mod records;
 
-pub use dq_order::{dq_write_turn, rotated_walks, rotated_write_turn};
 pub use records::{BatchState, CuState};
 
 use crate::error::{ensure, Error, Result};

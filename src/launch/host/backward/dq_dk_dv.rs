@@ -6,20 +6,19 @@
 //!   workgroup per CU walking its range, each split slot written by exactly one CU. There the CU's first
 //!   unit in a slot writes all of it (its partial, zeros on the rows it does not visit), so that no pass
 //!   zeroes the slots beforehand; its later units add;
-//! - deterministic, ordered (the NVIDIA kernel's, `schedule::dq_write_turn`): one block per (batch, kv
+//! - deterministic, ordered (the NVIDIA kernel's, `launch::dq_order`): one block per (batch, kv
 //!   head) runs its units in the kernel's launch order, adding into the one dq_acc; each q tile's turn
 //!   counter (the kernel's semaphore, here in memory of the run's own) must show the unit's turn, so a
 //!   turn or semaphore index that disagrees with the units' walks is an error, not a different sum.
 
 use super::BwdContext;
 use crate::error::{Error, Result};
+use crate::launch::dq_order::{dq_write_turn, rotated_walks, rotated_write_turn};
 use crate::launch::host::grid::for_each_block;
 use crate::launch::host::sequence::BatchRows;
 use crate::launch::host::tile_math::{axpy, dot, scale};
 use crate::problem::{Element, Mode, ResolvedMask};
-use crate::schedule::{
-    ceil_div, dq_write_turn, group_jobs, rotated_walks, rotated_write_turn, BatchPersistent, WorkUnit,
-};
+use crate::schedule::{ceil_div, group_jobs, BatchPersistent, WorkUnit};
 use crate::workspace::{DqAccBlock, MetadataView};
 use std::sync::atomic::{AtomicI32, AtomicI64, Ordering};
 

@@ -8,8 +8,8 @@
 //! and take their turns in the order they reach a tile ([`rotated_write_turn`]), so that the writers of a
 //! tile do not queue behind each other. `hip/bwd/dq_order.h` is the twin.
 
-use super::ceil_div;
 use crate::problem::ResolvedMask;
+use crate::schedule::ceil_div;
 
 /// Whether the unmasked units of one (batch, kv head), `k_tiles` of them (those with keys), each walking
 /// `steps` q tiles, start their walks rotated: unit `n` at step `n`, wrapping around. A unit may then
