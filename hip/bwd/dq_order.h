@@ -14,9 +14,10 @@ namespace fmha {
 // Whether the unmasked units of one (batch, kv head), `k_tiles` of them (those with keys), each walking
 // `steps` q tiles, start their walks rotated, unit k at step k: then the writers of a q tile reach it one
 // step apart instead of queueing behind each other. A unit may wait for units launched after it, so all
-// of a (batch, kv head)'s units must be resident at once: at most one per compute unit.
+// of a (batch, kv head)'s units must be resident at once (one per compute unit): at most half the device's
+// compute units, a margin for a device shared with other processes (MPS), whose count it still reports.
 FMHA_HOST_DEVICE inline bool rotated_walks(bool masked, int64_t k_tiles, int64_t steps, int64_t num_cus) {
-  return !masked && k_tiles <= steps && k_tiles <= num_cus;
+  return !masked && k_tiles <= steps && k_tiles <= num_cus / 2;
 }
 
 // Rotated walks: the turn of K tile `k_tile` at step `step` of the unrotated walk (the tile's index among

@@ -13,9 +13,11 @@ use crate::schedule::ceil_div;
 
 /// Whether the unmasked units of one (batch, kv head), `k_tiles` of them (those with keys), each walking
 /// `steps` q tiles, start their walks rotated: unit `n` at step `n`, wrapping around. A unit may then
-/// wait for units launched after it, so all of them must be resident at once: at most one per CU.
+/// wait for units launched after it, so all of them must be resident at once (one per CU): at most half
+/// the device's CUs, a margin for a device shared with other processes (MPS), whose count it still
+/// reports.
 pub fn rotated_walks(masked: bool, k_tiles: i64, steps: i64, num_cus: i64) -> bool {
-    !masked && k_tiles <= steps && k_tiles <= num_cus
+    !masked && k_tiles <= steps && k_tiles <= num_cus / 2
 }
 
 /// Rotated walks: the turn of K tile `k_tile` at `step` of the unrotated walk (the tile's index among
@@ -108,6 +110,6 @@ mod tests {
             }
         }
         assert!(rotated_walks(false, 16, 32, 132) && !rotated_walks(true, 16, 32, 132));
-        assert!(!rotated_walks(false, 33, 32, 132) && !rotated_walks(false, 16, 32, 8));
+        assert!(!rotated_walks(false, 33, 32, 132) && !rotated_walks(false, 16, 32, 31));
     }
 }
