@@ -175,7 +175,7 @@ static bool prepare_workspace(const Problem& pr, Workspace& w, const std::vector
   fmha_prepare_params& p = w.pp;
   memset(&p, 0, sizeof p);
   p.group_mode = c.group, p.deterministic = c.deterministic, p.batch = pr.batch;
-  p.nhead_k = c.nhead_k;
+  p.nhead_q = int64_t(pr.group_size) * c.nhead_k, p.nhead_k = c.nhead_k;
   p.row_elements = int64_t(pr.group_size) * c.hdim_q;
   p.seqlen_q = c.group ? pr.q_rows : c.sq[0];
   p.seqlen_k = c.group ? pr.k_rows : c.sk[0];
