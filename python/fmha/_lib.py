@@ -353,7 +353,7 @@ _EXPECTED_SIZES = {
     fmha_tensor: 32,
     fmha_fwd_traits: 40,
     fmha_fwd_args: 352,
-    fmha_bwd_traits: 80,
+    fmha_bwd_traits: 88,
     fmha_bwd_args: 424,
     fmha_pinned_allocator: 32,
     fmha_kvcache_traits: 88,
