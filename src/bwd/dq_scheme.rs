@@ -4,7 +4,7 @@
 use super::traits::BwdTraits;
 use crate::abi_values::{abi_enum, FMHA_DQ_SCHEME_AUTO, FMHA_DQ_SCHEME_ORDERED, FMHA_DQ_SCHEME_SPLIT_SLOTS};
 use crate::error::{Error, Result};
-use crate::problem::{MaskType, Mode};
+use crate::problem::Mode;
 use crate::runtime::Arch;
 
 abi_enum! {
@@ -28,16 +28,17 @@ impl DqScheme {
     }
 }
 
-/// Unmasked batch-mode rows at D = 128 take the ordered scheme from this many keys on (shorter rows
-/// were not measured).
-const ORDERED_MIN_UNMASKED_SEQLEN_K: i64 = 2048;
+/// Batch-mode rows at D = 128 take the ordered scheme from this many keys on: at 512 keys its turns
+/// cost more than the split slots (0.92-0.98× their speed, masked or not), at 1024 it gains 1-8 %.
+const ORDERED_MIN_SEQLEN_K: i64 = 1024;
 
 /// Whether a launcher of `traits` on `arch` runs the ordered scheme (`WorkspaceParams::ordered_dq`):
 /// never outside deterministic mode; where asked, on the backends that have it (NVIDIA sm_90a, the
-/// host); by default where it measured faster than the split slots. On an H200 (2026-11-27 18:10 UTC,
-/// docs/perf.md) it costs 11-16 % at D = 64 against the split slots; at D = 128 it gains 7-8 % unmasked
-/// (2k-8k keys), 8-13 % under a causal mask and 24-31 % in group mode. The host backend's default is
-/// the split slots of the AMD kernels (CK's), as its tests assume.
+/// host); by default where it measured faster than the split slots. On an H200 (2026-11-27 18:07 and
+/// 19:16 UTC, docs/perf.md) it costs 11-16 % at D = 64 against the split slots; at D = 128 it gains 7-8 %
+/// unmasked and 8-13 % under a causal mask at 2k-8k keys, 1-8 % at 1k, loses 2-8 % at 512, and gains
+/// 13-34 % in group mode. The host backend's default is the split slots of the AMD kernels (CK's), as its
+/// tests assume.
 pub fn runs_ordered(traits: &BwdTraits, arch: Arch) -> Result<bool> {
     if !traits.deterministic {
         return Ok(false);
@@ -57,16 +58,13 @@ pub fn runs_ordered(traits: &BwdTraits, arch: Arch) -> Result<bool> {
 
 /// sm_90a's default (see [`runs_ordered`]).
 fn ordered_pays(traits: &BwdTraits) -> bool {
-    traits.hdim_q.max(traits.hdim_v) > 64
-        && (traits.mask_type != MaskType::None
-            || traits.mode == Mode::Group
-            || traits.seqlen_k >= ORDERED_MIN_UNMASKED_SEQLEN_K)
+    traits.hdim_q.max(traits.hdim_v) > 64 && (traits.mode == Mode::Group || traits.seqlen_k >= ORDERED_MIN_SEQLEN_K)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::problem::{BiasType, Dtype};
+    use crate::problem::{BiasType, Dtype, MaskType};
 
     fn traits(hdim: i64, mask_type: MaskType, mode: Mode, seqlen_k: i64, dq_scheme: DqScheme) -> BwdTraits {
         BwdTraits {
@@ -99,8 +97,10 @@ mod tests {
         assert!(auto(128, MaskType::None, Mode::Group, 2048));
         assert!(auto(128, MaskType::None, Mode::Batch, 8192));
         assert!(auto(96, MaskType::TopLeft, Mode::Batch, 1024));
-        assert!(auto(128, MaskType::None, Mode::Batch, 2048));
-        assert!(!auto(128, MaskType::None, Mode::Batch, 1024));
+        assert!(auto(128, MaskType::None, Mode::Batch, 1024));
+        assert!(auto(128, MaskType::None, Mode::Group, 512));
+        assert!(!auto(128, MaskType::None, Mode::Batch, 512));
+        assert!(!auto(128, MaskType::BottomRight, Mode::Batch, 512));
         assert!(!auto(64, MaskType::BottomRight, Mode::Batch, 2048));
         assert!(!auto(64, MaskType::None, Mode::Group, 8192));
     }
