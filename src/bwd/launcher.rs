@@ -220,7 +220,7 @@ impl BwdLauncher {
     /// `hip/bwd/workspace_view.h`); the AMD kernels add into every split slot, so they always zero it.
     pub fn plan(&self) -> Plan {
         let p = &self.layout.params;
-        let zeroing = if p.deterministic && p.ordered_dq {
+        let zeroing = if p.ordered() {
             Some("the dq_acc region and the ordered dQ's semaphores")
         } else if self.layout.needs_zero_dq_acc() || self.instance.arch.has_eight_xcds() {
             Some("the whole dq_acc region")
@@ -230,10 +230,12 @@ impl BwdLauncher {
             None // deterministic batch mode: each slot's first unit writes it
         };
         let dq_dk_dv = Stage::instance("dq_dk_dv", self.instance);
-        let dq_dk_dv = match (p.deterministic, p.ordered_dq) {
-            (false, _) => dq_dk_dv,
-            (true, false) => dq_dk_dv.with_note("dQ in split slots"),
-            (true, true) => dq_dk_dv.with_note("dQ added in turn (ordered)"),
+        let dq_dk_dv = if p.split_slots() {
+            dq_dk_dv.with_note("dQ in split slots")
+        } else if p.ordered() {
+            dq_dk_dv.with_note("dQ added in turn (ordered)")
+        } else {
+            dq_dk_dv
         };
         let mut stages = vec![Stage::kernel("dot_do_o")];
         stages.extend(zeroing.map(|note| Stage::kernel("zero_dq_acc").with_note(note)));

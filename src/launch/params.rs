@@ -158,7 +158,7 @@ impl BwdParams {
             jobs_per_head: plan.jobs_per_head,
             jobs_per_worker: plan.jobs_per_worker,
             total_jobs: plan.total_jobs,
-            ordered_dq: i64::from(w.deterministic && w.ordered_dq),
+            ordered_dq: i64::from(w.ordered()),
             dq_semaphore_words: layout.dq_semaphore_words as i64,
             num_cus: w.num_cus as i32,
             ..self

@@ -124,6 +124,11 @@ impl WorkspaceParams {
         self.deterministic && !self.ordered_dq
     }
 
+    /// Whether dQ is added in turn into one dq_acc (deterministic, ordered).
+    pub fn ordered(&self) -> bool {
+        self.deterministic && self.ordered_dq
+    }
+
     /// Whether the group-mode persistent table (offsets, cu_state, batch_state) is present.
     fn group_persistent(&self) -> bool {
         self.group_mode && self.split_slots()
@@ -134,7 +139,7 @@ impl WorkspaceParams {
     /// where a sequence's tiles fit between its neighbours' however its start falls against m0
     /// ([`WorkspaceLayout::dq_semaphore`]); 0 outside the ordered scheme.
     fn dq_semaphore_words(&self) -> Result<usize> {
-        if !(self.deterministic && self.ordered_dq) {
+        if !self.ordered() {
             return Ok(0);
         }
         let tiles = ceil_div(self.seqlen_q, self.m0);
