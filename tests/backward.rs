@@ -105,8 +105,10 @@ fn deterministic_backward_is_bitwise_reproducible() {
     let rocm = fmha::runtime::ACTIVE_BACKEND == fmha::runtime::BackendKind::Rocm;
     let schemes: &[i32] =
         if rocm { &[FMHA_DQ_SCHEME_SPLIT_SLOTS] } else { &[FMHA_DQ_SCHEME_SPLIT_SLOTS, FMHA_DQ_SCHEME_ORDERED] };
-    for &dq_scheme in schemes {
-        let mut case = Case::batch_mode(Dtype::Bf16, 3, 8, 2, (0, 0), (64, 64), Mask::causal(MaskType::BottomRight));
+    // D = 256 on sm_90a: two warpgroups over one K tile's keys (another tile and walk than D = 64's).
+    for (dq_scheme, hdim) in schemes.iter().flat_map(|&s| [(s, 64), (s, 256)]) {
+        let mut case =
+            Case::batch_mode(Dtype::Bf16, 3, 8, 2, (0, 0), (hdim, hdim), Mask::causal(MaskType::BottomRight));
         case.group = true;
         case.deterministic = true;
         case.dq_scheme = dq_scheme;
@@ -128,7 +130,8 @@ fn deterministic_backward_is_bitwise_reproducible() {
                 assert_eq!(
                     bwd.bits(),
                     first,
-                    "deterministic backward (dq_scheme {dq_scheme}) changed between runs ({cus} CUs, 0 = the device's)"
+                    "deterministic backward (dq_scheme {dq_scheme}, D {hdim}) changed between runs ({cus} CUs, 0 = the \
+                     device's)"
                 );
             }
             per_cu_count.push((cus, first));
@@ -204,7 +207,7 @@ fn ordered_dq_is_correct_under_every_mask() {
             if cus > 0 {
                 common::ok(fmha::ffi::runtime::fmha_host_set_cu_count(cus));
             }
-            let hdim = if i % 2 == 0 { 64 } else { 128 }; // both GPU buckets
+            let hdim = [64, 128, 256][i % 3]; // the GPU buckets
             let mut case = Case::batch_mode(Dtype::Bf16, 2, 6, 3, (300, 600), (hdim, hdim), mask);
             case.dq_scheme = FMHA_DQ_SCHEME_ORDERED;
             check_backward_modes(&case, &[true], &mut rng);

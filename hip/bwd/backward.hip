@@ -24,7 +24,7 @@ inline dim3 row_tiles_grid(const fmha_bwd_params& p, int rows_per_block) {
 }
 
 #if defined(FMHA_PLATFORM_NVIDIA)
-// 8 consumer warps: 128 keys per unit (half the dQ atomics of 64), q steps of 64 rows.
+// 8 consumer warps: 128 keys per unit (half the dQ atomics of 64; 64 at D = 256), q steps of 64 rows.
 constexpr int kBackwardWarps = 8;
 constexpr int kBackwardBlockM = 64;
 
@@ -126,6 +126,10 @@ int32_t dispatch_dq_dk_dv(const fmha_bwd_params& p, hipStream_t stream) {
       return dispatch_schemes<T, 64>(p, stream);
     case 128:
       return dispatch_schemes<T, 128>(p, stream);
+#if defined(FMHA_PLATFORM_NVIDIA)
+    case 256:
+      return dispatch_schemes<T, 256>(p, stream);
+#endif
     default:
       return kInvalidValue;
   }

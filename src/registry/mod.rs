@@ -236,8 +236,9 @@ const GFX950_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 128, 64), (128, 128, 64
 const AMD_FP8_TILES: [(i64, i64, i64); 1] = [(128, 128, 64)];
 
 /// Backward (dq_dk_dv) tiles of the GPU kernels (`hip/bwd/backward.hip`): head-dim bucket, q rows per
-/// step, keys per unit. sm_90a: two warpgroups of 64 keys (8 warps, one per 16 keys).
-const SM90_BACKWARD_TILES: [(i64, i64, i64); 2] = [(64, 64, 128), (128, 64, 128)];
+/// step, keys per unit. sm_90a: two warpgroups of 64 keys (8 warps, one per 16 keys); at D = 256 both
+/// warpgroups take the same 64 keys, each half of dK/dV's columns (`hip/bwd/sm90/tile.h`).
+const SM90_BACKWARD_TILES: [(i64, i64, i64); 3] = [(64, 64, 128), (128, 64, 128), (256, 64, 64)];
 /// gfx942: 4 waves of 32 keys (`hip/bwd/amd/tile.h`); q steps such that a step's dQ is one
 /// 32x32 block per wave (64 rows at D = 64, 32 at D = 128), which keeps the step's LDS within 49 KiB.
 const GFX942_BACKWARD_TILES: [(i64, i64, i64); 2] = [(64, 64, 128), (128, 32, 128)];

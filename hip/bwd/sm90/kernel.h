@@ -1,8 +1,8 @@
 // Stage 2 of the backward on Hopper tensor cores (wgmma, sm_90a): FlashAttention-2's dK/dV-resident
 // algorithm (host twin: src/launch/host/backward/dq_dk_dv.rs), warp-specialized.
 //
-// A work unit is one (batch, kv head, K tile of kBlockN keys); one consumer warpgroup owns 64 keys. K and
-// V stay in shared memory while the q tiles (kBlockM rows) of every query head of the GQA group stream
+// A work unit is one (batch, kv head, K tile of kBlockN keys); a consumer warpgroup owns 64 keys (at
+// D = 256 both own the same 64, each half of dK/dV's columns: bwd/sm90/tile.h). K and V stay in shared memory while the q tiles (kBlockM rows) of every query head of the GQA group stream
 // past with their dO, LSE and D rows. Per q tile, each consumer warpgroup computes its keys' transposed
 // scores Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (both operands from shared memory), so that the accumulators are
 // directly the register A operands of
@@ -11,8 +11,8 @@
 // dQ = dS·K for the tile and sends it to the unit's dq_acc split slot. dK (scaled) and dV are stored once
 // per unit. Fully masked q tiles are never visited.
 //
-// A producer warpgroup loads K and V once per unit and each q tile's Q, dO, LSE and D into the next of two
-// stages, ahead of the consumers: Q and dO as TMA boxes from one thread where `maps` describes them
+// A producer warpgroup loads K and V once per unit and each q tile's Q, dO, LSE and D into the next stage
+// (of two; one at D = 256), ahead of the consumers: Q and dO as TMA boxes from one thread where `maps` describes them
 // (boxed_unit), everything else by cp.async, every thread a share. The stages pass through mbarriers: a
 // producer thread's arrival on a full barrier completes once its copies (and the stage's boxes) have
 // landed; every consumer thread arrives on the empty barrier of a stage it no longer reads. The consumers
@@ -199,8 +199,8 @@ __device__ inline void load_unit(const fmha_bwd_params& p, const BackwardMaps& m
   const auto each_tile = [&](const auto& issue) {
     QTile tile = walk.tile(0);
     for (int64_t step = 0; step < steps; ++step, ++ring) {
-      const int stage = ring & 1;
-      arch::mbarrier_wait(sh.empty_q(stage), ((ring >> 1) & 1) ^ 1);  // the first lap passes
+      const int stage = Tile::q_stage(ring);
+      arch::mbarrier_wait(sh.empty_q(stage), Tile::q_phase(ring) ^ 1);  // the first lap passes
       issue(stage, tile);
       arch::copy_async_arrive(sh.full_q(stage));
       tile = walk.next(tile);
@@ -267,15 +267,17 @@ __device__ inline void consume_unit(const fmha_bwd_params& p, const BackwardMaps
   ++units;
   QTile tile = walk.tile(0);
   for (int64_t step = 0; step < steps; ++step, ++ring) {
-    const int stage = ring & 1;
-    arch::mbarrier_wait(sh.full_q(stage), (ring >> 1) & 1);
+    const int stage = Tile::q_stage(ring), ds_stage = ring & 1;
+    arch::mbarrier_wait(sh.full_q(stage), Tile::q_phase(ring));
     // The producer's cp.async copies (Q and dO, unless boxed), before the wgmmas read them. (Skipping the
     // fence for boxed units costs ptxas a spill in the masked D = 128 bf16 consumers.)
     arch::fence_shared_for_async_proxy();
     if (walk.edge(tile)) {
-      accumulate_dk_dv<Tile, T, true>(st, sh, stage, operands, p.scale_log2, kept_rows, tile.i0, warp, g, t);
+      accumulate_dk_dv<Tile, T, true>(st, sh, stage, ds_stage, operands, p.scale_log2, kept_rows, tile.i0, warp, g,
+                                      t);
     } else {
-      accumulate_dk_dv<Tile, T, false>(st, sh, stage, operands, p.scale_log2, kept_rows, tile.i0, warp, g, t);
+      accumulate_dk_dv<Tile, T, false>(st, sh, stage, ds_stage, operands, p.scale_log2, kept_rows, tile.i0, warp, g,
+                                       t);
     }
     arch::mbarrier_arrive(sh.empty_q(stage));  // this stage's Q, dO, LSE and D are no longer read
     // Every warp's dSᵀ of this step is in shared memory. The stage of dSᵀ a warpgroup writes next was
@@ -293,7 +295,7 @@ __device__ inline void consume_unit(const fmha_bwd_params& p, const BackwardMaps
                       place.slot,
                       step == 0,
                       !p.group_mode};
-    accumulate_dq<Tile, T>(operands, sh, stage, to, tile.i0, p.scale, warp, lane, ring);
+    accumulate_dq<Tile, T>(operands, sh, ds_stage, to, tile.i0, p.scale, warp, lane, ring);
     tile = walk.next(tile);
   }
   arch::mbarrier_arrive(sh.empty_kv());  // the last dQ product has read K
@@ -356,7 +358,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     // Full barriers complete on every producer thread's arrival, empty ones on every consumer thread's.
     arch::mbarrier_init(sh.full_kv(), Tile::Loader::kThreads);
     arch::mbarrier_init(sh.empty_kv(), Tile::kConsumerThreads);
-    for (int s = 0; s < 2; ++s) {
+    for (int s = 0; s < Tile::kQStages; ++s) {
       arch::mbarrier_init(sh.full_q(s), Tile::StepLoader::kThreads);
       arch::mbarrier_init(sh.empty_q(s), Tile::kConsumerThreads);
     }

@@ -20,15 +20,16 @@ namespace fmha {
 // Everything a work unit keeps across its q tiles.
 template <typename Tile>
 struct UnitState {
-  static constexpr int kDTiles = Tile::kDim / 8;
-  float dk[kDTiles][4];  // rows: the warp's keys g, g + 8; columns: head dim
+  static constexpr int kDTiles = Tile::kDkvCols / 8;
+  float dk[kDTiles][4];  // rows: the warp's keys g, g + 8; columns: the warpgroup's part of the head dim
   float dv[kDTiles][4];
 };
 
 // The wgmma descriptors of one warpgroup's operands, stage 0 (a stage is kQBytes further).
 struct BackwardOperands {
   uint64_t k_rows, v_rows;  // A: the warpgroup's 64 keys of K and V (K-major)
-  uint64_t q, d_o;          // B of Sᵀ and dPᵀ (K-major), or N-major B of dK and dV (steps of 16 rows)
+  uint64_t q, d_o;          // B of Sᵀ and dPᵀ (K-major), or N-major B of dK and dV (steps of 16 rows: see
+                            // dkv_columns)
   uint64_t ds;              // A of dQ: dS, M-major from dSᵀ (steps of 16 keys), stage 0
   uint64_t k_columns;       // B of dQ: the warpgroup's kDqCols columns of K, N-major (steps of 16 keys)
 };
@@ -38,21 +39,30 @@ __device__ inline BackwardOperands backward_operands(const BackwardShared<Tile>&
   using KV = typename Tile::KVLayout;
   using Q = typename Tile::QLayout;
   BackwardOperands o;
-  o.k_rows = arch::k_major_descriptor(sh.k + warpgroup * 64 * 128);
-  o.v_rows = arch::k_major_descriptor(sh.v + warpgroup * 64 * 128);
+  const uint32_t key_rows = Tile::key_group(warpgroup) * 64 * 128;
+  o.k_rows = arch::k_major_descriptor(sh.k + key_rows);
+  o.v_rows = arch::k_major_descriptor(sh.v + key_rows);
   // Q and dO serve as K-major (Sᵀ, dPᵀ) and as N-major operands (dK, dV): the K-major reads ignore the
   // leading offset the N-major ones need.
   o.q = arch::mn_major_descriptor(sh.q(0), Q::kBlockBytes);
   o.d_o = arch::mn_major_descriptor(sh.d_o(0), Q::kBlockBytes);
   o.ds = arch::mn_major_descriptor(sh.ds(0), Tile::kDsBytes);
-  // kDqCols = 64: the warpgroup's own 64-column block; 32 (D = 64): half a block, 64 bytes in.
-  const uint32_t columns = Tile::kDqCols == 64 ? warpgroup * KV::kBlockBytes : warpgroup * Tile::kDqCols * 2;
+  // kDqCols ≥ 64: the warpgroup's own 64-column blocks; 32 (D = 64): half a block, 64 bytes in.
+  const uint32_t columns = Tile::kDqCols >= 64 ? warpgroup * (Tile::kDqCols / 64) * KV::kBlockBytes
+                                               : warpgroup * Tile::kDqCols * 2;
   o.k_columns = arch::mn_major_descriptor(sh.k + columns, KV::kBlockBytes);
   return o;
 }
 
+// An N-major B of dK or dV (Q or dO of the stage, `rows`) at the warpgroup's part of the columns.
+template <typename Tile>
+__device__ inline uint64_t dkv_columns(uint64_t rows, int warpgroup) {
+  if constexpr (Tile::kColumnParts == 1) return rows;
+  return arch::descriptor_plus(rows, Tile::column_part(warpgroup) * (Tile::kDkvCols / 64) * Tile::QLayout::kBlockBytes);
+}
+
 // A unit's start in a consumer thread: dK and dV at zero, and the query rows each of the thread's two
-// keys (g and g + 8 of the warp's 16 from j0) keeps; returns its warpgroup's operands.
+// keys (g and g + 8 of the warp's 16 from j0 + warp_key) keeps; returns its warpgroup's operands.
 template <typename Tile, typename Walk>
 __device__ inline BackwardOperands start_unit(UnitState<Tile>& st, IndexRange (&kept_rows)[2],
                                               const BackwardShared<Tile>& sh, const Walk& walk, int64_t j0,
@@ -65,20 +75,23 @@ __device__ inline BackwardOperands start_unit(UnitState<Tile>& st, IndexRange (&
   const BackwardOperands operands = backward_operands(sh, warp / 4);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    kept_rows[r] = rows_of_key<Tile::kMasked>(walk.mask, j0 + warp * 16 + g + 8 * r, walk.rows.sq, walk.rows.sk);
+    kept_rows[r] =
+        rows_of_key<Tile::kMasked>(walk.mask, j0 + Tile::warp_key(warp) + g + 8 * r, walk.rows.sq, walk.rows.sk);
   }
   return operands;
 }
 
-// One q tile against the unit's K/V: dV, dK accumulate; dSᵀ goes to shared memory.
+// One q tile (in stage `stage` of Q, dO, LSE and D) against the unit's K/V: dV, dK accumulate; dSᵀ goes
+// to its stage `ds_stage` in shared memory.
 template <typename Tile, typename T, bool kEdge>
-__device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShared<Tile>& sh, int stage,
+__device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShared<Tile>& sh, int stage, int ds_stage,
                                         const BackwardOperands& operands, float scale_log2,
                                         const IndexRange (&kept_rows)[2], int64_t i0, int warp, int g, int t) {
   using E = arch::Element<T>;
   constexpr int M = Tile::kBlockM, kMTiles = M / 8;
   const uint32_t q_stage = static_cast<uint32_t>(stage) * Tile::kQBytes;
   const uint64_t q = arch::descriptor_plus(operands.q, q_stage), d_o = arch::descriptor_plus(operands.d_o, q_stage);
+  const int warpgroup = warp / 4;
 
   // Sᵀ → P (kept rounded, as the MMAs consume it) → dV += Pᵀ·dO; dPᵀ → dS → dK += dSᵀ·Q and dSᵀ to shared
   // memory. Two fp32 score tiles are live next to the dK/dV accumulators: Sᵀ and dPᵀ are issued
@@ -128,7 +141,7 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
 
   // dV += Pᵀ·dO (dO N-major, 16 q rows a step), behind dPᵀ.
   arch::warpgroup_fence();
-  arch::mma_registers_by_columns<T>(st.dv, p_frag, d_o);
+  arch::mma_registers_by_columns<T>(st.dv, p_frag, dkv_columns<Tile>(d_o, warpgroup));
   arch::warpgroup_commit();
   arch::warpgroup_wait<1>();
   arch::hold_registers(dp_acc);
@@ -145,24 +158,26 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
     }
   }
 
-  // dSᵀ rows (keys) to shared memory, rounded as the MMAs consume them, then dK += dSᵀ·Q.
+  // dSᵀ rows (keys) to shared memory, rounded as the MMAs consume them, then dK += dSᵀ·Q. (Warpgroups
+  // that share their keys store half of the q columns each.)
   uint32_t ds_frag[M / 16][4];
 #pragma unroll
   for (int kk = 0; kk < M / 16; ++kk) {
     arch::a_fragment<T>(ds_frag[kk], dp_acc, kk);
+    if (Tile::kColumnParts == 2 && kk / (M / 32) != Tile::column_part(warpgroup)) continue;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int key = warp * 16 + g + 8 * r;
-        const uint32_t at = sh.ds(stage) + Tile::DsLayout::offset(key, 2 * kk + half) + 4 * t;
+        const int key = Tile::warp_key(warp) + g + 8 * r;
+        const uint32_t at = sh.ds(ds_stage) + Tile::DsLayout::offset(key, 2 * kk + half) + 4 * t;
         arch::shared_store_4(at, ds_frag[kk][2 * half + r]);
       }
     }
   }
   arch::fence_shared_for_async_proxy();  // dQ's wgmma reads dSᵀ after the consumers' barrier
   arch::warpgroup_fence();
-  arch::mma_registers_by_columns<T>(st.dk, ds_frag, q);
+  arch::mma_registers_by_columns<T>(st.dk, ds_frag, dkv_columns<Tile>(q, warpgroup));
   arch::warpgroup_commit();
   // Waiting here rather than behind the dQ product keeps ds_frag's registers free for dQ: deferring
   // the wait measured 4-17 % slower on an H200 (the kernels spilled).
@@ -217,16 +232,16 @@ __device__ inline void send_dq_boxes(uint32_t boxes, int col0, int64_t warp_row,
   }
 }
 
-// dQ = scale · dS·K for the q tile (after the consumers' barrier: dSᵀ of every warp is in stage `stage`
+// dQ = scale · dS·K for the q tile (after the consumers' barrier: dSᵀ of every warp is in stage `ds_stage`
 // of shared memory), into the unit's dq_acc slot: warpgroup w the columns [w · kDqCols, (w + 1) · kDqCols).
 // `step`: the consumers' steps before this one, over all units (the ordered dQ writer's barrier phases).
 template <typename Tile, typename T>
-__device__ inline void accumulate_dq(const BackwardOperands& operands, const BackwardShared<Tile>& sh, int stage,
+__device__ inline void accumulate_dq(const BackwardOperands& operands, const BackwardShared<Tile>& sh, int ds_stage,
                                      const DqTarget& to, int64_t i0, float scale, int warp, int lane, int step) {
   constexpr int N = Tile::kBlockN, kColTiles = Tile::kDqCols / 8;
   const int row_group = warp % 4, col_group = warp / 4, g = lane / 4, t = lane % 4;
   float dq[kColTiles][4];
-  const uint64_t ds = arch::descriptor_plus(operands.ds, static_cast<uint32_t>(stage) * Tile::kDsBytes);
+  const uint64_t ds = arch::descriptor_plus(operands.ds, static_cast<uint32_t>(ds_stage) * Tile::kDsBytes);
   arch::warpgroup_fence();
 #pragma unroll
   for (int ks = 0; ks < N / 16; ++ks) {

@@ -1,7 +1,6 @@
-// The backward's (dq_dk_dv) tile on Hopper (sm_90a): the workgroup's shape (two consumer warpgroups of
-// 64 keys each, q steps of kBlockM rows, a producer warpgroup) and its
-// shared-memory layout (K, V, two stages of Q, dO, LSE, D and dSᵀ, each consumer warp's dQ rows on their
-// way to dq_acc, the pipeline's barriers).
+// The backward's (dq_dk_dv) tile on Hopper (sm_90a): the workgroup's shape (two consumer warpgroups, q
+// steps of kBlockM rows, a producer warpgroup) and its shared-memory layout (K, V, stages of Q, dO, LSE
+// and D, two of dSᵀ, each consumer warp's dQ rows on their way to dq_acc, the pipeline's barriers).
 #pragma once
 
 #include "arch/nvidia/shared_tile.h"
@@ -20,8 +19,16 @@ struct BackwardTile {
   // (3 × 168 at launch).
   static constexpr int kProducerRegisters = 40;
   static constexpr int kConsumerRegisters = (3 * 168 - kProducerRegisters) / 2 / 8 * 8;
-  static constexpr int kBlockN = 16 * kWarps;  // one warpgroup per 64 keys
+  // Up to D = 128 each consumer warpgroup owns 64 keys and all of their dK/dV columns. At D = 256 dK and
+  // dV of 64 keys would take 256 registers a thread: both warpgroups own the same 64 keys and each half of
+  // dK/dV's columns (FlashAttention-3's split at D = 256), each computing the keys' Sᵀ and dPᵀ itself.
+  static constexpr int kKeyGroups = kHeadDim <= 128 ? 2 : 1;
+  static constexpr int kColumnParts = 2 / kKeyGroups;
+  static constexpr int kBlockN = 64 * kKeyGroups;
+  static constexpr int kDkvCols = kHeadDim / kColumnParts;  // of dK and dV, per warpgroup
   static constexpr int kBlockM = kBlockM_;
+  // Stages of Q, dO, LSE and D: two, one at D = 256, whose two would not fit beside K, V and the dQ rows.
+  static constexpr int kQStages = kHeadDim <= 128 ? 2 : 1;
   static constexpr bool kMasked = kMasked_;
   static constexpr DqScheme kDqScheme = kDqScheme_;
   static constexpr bool kSplitSlots = kDqScheme == DqScheme::kSplitSlots;
@@ -32,8 +39,9 @@ struct BackwardTile {
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of a Q/K/V/dO row
   static constexpr int kMChunks = kBlockM / 8;  // of a dSᵀ row
   // The wgmma shapes compiled in arch/nvidia/warpgroup.h: Sᵀ and dPᵀ are 64 keys × kBlockM, dK and dV
-  // 64 keys × kDim, each warpgroup's half of dQ kBlockM × kDim / 2.
-  static_assert(kWarps == 8 && kBlockM == 64 && (kHeadDim == 64 || kHeadDim == 128), "wgmma tile shapes");
+  // 64 keys × kDkvCols, each warpgroup's half of dQ kBlockM × kDim / 2.
+  static_assert(kWarps == 8 && kBlockM == 64 && (kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256),
+                "wgmma tile shapes");
   static_assert(kMChunks == 8, "dSᵀ rows are one 128-byte swizzle block");
   // dQ = dS·K: warpgroup w computes columns [w · kDqCols, (w + 1) · kDqCols) of the kBlockM rows.
   static constexpr int kDqCols = kDim / 2;
@@ -54,8 +62,9 @@ struct BackwardTile {
     static constexpr int kChunks = kHeadDim / 8;
     static constexpr int kUnroll = 4;
   };
-  // Shared memory (bytes), from a 1024-byte boundary: K, V, two stages of dSᵀ, Q and dO, two stages of
-  // LSE and D, the consumer warps' dQ rows, the barriers, the posted units.
+  // Shared memory (bytes), from a 1024-byte boundary: K, V, two stages of dSᵀ, the stages of Q and dO, two
+  // places each for LSE and D (one stage leaves one unused: the dQ rows after them start 1024-aligned), the
+  // consumer warps' dQ rows, the barriers, the posted units.
   static constexpr int kKVBytes = kBlockN * kDim * 2;
   static constexpr int kQBytes = kBlockM * kDim * 2;
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
@@ -65,17 +74,27 @@ struct BackwardTile {
   static constexpr int kDqBoxRows = 16;
   static constexpr int kDqBoxBytes = kDqBoxRows * 128;
   static constexpr int kDqRowsBytes = kDqCols / 32 * kDqBoxBytes;
-  // mbarriers: K/V full and empty, two stages of Q (with dO, LSE, D) full and empty; with ordered dQ the
+  // mbarriers: K/V full and empty, two places for the stages of Q (with dO, LSE, D) full and empty; with
+  // ordered dQ the
   // consumers' dQ boxes full (one per writer lane: even and odd steps) and empty (the dQ writer's).
   static constexpr int kBarrierBytes = (kOrdered ? 9 : 6) * 8;
   // With split slots: the units posted from the persistent schedule (bwd/sm90/kernel.h's PostedUnits,
   // 8-aligned after the barriers).
   static constexpr int kPostedUnitsBytes = kSplitSlots ? 128 : 0;
-  static constexpr int kSharedBytes = 2 * kKVBytes + 4 * kQBytes + 2 * kDsBytes + 4 * kRowStatBytes +
+  static constexpr int kSharedBytes = 2 * kKVBytes + 2 * kQStages * kQBytes + 2 * kDsBytes + 4 * kRowStatBytes +
                                       kWarps * kDqRowsBytes + kBarrierBytes + kPostedUnitsBytes + kSwizzle128Slack;
   static_assert(kSharedBytes <= 227 * 1024, "Hopper's shared memory per CTA");
-  static_assert((2 * kKVBytes + 2 * kDsBytes + 4 * kQBytes + 4 * kRowStatBytes) % 1024 == 0,
+  static_assert((2 * kKVBytes + 2 * kDsBytes + 2 * kQStages * kQBytes + 4 * kRowStatBytes) % 1024 == 0,
                 "the dQ boxes start 1024-aligned (the 128-byte swizzle)");
+
+  // Step `ring` of the workgroup's walk: its stage of Q, dO, LSE and D, and that stage's barrier phase.
+  __device__ static int q_stage(int ring) { return kQStages == 1 ? 0 : ring & 1; }
+  __device__ static uint32_t q_phase(int ring) { return (static_cast<uint32_t>(ring) / kQStages) & 1; }
+  // Warpgroup w's 64 keys (from the tile's key 64 · key_group(w)) and its part of dK/dV's columns.
+  __device__ static int key_group(int warpgroup) { return kKeyGroups == 1 ? 0 : warpgroup; }
+  __device__ static int column_part(int warpgroup) { return kColumnParts == 1 ? 0 : warpgroup; }
+  // The first of warp w's 16 keys in the tile.
+  __device__ static int warp_key(int warp) { return kKeyGroups == 1 ? warp % 4 * 16 : warp * 16; }
 };
 
 // Shared-memory addresses (32-bit shared window) of one workgroup's buffers. Stages are selected by
@@ -88,10 +107,10 @@ struct BackwardShared {
     k = swizzle128_base(bytes);
     v = k + Tile::kKVBytes;
     ds0 = v + Tile::kKVBytes;             // two stages of dSᵀ
-    q0 = ds0 + 2 * Tile::kDsBytes;        // two stages of Q
-    d_o0 = q0 + 2 * Tile::kQBytes;        // two stages of dO
-    lse0 = d_o0 + 2 * Tile::kQBytes;      // two stages of LSE
-    d0 = lse0 + 2 * Tile::kRowStatBytes;  // two stages of D
+    q0 = ds0 + 2 * Tile::kDsBytes;                 // the stages of Q
+    d_o0 = q0 + Tile::kQStages * Tile::kQBytes;    // of dO
+    lse0 = d_o0 + Tile::kQStages * Tile::kQBytes;  // of LSE
+    d0 = lse0 + 2 * Tile::kRowStatBytes;           // of D
     dq0 = d0 + 2 * Tile::kRowStatBytes;   // each consumer warp's dQ rows
     barriers = dq0 + Tile::kWarps * Tile::kDqRowsBytes;
     posted_units = barriers + Tile::kBarrierBytes;
