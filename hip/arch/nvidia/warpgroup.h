@@ -209,6 +209,17 @@ __device__ inline void mma_registers_by_columns(float (&d)[kRows][4], const uint
   for (int kk = 0; kk < kSteps; ++kk) WarpgroupMma<T>::mma(d, a[kk], descriptor_plus(b, kk * 16 * 128));
 }
 
+// D += A·B, A a K-major Swizzle128 tile of one 128-byte block (kSteps ≤ 4 steps of 16 columns), B an
+// N-major Swizzle128 tile read 16 rows (2048 bytes) a step (16-bit types). Issue only.
+template <typename T, int kSteps, int kRows>
+__device__ inline void mma_rows_by_columns(float (&d)[kRows][4], uint64_t a, uint64_t b) {
+  static_assert(kSteps * kStepBytes <= 128, "A is one 128-byte block wide");
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    WarpgroupMma<T>::template mma<0, 1>(d, descriptor_plus(a, kk * kStepBytes), descriptor_plus(b, kk * 16 * 128), 1);
+  }
+}
+
 // D += A·Bᵀ, A in registers as kSteps fragments, B a K-major Swizzle128 tile (Bᵀ stored: the
 // reduced dimension inside its rows) whose 128-byte blocks are kBBlockBytes apart. The 8-bit types'
 // P·V, whose V must arrive transposed (no N-major 8-bit operands). Issue only.

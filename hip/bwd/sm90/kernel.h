@@ -56,9 +56,6 @@
 
 namespace fmha {
 
-// The named barrier of the consumer warpgroups: every warp's dSᵀ of a step is in shared memory.
-constexpr uint32_t kDsComplete = 1;
-
 // The kernel's tensor maps (bwd/backward.hip encodes them): Q and dO as the producer's boxes, dq_acc as
 // the consumers' reduction target. Either set may be missing (the kernel then copies, or adds, itself).
 struct BackwardMaps {
@@ -272,17 +269,28 @@ __device__ inline void consume_unit(const fmha_bwd_params& p, const BackwardMaps
     // The producer's cp.async copies (Q and dO, unless boxed), before the wgmmas read them. (Skipping the
     // fence for boxed units costs ptxas a spill in the masked D = 128 bf16 consumers.)
     arch::fence_shared_for_async_proxy();
-    if (walk.edge(tile)) {
-      accumulate_dk_dv<Tile, T, true>(st, sh, stage, ds_stage, operands, p.scale_log2, kept_rows, tile.i0, warp, g,
-                                      t);
+    if constexpr (Tile::kColumnParts == 2) {
+      if (walk.edge(tile)) {
+        accumulate_dk_dv_halves<Tile, T, true>(st, sh, stage, ds_stage, operands, p.scale_log2, kept_rows, tile.i0,
+                                               warp, g, t);
+      } else {
+        accumulate_dk_dv_halves<Tile, T, false>(st, sh, stage, ds_stage, operands, p.scale_log2, kept_rows, tile.i0,
+                                                warp, g, t);
+      }
+      arch::mbarrier_arrive(sh.empty_q(stage));  // this stage's Q, dO, LSE and D are no longer read
     } else {
-      accumulate_dk_dv<Tile, T, false>(st, sh, stage, ds_stage, operands, p.scale_log2, kept_rows, tile.i0, warp, g,
-                                       t);
+      if (walk.edge(tile)) {
+        accumulate_dk_dv<Tile, T, true>(st, sh, stage, ds_stage, operands, p.scale_log2, kept_rows, tile.i0, warp, g,
+                                        t);
+      } else {
+        accumulate_dk_dv<Tile, T, false>(st, sh, stage, ds_stage, operands, p.scale_log2, kept_rows, tile.i0, warp,
+                                         g, t);
+      }
+      arch::mbarrier_arrive(sh.empty_q(stage));  // this stage's Q, dO, LSE and D are no longer read
+      // Every warp's dSᵀ of this step is in shared memory. The stage of dSᵀ a warpgroup writes next was
+      // last read by the other's dQ product two steps back, which it waited for before arriving here.
+      arch::named_barrier_sync(kDsComplete, Tile::kConsumerThreads);
     }
-    arch::mbarrier_arrive(sh.empty_q(stage));  // this stage's Q, dO, LSE and D are no longer read
-    // Every warp's dSᵀ of this step is in shared memory. The stage of dSᵀ a warpgroup writes next was
-    // last read by the other's dQ product two steps back, which it waited for before arriving here.
-    arch::named_barrier_sync(kDsComplete, Tile::kConsumerThreads);
     const int head = tile.h - walk.first_head;
     const DqTarget to{unit_slot + head * p.hdim_q,
                       slot_row_elements,

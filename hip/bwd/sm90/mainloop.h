@@ -17,6 +17,10 @@
 
 namespace fmha {
 
+// The named barrier of the consumer warpgroups: every warp's dSᵀ (and, column-split, Pᵀ) of a step is in
+// shared memory.
+constexpr uint32_t kDsComplete = 1;
+
 // Everything a work unit keeps across its q tiles.
 template <typename Tile>
 struct UnitState {
@@ -81,17 +85,17 @@ __device__ inline BackwardOperands start_unit(UnitState<Tile>& st, IndexRange (&
   return operands;
 }
 
-// One q tile (in stage `stage` of Q, dO, LSE and D) against the unit's K/V: dV, dK accumulate; dSᵀ goes
-// to its stage `ds_stage` in shared memory.
+// One q tile (in stage `stage` of Q, dO, LSE and D) against the unit's K/V, each warpgroup its own keys:
+// dV, dK accumulate; dSᵀ goes to its stage `ds_stage` in shared memory.
 template <typename Tile, typename T, bool kEdge>
 __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShared<Tile>& sh, int stage, int ds_stage,
                                         const BackwardOperands& operands, float scale_log2,
                                         const IndexRange (&kept_rows)[2], int64_t i0, int warp, int g, int t) {
+  static_assert(Tile::kColumnParts == 1, "column-split tiles: accumulate_dk_dv_halves");
   using E = arch::Element<T>;
   constexpr int M = Tile::kBlockM, kMTiles = M / 8;
   const uint32_t q_stage = static_cast<uint32_t>(stage) * Tile::kQBytes;
   const uint64_t q = arch::descriptor_plus(operands.q, q_stage), d_o = arch::descriptor_plus(operands.d_o, q_stage);
-  const int warpgroup = warp / 4;
 
   // Sᵀ → P (kept rounded, as the MMAs consume it) → dV += Pᵀ·dO; dPᵀ → dS → dK += dSᵀ·Q and dSᵀ to shared
   // memory. Two fp32 score tiles are live next to the dK/dV accumulators: Sᵀ and dPᵀ are issued
@@ -141,7 +145,7 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
 
   // dV += Pᵀ·dO (dO N-major, 16 q rows a step), behind dPᵀ.
   arch::warpgroup_fence();
-  arch::mma_registers_by_columns<T>(st.dv, p_frag, dkv_columns<Tile>(d_o, warpgroup));
+  arch::mma_registers_by_columns<T>(st.dv, p_frag, d_o);
   arch::warpgroup_commit();
   arch::warpgroup_wait<1>();
   arch::hold_registers(dp_acc);
@@ -158,13 +162,11 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
     }
   }
 
-  // dSᵀ rows (keys) to shared memory, rounded as the MMAs consume them, then dK += dSᵀ·Q. (Warpgroups
-  // that share their keys store half of the q columns each.)
+  // dSᵀ rows (keys) to shared memory, rounded as the MMAs consume them, then dK += dSᵀ·Q.
   uint32_t ds_frag[M / 16][4];
 #pragma unroll
   for (int kk = 0; kk < M / 16; ++kk) {
     arch::a_fragment<T>(ds_frag[kk], dp_acc, kk);
-    if (Tile::kColumnParts == 2 && kk / (M / 32) != Tile::column_part(warpgroup)) continue;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
 #pragma unroll
@@ -177,10 +179,109 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
   }
   arch::fence_shared_for_async_proxy();  // dQ's wgmma reads dSᵀ after the consumers' barrier
   arch::warpgroup_fence();
-  arch::mma_registers_by_columns<T>(st.dk, ds_frag, dkv_columns<Tile>(q, warpgroup));
+  arch::mma_registers_by_columns<T>(st.dk, ds_frag, q);
   arch::warpgroup_commit();
   // Waiting here rather than behind the dQ product keeps ds_frag's registers free for dQ: deferring
   // the wait measured 4-17 % slower on an H200 (the kernels spilled).
+  arch::warpgroup_wait<0>();
+  arch::hold_registers(st.dv);
+  arch::hold_registers(st.dk);
+}
+
+// A fragment of a Pᵀ- or dSᵀ-shaped tile (`frag`: q columns 16 · kk + [0, 16) of the warp's 16 keys from
+// `key`) into its stage in shared memory, laid out as the wgmma A operand (keys × q columns, K-major).
+template <typename Tile>
+__device__ inline void store_key_rows(uint32_t tile, const uint32_t (&frag)[4], int key, int kk, int t) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      arch::shared_store_4(tile + Tile::DsLayout::offset(key + 8 * r, 2 * kk + half) + 4 * t, frag[2 * half + r]);
+    }
+  }
+}
+
+// The column-split tile's q step (D = 256: both warpgroups own the same 64 keys, warpgroup w columns
+// [w · kDkvCols, (w + 1) · kDkvCols) of dK and dV): warpgroup w computes Sᵀ and dPᵀ of the tile's q rows
+// [w · M / 2, (w + 1) · M / 2) and stores its half of Pᵀ and dSᵀ in their stage `ds_stage`; after the
+// consumers' barrier each accumulates dV += Pᵀ·dO and dK += dSᵀ·Q over all the tile's rows for its columns,
+// both operands from shared memory. (Each computing the whole Sᵀ and dPᵀ itself would cost 7 products a
+// step for 5.) The caller's dQ product follows; the barrier is this function's.
+template <typename Tile, typename T, bool kEdge>
+__device__ inline void accumulate_dk_dv_halves(UnitState<Tile>& st, const BackwardShared<Tile>& sh, int stage,
+                                               int ds_stage, const BackwardOperands& operands, float scale_log2,
+                                               const IndexRange (&kept_rows)[2], int64_t i0, int warp, int g, int t) {
+  static_assert(Tile::kColumnParts == 2, "key-split tiles: accumulate_dk_dv");
+  using E = arch::Element<T>;
+  constexpr int M = Tile::kBlockM, kHalf = M / 2, kMTiles = kHalf / 8;
+  const int warpgroup = warp / 4, col0 = Tile::column_part(warpgroup) * kHalf;
+  const uint32_t q_stage = static_cast<uint32_t>(stage) * Tile::kQBytes;
+  const uint64_t q = arch::descriptor_plus(operands.q, q_stage), d_o = arch::descriptor_plus(operands.d_o, q_stage);
+  float acc[kMTiles][4] = {};     // Sᵀ, then P; overwritten by the first wgmma
+  float dp_acc[kMTiles][4] = {};  // dPᵀ, then dS
+  const auto scores = [&](float(&out)[kMTiles][4], uint64_t key_rows, uint64_t q_rows) {
+    arch::mma_rows_by_rows<T, Tile::kDim, Tile::KVLayout::kBlockBytes, Tile::QLayout::kBlockBytes>(
+        out, key_rows, arch::descriptor_plus(q_rows, col0 * 128));
+  };
+  const uint32_t lse = sh.lse(stage) + 4 * col0, big_d = sh.d(stage) + 4 * col0;
+  constexpr float kLog2e = 1.4426950408889634f;
+  KeptRange kept[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) kept[r] = kept_range<M>(kept_rows[r], static_cast<int>(i0));
+  arch::warpgroup_fence();
+  scores(acc, operands.k_rows, q);
+  arch::warpgroup_commit();
+  scores(dp_acc, operands.v_rows, d_o);
+  arch::warpgroup_commit();
+  arch::warpgroup_wait<1>();
+  arch::hold_registers(acc);
+  const int key = Tile::warp_key(warp) + g;
+#pragma unroll
+  for (int n = 0; n < kMTiles; ++n) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int col = n * 8 + 2 * t + c;
+      const float l = arch::shared_load_f32(lse + 4 * col);
+      const float row_bias = l == -INFINITY ? 0.f : l * kLog2e;  // (as in accumulate_dk_dv)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float p = arch::fast_exp2(fmaf(acc[n][2 * r + c], scale_log2, -row_bias));
+        if (kEdge && (col0 + col < kept[r].lo || col0 + col > kept[r].last)) p = 0.f;
+        acc[n][2 * r + c] = p;
+      }
+    }
+  }
+  arch::warpgroup_wait<0>();
+  arch::hold_registers(dp_acc);
+  // P as the products consume it (rounded), dS = P ∘ (dP - D) from it; both halves to shared memory.
+#pragma unroll
+  for (int kk = 0; kk < kHalf / 16; ++kk) {
+    uint32_t p_frag[4], ds_frag[4];
+    arch::a_fragment<T>(p_frag, acc, kk);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int n = 2 * kk + j;
+      const float2 d_pair = arch::shared_load_f32x2(big_d + 4 * (n * 8 + 2 * t));
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float2 p = E::unpack(p_frag[2 * j + r]);
+        dp_acc[n][2 * r] = p.x * (dp_acc[n][2 * r] - d_pair.x);
+        dp_acc[n][2 * r + 1] = p.y * (dp_acc[n][2 * r + 1] - d_pair.y);
+      }
+    }
+    arch::a_fragment<T>(ds_frag, dp_acc, kk);
+    store_key_rows<Tile>(sh.p(ds_stage), p_frag, key, col0 / 16 + kk, t);
+    store_key_rows<Tile>(sh.ds(ds_stage), ds_frag, key, col0 / 16 + kk, t);
+  }
+  arch::fence_shared_for_async_proxy();  // the products read Pᵀ and dSᵀ after the consumers' barrier
+  // Both warpgroups' halves of Pᵀ and dSᵀ are in shared memory. (The stage a warpgroup writes was last read
+  // two steps back, by products that both waited for before arriving at the last step's barrier.)
+  arch::named_barrier_sync(kDsComplete, Tile::kConsumerThreads);
+  const uint64_t p_rows = arch::k_major_descriptor(sh.p(ds_stage)), ds_rows = arch::k_major_descriptor(sh.ds(ds_stage));
+  arch::warpgroup_fence();
+  arch::mma_rows_by_columns<T, M / 16>(st.dv, p_rows, dkv_columns<Tile>(d_o, warpgroup));
+  arch::mma_rows_by_columns<T, M / 16>(st.dk, ds_rows, dkv_columns<Tile>(q, warpgroup));
+  arch::warpgroup_commit();
   arch::warpgroup_wait<0>();
   arch::hold_registers(st.dv);
   arch::hold_registers(st.dk);

@@ -21,7 +21,9 @@ struct BackwardTile {
   static constexpr int kConsumerRegisters = (3 * 168 - kProducerRegisters) / 2 / 8 * 8;
   // Up to D = 128 each consumer warpgroup owns 64 keys and all of their dK/dV columns. At D = 256 dK and
   // dV of 64 keys would take 256 registers a thread: both warpgroups own the same 64 keys and each half of
-  // dK/dV's columns (FlashAttention-3's split at D = 256), each computing the keys' Sᵀ and dPᵀ itself.
+  // dK/dV's columns (FlashAttention-3's split at D = 256); each computes Sᵀ and dPᵀ of half the q tile's
+  // rows, and both read the whole Pᵀ and dSᵀ from shared memory (bwd/sm90/mainloop.h's
+  // accumulate_dk_dv_halves).
   static constexpr int kKeyGroups = kHeadDim <= 128 ? 2 : 1;
   static constexpr int kColumnParts = 2 / kKeyGroups;
   static constexpr int kBlockN = 64 * kKeyGroups;
@@ -62,12 +64,13 @@ struct BackwardTile {
     static constexpr int kChunks = kHeadDim / 8;
     static constexpr int kUnroll = 4;
   };
-  // Shared memory (bytes), from a 1024-byte boundary: K, V, two stages of dSᵀ, the stages of Q and dO, two
+  // Shared memory (bytes), from a 1024-byte boundary: K, V, two stages of dSᵀ (and of Pᵀ), the stages of Q and dO, two
   // places each for LSE and D (one stage leaves one unused: the dQ rows after them start 1024-aligned), the
   // consumer warps' dQ rows, the barriers, the posted units.
   static constexpr int kKVBytes = kBlockN * kDim * 2;
   static constexpr int kQBytes = kBlockM * kDim * 2;
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
+  static constexpr int kPBytes = kColumnParts == 2 ? kDsBytes : 0;  // Pᵀ, shared by the warpgroups
   static constexpr int kRowStatBytes = kBlockM * 4;
   // dQ leaves through shared memory: each consumer warp's 16 rows of its warpgroup's kDqCols columns in
   // fp32, as boxes of 32 columns (128 bytes, the 128-byte swizzle) that one lane sends to the dq_acc slot.
@@ -81,10 +84,10 @@ struct BackwardTile {
   // With split slots: the units posted from the persistent schedule (bwd/sm90/kernel.h's PostedUnits,
   // 8-aligned after the barriers).
   static constexpr int kPostedUnitsBytes = kSplitSlots ? 128 : 0;
-  static constexpr int kSharedBytes = 2 * kKVBytes + 2 * kQStages * kQBytes + 2 * kDsBytes + 4 * kRowStatBytes +
+  static constexpr int kSharedBytes = 2 * kKVBytes + 2 * kQStages * kQBytes + 2 * (kDsBytes + kPBytes) + 4 * kRowStatBytes +
                                       kWarps * kDqRowsBytes + kBarrierBytes + kPostedUnitsBytes + kSwizzle128Slack;
   static_assert(kSharedBytes <= 227 * 1024, "Hopper's shared memory per CTA");
-  static_assert((2 * kKVBytes + 2 * kDsBytes + 2 * kQStages * kQBytes + 4 * kRowStatBytes) % 1024 == 0,
+  static_assert((2 * kKVBytes + 2 * (kDsBytes + kPBytes) + 2 * kQStages * kQBytes + 4 * kRowStatBytes) % 1024 == 0,
                 "the dQ boxes start 1024-aligned (the 128-byte swizzle)");
 
   // Step `ring` of the workgroup's walk: its stage of Q, dO, LSE and D, and that stage's barrier phase.
@@ -101,13 +104,14 @@ struct BackwardTile {
 // arithmetic, not by indexing an array: a runtime index into an array would put it in local memory.
 template <typename Tile>
 struct BackwardShared {
-  uint32_t k, v, ds0, q0, d_o0, lse0, d0, dq0, barriers, posted_units;
+  uint32_t k, v, ds0, p0, q0, d_o0, lse0, d0, dq0, barriers, posted_units;
 
   __device__ explicit BackwardShared(unsigned char* bytes) {
     k = swizzle128_base(bytes);
     v = k + Tile::kKVBytes;
     ds0 = v + Tile::kKVBytes;             // two stages of dSᵀ
-    q0 = ds0 + 2 * Tile::kDsBytes;                 // the stages of Q
+    p0 = ds0 + 2 * Tile::kDsBytes;                 // two stages of Pᵀ (column-split tiles)
+    q0 = p0 + 2 * Tile::kPBytes;                   // the stages of Q
     d_o0 = q0 + Tile::kQStages * Tile::kQBytes;    // of dO
     lse0 = d_o0 + Tile::kQStages * Tile::kQBytes;  // of LSE
     d0 = lse0 + 2 * Tile::kRowStatBytes;           // of D
@@ -116,6 +120,7 @@ struct BackwardShared {
     posted_units = barriers + Tile::kBarrierBytes;
   }
   __device__ uint32_t ds(int stage) const { return ds0 + stage * Tile::kDsBytes; }
+  __device__ uint32_t p(int stage) const { return p0 + stage * Tile::kPBytes; }
   __device__ uint32_t q(int stage) const { return q0 + stage * Tile::kQBytes; }
   __device__ uint32_t d_o(int stage) const { return d_o0 + stage * Tile::kQBytes; }
   __device__ uint32_t lse(int stage) const { return lse0 + stage * Tile::kRowStatBytes; }
