@@ -37,7 +37,7 @@ const ORDERED_MIN_SEQLEN_K: i64 = 1024;
 /// host); by default where it measured faster than the split slots. On an H200 (2026-11-27 18:07 and
 /// 19:16 UTC, docs/perf.md) it costs 11-16 % at D = 64 against the split slots; at D = 128 it gains 7-8 %
 /// unmasked and 8-13 % under a causal mask at 2k-8k keys, 1-8 % at 1k, loses 2-8 % at 512, and gains
-/// 13-34 % in group mode; at D = 256 it gains 28-37 % (21:05 UTC). The host backend's default is the split slots of the AMD kernels (CK's), as its
+/// 13-34 % in group mode; at D = 256 it runs 1.53-1.96× as fast (21:21 UTC). The host backend's default is the split slots of the AMD kernels (CK's), as its
 /// tests assume.
 pub fn runs_ordered(traits: &BwdTraits, arch: Arch) -> Result<bool> {
     if !traits.deterministic {
@@ -57,8 +57,8 @@ pub fn runs_ordered(traits: &BwdTraits, arch: Arch) -> Result<bool> {
 }
 
 /// sm_90a's default (see [`runs_ordered`]). Past D = 128 the tile has 64 keys, twice the split slots' units
-/// and slots: there split slots measured 1.45-1.80× the non-deterministic time, ordered 1.04-1.18× (H200,
-/// 2026-11-27 21:05 UTC, S 2k-8k and varlen).
+/// and slots: there split slots measured 1.90-2.48× the non-deterministic time, ordered 1.21-1.39× (H200,
+/// 2026-11-27 21:21 UTC, S 2k-8k and varlen), and ordered was faster at S 512 too (21:33 UTC).
 fn ordered_pays(traits: &BwdTraits) -> bool {
     let hdim = traits.hdim_q.max(traits.hdim_v);
     hdim > 128 || (hdim > 64 && (traits.mode == Mode::Group || traits.seqlen_k >= ORDERED_MIN_SEQLEN_K))
