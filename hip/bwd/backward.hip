@@ -150,7 +150,7 @@ int32_t backward(const fmha_bwd_params& p, hipStream_t stream) {
   if (code != 0) return code;
   if (dq_acc_needs_zeroing(p)) {
     constexpr int64_t kMaxZeroBlocks = 4096;
-    int64_t zero_blocks = ((p.dq_acc_elements + p.dq_semaphore_words) / 4 + kZeroThreads - 1) / kZeroThreads;
+    int64_t zero_blocks = (dq_acc_words_bound(p) / 4 + kZeroThreads - 1) / kZeroThreads;
     zero_blocks = zero_blocks < 1 ? 1 : (zero_blocks > kMaxZeroBlocks ? kMaxZeroBlocks : zero_blocks);
     zero_dq_acc_kernel<<<dim3(static_cast<uint32_t>(zero_blocks)), kZeroThreads, 0, stream>>>(p);
     code = static_cast<int32_t>(hipGetLastError());

@@ -28,9 +28,9 @@ FMHA_HOST_DEVICE inline int64_t rotated_write_turn(int64_t k_tiles, int64_t k_ti
 }
 
 // The turn of K tile `k_tile` among the units that add to q tile `q_tile` (rows [q_tile · m0, ...) of
-// sq), where the walks are not rotated: unmasked its index; masked, counted down from the last K tile whose keys the tile's rows keep
-// (row i keeps keys up to i + off + right), so that the diagonal unit, which starts on this tile, goes
-// first. For units that visit the tile.
+// sq), where the walks are not rotated: unmasked its index; masked, counted down from the last K tile
+// whose keys the tile's rows keep (row i keeps keys up to i + off + right), so that the diagonal unit,
+// which starts on this tile, goes first. For units that visit the tile.
 FMHA_HOST_DEVICE inline int64_t dq_write_turn(bool masked, int64_t off, int64_t right, int64_t sq, int64_t sk,
                                               int64_t m0, int64_t n0, int64_t k_tile, int64_t q_tile) {
   if (!masked) return k_tile;

@@ -76,9 +76,15 @@ FMHA_HOST_DEVICE inline bool dq_acc_needs_zeroing(const fmha_bwd_params& p) {
   return !split_slots(p) || p.group_mode || !kFirstUnitWritesSlot;
 }
 
+// The most words dq_acc_words_to_zero returns (dq_acc and the semaphores), which the host sizes the
+// zeroing grid by: it cannot read the group-mode prefix's length from device memory.
+FMHA_HOST_DEVICE inline int64_t dq_acc_words_bound(const fmha_bwd_params& p) {
+  return p.dq_acc_elements + p.dq_semaphore_words;
+}
+
 FMHA_DEVICE inline int64_t dq_acc_words_to_zero(const fmha_bwd_params& p) {
   if (!dq_acc_needs_zeroing(p)) return 0;
-  if (!(split_slots(p) && p.group_mode)) return p.dq_acc_elements + p.dq_semaphore_words;
+  if (!(split_slots(p) && p.group_mode)) return dq_acc_words_bound(p);
   const int64_t used = dq_acc_offset(p, p.batch);
   return used < p.dq_acc_elements ? used : p.dq_acc_elements;
 }

@@ -1,25 +1,27 @@
 // Stage 2 of the backward on Hopper tensor cores (wgmma, sm_90a): FlashAttention-2's dK/dV-resident
 // algorithm (host twin: src/launch/host/backward/dq_dk_dv.rs), warp-specialized.
 //
-// A work unit is one (batch, kv head, K tile of kBlockN keys); a consumer warpgroup owns 64 keys (at
-// D = 256 both own the same 64, each half of dK/dV's columns: bwd/sm90/tile.h). K and V stay in shared memory while the q tiles (kBlockM rows) of every query head of the GQA group stream
-// past with their dO, LSE and D rows. Per q tile, each consumer warpgroup computes its keys' transposed
-// scores Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (both operands from shared memory), so that the accumulators are
-// directly the register A operands of
+// A work unit is one (batch, kv head, K tile of kBlockN keys); a consumer warpgroup owns 64 keys. K and V
+// stay in shared memory while the q tiles (kBlockM rows) of every query head of the GQA group stream past
+// with their dO, LSE and D rows. Per q tile, each consumer warpgroup computes its keys' transposed scores
+// Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (both operands from shared memory), so that the accumulators are directly the
+// register A operands of
 //   dV += Pᵀ·dO,   dK += dSᵀ·Q,     with P = 2^(scale_log2 · S - LSE · log2 e), dS = P ∘ (dP - D),
 // and stores dSᵀ to shared memory, from which each warpgroup then computes its half of the columns of
 // dQ = dS·K for the tile and sends it to the unit's dq_acc split slot. dK (scaled) and dV are stored once
-// per unit. Fully masked q tiles are never visited.
+// per unit. Fully masked q tiles are never visited. At D = 256 both warpgroups own the same 64 keys, each
+// half of dK/dV's columns: each computes Sᵀ and dPᵀ of half the tile's q rows, and dV and dK read the
+// whole Pᵀ and dSᵀ from shared memory (bwd/sm90/mainloop.h's accumulate_dk_dv_halves).
 //
 // A producer warpgroup loads K and V once per unit and each q tile's Q, dO, LSE and D into the next stage
-// (of two; one at D = 256), ahead of the consumers: Q and dO as TMA boxes from one thread where `maps` describes them
-// (boxed_unit), everything else by cp.async, every thread a share. The stages pass through mbarriers: a
-// producer thread's arrival on a full barrier completes once its copies (and the stage's boxes) have
-// landed; every consumer thread arrives on the empty barrier of a stage it no longer reads. The consumers
-// meet once per step, at a named barrier, when every warp's dSᵀ is in shared memory (dQ = dS·K needs all
-// of the tile's keys); dSᵀ is double-buffered, so that a warpgroup writes the next step's while the
-// other's dQ product still reads this one. dQ rows leave through shared memory as TMA boxes (`maps.dq`,
-// where the launcher could encode it) or element-wise, without waiting.
+// (of two; one at D = 256), ahead of the consumers: Q and dO as TMA boxes from one thread where `maps`
+// describes them (boxed_unit), everything else by cp.async, every thread a share. The stages pass through
+// mbarriers: a producer thread's arrival on a full barrier completes once its copies (and the stage's
+// boxes) have landed; every consumer thread arrives on the empty barrier of a stage it no longer reads.
+// The consumers meet once per step, at a named barrier, when every warp's dSᵀ is in shared memory
+// (dQ = dS·K needs all of the tile's keys); dSᵀ is double-buffered, so that a warpgroup writes the next
+// step's while the other's dQ product still reads this one. dQ rows leave through shared memory as TMA
+// boxes (`maps.dq`, where the launcher could encode it) or element-wise, without waiting.
 //
 // Non-deterministic mode: one workgroup per unit (the grid cell), slot 0, adds in any order.
 // Deterministic mode, by the tile's DqScheme (bwd/sm90/tile.h):

@@ -59,10 +59,8 @@ struct BackwardTile {
     static constexpr int kChunks = kHeadDim / 8;
     static constexpr int kUnroll = 4;
   };
-  struct StepLoader {
+  struct StepLoader : Loader {
     static constexpr int kThreads = kOrdered ? 96 : 128;
-    static constexpr int kChunks = kHeadDim / 8;
-    static constexpr int kUnroll = 4;
   };
   // Shared memory (bytes), from a 1024-byte boundary: K, V, two stages of dSᵀ (and of Pᵀ), the stages of Q and dO, two
   // places each for LSE and D (one stage leaves one unused: the dQ rows after them start 1024-aligned), the
@@ -84,8 +82,9 @@ struct BackwardTile {
   // With split slots: the units posted from the persistent schedule (bwd/sm90/kernel.h's PostedUnits,
   // 8-aligned after the barriers).
   static constexpr int kPostedUnitsBytes = kSplitSlots ? 128 : 0;
-  static constexpr int kSharedBytes = 2 * kKVBytes + 2 * kQStages * kQBytes + 2 * (kDsBytes + kPBytes) + 4 * kRowStatBytes +
-                                      kWarps * kDqRowsBytes + kBarrierBytes + kPostedUnitsBytes + kSwizzle128Slack;
+  static constexpr int kSharedBytes = 2 * kKVBytes + 2 * kQStages * kQBytes + 2 * (kDsBytes + kPBytes) +
+                                      4 * kRowStatBytes + kWarps * kDqRowsBytes + kBarrierBytes + kPostedUnitsBytes +
+                                      kSwizzle128Slack;
   static_assert(kSharedBytes <= 227 * 1024, "Hopper's shared memory per CTA");
   static_assert((2 * kKVBytes + 2 * (kDsBytes + kPBytes) + 2 * kQStages * kQBytes + 4 * kRowStatBytes) % 1024 == 0,
                 "the dQ boxes start 1024-aligned (the 128-byte swizzle)");
