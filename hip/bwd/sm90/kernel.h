@@ -103,6 +103,22 @@ __device__ inline void start_posted_units(const fmha_bwd_params& p, PostedUnits*
   }
 }
 
+// `value`, the same in every lane of the warp, into `to`: lane i stores its word i (32 lanes storing the
+// same words would be a race, and one lane's branch cost the consumers registers). Each lane's arrival on an
+// mbarrier then releases its word.
+template <typename V>
+__device__ inline void store_from_lanes(V* to, const V& value) {
+  constexpr int kWords = sizeof(V) / 4;
+  static_assert(sizeof(V) % 4 == 0 && kWords <= arch::kWarpSize, "a word per lane");
+  uint32_t words[kWords];
+  memcpy(words, &value, sizeof(V));
+  const int lane = static_cast<int>(arch::thread_index()) % arch::kWarpSize;
+  uint32_t mine = words[0];
+#pragma unroll
+  for (int i = 1; i < kWords; ++i) mine = lane == i ? words[i] : mine;
+  if (lane < kWords) reinterpret_cast<uint32_t*>(to)[lane] = mine;
+}
+
 // The poster's lanes: unit n of the walk into entry n % 2, once every thread has read the entry's last one.
 template <typename Tile>
 __device__ inline void post_unit(const fmha_bwd_params& p, PostedUnits* posted, int n) {
@@ -114,8 +130,8 @@ __device__ inline void post_unit(const fmha_bwd_params& p, PostedUnits* posted, 
   const bool more = p.group_mode ? next_group_job(p, worker, Tile::kMasked, at, unit)
                                  : next_batch_job(p, Tile::kMasked, at, unit);
   if (!more) unit.batch = -1;
-  posted->cursor = at;
-  posted->entry[e] = unit;
+  store_from_lanes(&posted->cursor, at);
+  store_from_lanes(&posted->entry[e], unit);
   arch::mbarrier_arrive(arch::shared_address(&posted->full[e]));
 }
 
