@@ -85,6 +85,31 @@ __device__ inline BackwardOperands start_unit(UnitState<Tile>& st, IndexRange (&
   return operands;
 }
 
+// dS = P ∘ (dP - D) in place of dPᵀ's 8-column tile `dp` (q columns 8n + 2t, + 1: `d` holds their D), with
+// P as rounded for the products: tile j of the A fragment `p` (two 8-column tiles of 16 columns).
+template <typename T>
+__device__ inline void ds_from_dp(float (&dp)[4], const uint32_t (&p)[4], int j, float2 d) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float2 pr = arch::Element<T>::unpack(p[2 * j + r]);
+    dp[2 * r] = pr.x * (dp[2 * r] - d.x);
+    dp[2 * r + 1] = pr.y * (dp[2 * r + 1] - d.y);
+  }
+}
+
+// A fragment of a Pᵀ- or dSᵀ-shaped tile (`frag`: q columns 16 · kk + [0, 16) of the warp's 16 keys from
+// `key`) into its stage in shared memory, laid out as the wgmma A operand (keys × q columns, K-major).
+template <typename Tile>
+__device__ inline void store_key_rows(uint32_t tile, const uint32_t (&frag)[4], int key, int kk, int t) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      arch::shared_store_4(tile + Tile::DsLayout::offset(key + 8 * r, 2 * kk + half) + 4 * t, frag[2 * half + r]);
+    }
+  }
+}
+
 // One q tile (in stage `stage` of Q, dO, LSE and D) against the unit's K/V, each warpgroup its own keys:
 // dV, dK accumulate; dSᵀ goes to its stage `ds_stage` in shared memory.
 template <typename Tile, typename T, bool kEdge>
@@ -92,7 +117,6 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
                                         const BackwardOperands& operands, float scale_log2,
                                         const IndexRange (&kept_rows)[2], int64_t i0, int warp, int g, int t) {
   static_assert(Tile::kColumnParts == 1, "column-split tiles: accumulate_dk_dv_halves");
-  using E = arch::Element<T>;
   constexpr int M = Tile::kBlockM, kMTiles = M / 8;
   const uint32_t q_stage = static_cast<uint32_t>(stage) * Tile::kQBytes;
   const uint64_t q = arch::descriptor_plus(operands.q, q_stage), d_o = arch::descriptor_plus(operands.d_o, q_stage);
@@ -153,13 +177,7 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
   // dS = P ∘ (dP - D) with P as rounded for dV.
 #pragma unroll
   for (int n = 0; n < kMTiles; ++n) {
-    const float2 d_pair = arch::shared_load_f32x2(big_d + 4 * (n * 8 + 2 * t));
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float2 p = E::unpack(p_frag[n / 2][2 * (n % 2) + r]);
-      dp_acc[n][2 * r] = p.x * (dp_acc[n][2 * r] - d_pair.x);
-      dp_acc[n][2 * r + 1] = p.y * (dp_acc[n][2 * r + 1] - d_pair.y);
-    }
+    ds_from_dp<T>(dp_acc[n], p_frag[n / 2], n % 2, arch::shared_load_f32x2(big_d + 4 * (n * 8 + 2 * t)));
   }
 
   // dSᵀ rows (keys) to shared memory, rounded as the MMAs consume them, then dK += dSᵀ·Q.
@@ -167,15 +185,7 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
 #pragma unroll
   for (int kk = 0; kk < M / 16; ++kk) {
     arch::a_fragment<T>(ds_frag[kk], dp_acc, kk);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int key = Tile::warp_key(warp) + g + 8 * r;
-        const uint32_t at = sh.ds(ds_stage) + Tile::DsLayout::offset(key, 2 * kk + half) + 4 * t;
-        arch::shared_store_4(at, ds_frag[kk][2 * half + r]);
-      }
-    }
+    store_key_rows<Tile>(sh.ds(ds_stage), ds_frag[kk], Tile::warp_key(warp) + g, kk, t);
   }
   arch::fence_shared_for_async_proxy();  // dQ's wgmma reads dSᵀ after the consumers' barrier
   arch::warpgroup_fence();
@@ -186,19 +196,6 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
   arch::warpgroup_wait<0>();
   arch::hold_registers(st.dv);
   arch::hold_registers(st.dk);
-}
-
-// A fragment of a Pᵀ- or dSᵀ-shaped tile (`frag`: q columns 16 · kk + [0, 16) of the warp's 16 keys from
-// `key`) into its stage in shared memory, laid out as the wgmma A operand (keys × q columns, K-major).
-template <typename Tile>
-__device__ inline void store_key_rows(uint32_t tile, const uint32_t (&frag)[4], int key, int kk, int t) {
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      arch::shared_store_4(tile + Tile::DsLayout::offset(key + 8 * r, 2 * kk + half) + 4 * t, frag[2 * half + r]);
-    }
-  }
 }
 
 // The column-split tile's q step (D = 256: both warpgroups own the same 64 keys, warpgroup w columns
@@ -212,7 +209,6 @@ __device__ inline void accumulate_dk_dv_halves(UnitState<Tile>& st, const Backwa
                                                int ds_stage, const BackwardOperands& operands, float scale_log2,
                                                const IndexRange (&kept_rows)[2], int64_t i0, int warp, int g, int t) {
   static_assert(Tile::kColumnParts == 2, "key-split tiles: accumulate_dk_dv");
-  using E = arch::Element<T>;
   constexpr int M = Tile::kBlockM, kHalf = M / 2, kMTiles = kHalf / 8;
   const int warpgroup = warp / 4, col0 = Tile::column_part(warpgroup) * kHalf;
   const uint32_t q_stage = static_cast<uint32_t>(stage) * Tile::kQBytes;
@@ -236,13 +232,15 @@ __device__ inline void accumulate_dk_dv_halves(UnitState<Tile>& st, const Backwa
   arch::warpgroup_wait<1>();
   arch::hold_registers(acc);
   const int key = Tile::warp_key(warp) + g;
+  // P as in accumulate_dk_dv, over this warpgroup's q columns. (The loop as one function of both made
+  // ptxas spill 80/132 more bytes, stores/loads, in the masked D = 128 split-slot kernel.)
 #pragma unroll
   for (int n = 0; n < kMTiles; ++n) {
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const int col = n * 8 + 2 * t + c;
       const float l = arch::shared_load_f32(lse + 4 * col);
-      const float row_bias = l == -INFINITY ? 0.f : l * kLog2e;  // (as in accumulate_dk_dv)
+      const float row_bias = l == -INFINITY ? 0.f : l * kLog2e;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         float p = arch::fast_exp2(fmaf(acc[n][2 * r + c], scale_log2, -row_bias));
@@ -261,13 +259,7 @@ __device__ inline void accumulate_dk_dv_halves(UnitState<Tile>& st, const Backwa
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int n = 2 * kk + j;
-      const float2 d_pair = arch::shared_load_f32x2(big_d + 4 * (n * 8 + 2 * t));
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float2 p = E::unpack(p_frag[2 * j + r]);
-        dp_acc[n][2 * r] = p.x * (dp_acc[n][2 * r] - d_pair.x);
-        dp_acc[n][2 * r + 1] = p.y * (dp_acc[n][2 * r + 1] - d_pair.y);
-      }
+      ds_from_dp<T>(dp_acc[n], p_frag, j, arch::shared_load_f32x2(big_d + 4 * (n * 8 + 2 * t)));
     }
     arch::a_fragment<T>(ds_frag, dp_acc, kk);
     store_key_rows<Tile>(sh.p(ds_stage), p_frag, key, col0 / 16 + kk, t);

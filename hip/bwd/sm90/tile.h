@@ -62,9 +62,9 @@ struct BackwardTile {
   struct StepLoader : Loader {
     static constexpr int kThreads = kOrdered ? 96 : 128;
   };
-  // Shared memory (bytes), from a 1024-byte boundary: K, V, two stages of dSᵀ (and of Pᵀ), the stages of Q and dO, two
-  // places each for LSE and D (one stage leaves one unused: the dQ rows after them start 1024-aligned), the
-  // consumer warps' dQ rows, the barriers, the posted units.
+  // Shared memory (bytes), from a 1024-byte boundary: K, V, two stages of dSᵀ (and of Pᵀ), the stages of Q
+  // and dO, two places each for LSE and D (one stage leaves one unused: the dQ rows after them start
+  // 1024-aligned), the consumer warps' dQ rows, the barriers, the posted units.
   static constexpr int kKVBytes = kBlockN * kDim * 2;
   static constexpr int kQBytes = kBlockM * kDim * 2;
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;
@@ -76,8 +76,8 @@ struct BackwardTile {
   static constexpr int kDqBoxBytes = kDqBoxRows * 128;
   static constexpr int kDqRowsBytes = kDqCols / 32 * kDqBoxBytes;
   // mbarriers: K/V full and empty, two places for the stages of Q (with dO, LSE, D) full and empty; with
-  // ordered dQ the
-  // consumers' dQ boxes full (one per writer lane: even and odd steps) and empty (the dQ writer's).
+  // ordered dQ the consumers' dQ boxes full (one per writer lane: even and odd steps) and empty (the dQ
+  // writer's).
   static constexpr int kBarrierBytes = (kOrdered ? 9 : 6) * 8;
   // With split slots: the units posted from the persistent schedule (bwd/sm90/kernel.h's PostedUnits,
   // 8-aligned after the barriers).
