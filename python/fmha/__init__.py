@@ -31,7 +31,9 @@ Environment: ``FMHA_LIBRARY`` (the library to load), ``FMHA_LAUNCHER_CACHE_SIZE`
 least recently used dropped; default 32; on a GPU each keeps its workspace, one per stream, for the next
 call: ``fmha.clear_launcher_cache()`` frees them), ``FMHA_PREPARE_METHOD`` (``auto``/``host``/``device``/``sync``: how
 the backward prepares its workspace; default ``auto``, i.e. on the stream with no host synchronization,
-and ``sync`` for batch mode on the host backend).
+and ``sync`` for batch mode on the host backend), ``FMHA_NATIVE_AUTOGRAD`` (the C++ autograd operator: unset, the
+package's build for the running PyTorch when it has one; a path; ``0`` for the Python ``autograd.Function``;
+``fmha.native_autograd()`` says which is used).
 """
 
 import importlib
@@ -103,6 +105,7 @@ _TORCH_NAMES = {
     "flash_attn_varlen_kvpacked_func": "ops",
     "flash_attn_varlen_qkvpacked_func": "ops",
     "launcher_cache_info": "ops",
+    "native_autograd": "ops",
     "registry_supports": "ops",
 }
 
@@ -155,6 +158,7 @@ __all__ = [
     "load_kernels",
     "merge_state",
     "merge_states",
+    "native_autograd",
     "registry",
     "registry_supports",
     "version",

@@ -21,6 +21,7 @@ from ctypes import byref, c_size_t, c_void_p
 import torch
 
 from . import _lib as L
+from . import _native
 
 _DTYPES = {torch.float16: L.DTYPE_FP16, torch.bfloat16: L.DTYPE_BF16}
 # fp8 e4m3 inputs by format (those this PyTorch has); the forward writes them as bf16.
@@ -407,6 +408,12 @@ def _call_fwd(traits, args, device):
 # --- forward -----------------------------------------------------------------------------------------
 
 
+def _fwd_signature(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mask_type, window):
+    """A forward's template signature (raises TypeError / AttributeError for arguments that are not tensors)."""
+    return (_sig(q), _sig(k), _sig(v), _sig(cu_seqlens_q), _sig(cu_seqlens_k), max_seqlen_q, max_seqlen_k,
+            softmax_scale, mask_type, tuple(window))
+
+
 def _fwd(q, k, v, **kwargs):
     """One ``fmha_fwd`` call with fmha's own mask semantics; returns ``(out, lse)`` (see :func:`_forward`)."""
     out, lse, _, _ = _forward(q, k, v, **kwargs)
@@ -444,8 +451,8 @@ def _forward(
     signature = None
     if out is None and lse is None and q_descale is None and k_descale is None and v_descale is None:
         try:
-            signature = (_sig(q), _sig(k), _sig(v), _sig(cu_seqlens_q), _sig(cu_seqlens_k), max_seqlen_q,
-                         max_seqlen_k, softmax_scale, mask_type, tuple(window))
+            signature = _fwd_signature(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                                       mask_type, window)
             template = _fwd_templates.get(signature)
         except (AttributeError, TypeError):  # not tensors, unhashable options: the checks below say what
             signature = template = None
@@ -568,7 +575,9 @@ def launcher_cache_info() -> dict:
 
 
 def clear_launcher_cache() -> None:
-    """Destroys every cached backward launcher."""
+    """Destroys every cached backward launcher (those of the C++ autograd operator's plans once no autograd
+    graph holds them)."""
+    _plans.clear()
     with _cache_lock:
         entries = list(_cache.values())
         _cache.clear()
@@ -627,6 +636,66 @@ def _evict(key, entry):
 
 
 _PREPARE_METHODS = {"auto": L.PREPARE_AUTO, "host": L.PREPARE_HOST, "device": L.PREPARE_DEVICE}
+
+
+def _bwd_structs(p, q, k, v, out, lse, dout, d, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, softmax_scale, mask_type,
+                 window, deterministic):
+    """The backward's ``(fmha_bwd_traits, fmha_bwd_args)`` for problem ``p`` (a :class:`_Problem`) and these
+    tensors (``d``: the dot(dO, O) scratch, fp32 in the LSE layout); ``args.workspace`` unset."""
+    left, right = window
+    mask_type = _mask_type(mask_type)
+    # Varlen: the launcher's totals and maxima are bounds, so round them up to powers of two and
+    # consecutive training steps (whose token counts vary) share one cached launcher and workspace.
+    bound = _length_bucket if p.group else (lambda n: n)
+    traits = L.fmha_bwd_traits(
+        seqlen_q=bound(p.seqlen_q),
+        seqlen_k=bound(p.seqlen_k),
+        batch=p.batch,
+        max_seqlen_q=bound(p.max_seqlen_q),
+        max_seqlen_k=bound(p.max_seqlen_k),
+        hdim_q=p.hdim_q,
+        hdim_v=p.hdim_v,
+        nhead_q=p.nhead_q,
+        nhead_k=p.nhead_k,
+        dtype=p.dtype,
+        is_group_mode=int(p.group),
+        mask_type=mask_type,
+        bias_type=L.BIAS_NONE,
+        has_dbias=0,
+        has_dropout=0,
+        is_store_randval=0,
+        is_deterministic=int(bool(deterministic)),
+    )
+    args = L.fmha_bwd_args(
+        q=p.tensor(q),
+        k=p.tensor(k),
+        v=p.tensor(v),
+        o=p.tensor(out),
+        lse=_lse_tensor(lse, p.group),
+        d_o=p.tensor(dout),
+        d=_lse_tensor(d, p.group),
+        dq=p.tensor(dq),
+        dk=p.tensor(dk),
+        dv=p.tensor(dv),
+        workspace=None,
+        seqstart_q=_ptr(cu_seqlens_q),
+        seqstart_k=_ptr(cu_seqlens_k),
+        seqlen_q_ptr=None,
+        seqlen_k_ptr=None,
+        batch=p.batch,
+        seqlen_q=p.seqlen_q,
+        seqlen_k=p.seqlen_k,
+        max_seqlen_q=p.max_seqlen_q,
+        max_seqlen_k=p.max_seqlen_k,
+        nhead_q=p.nhead_q,
+        nhead_k=p.nhead_k,
+        hdim_q=p.hdim_q,
+        hdim_v=p.hdim_v,
+        scale=_scale(softmax_scale, p.hdim_q),
+        window_size_left=int(left),
+        window_size_right=int(right),
+    )
+    return traits, args
 
 
 def _bwd(
@@ -719,59 +788,8 @@ def _bwd(
     if dv is None:
         dv = torch.empty_like(v)
     d = torch.empty_like(lse)  # the dot(dO, O) scratch, fp32 in the LSE layout
-    left, right = window
-    mask_type = _mask_type(mask_type)
-    # Varlen: the launcher's totals and maxima are bounds, so round them up to powers of two and
-    # consecutive training steps (whose token counts vary) share one cached launcher and workspace.
-    bound = _length_bucket if p.group else (lambda n: n)
-    traits = L.fmha_bwd_traits(
-        seqlen_q=bound(p.seqlen_q),
-        seqlen_k=bound(p.seqlen_k),
-        batch=p.batch,
-        max_seqlen_q=bound(p.max_seqlen_q),
-        max_seqlen_k=bound(p.max_seqlen_k),
-        hdim_q=p.hdim_q,
-        hdim_v=p.hdim_v,
-        nhead_q=p.nhead_q,
-        nhead_k=p.nhead_k,
-        dtype=p.dtype,
-        is_group_mode=int(p.group),
-        mask_type=mask_type,
-        bias_type=L.BIAS_NONE,
-        has_dbias=0,
-        has_dropout=0,
-        is_store_randval=0,
-        is_deterministic=int(bool(deterministic)),
-    )
-    args = L.fmha_bwd_args(
-        q=p.tensor(q),
-        k=p.tensor(k),
-        v=p.tensor(v),
-        o=p.tensor(out),
-        lse=_lse_tensor(lse, p.group),
-        d_o=p.tensor(dout),
-        d=_lse_tensor(d, p.group),
-        dq=p.tensor(dq),
-        dk=p.tensor(dk),
-        dv=p.tensor(dv),
-        workspace=None,
-        seqstart_q=_ptr(cu_seqlens_q),
-        seqstart_k=_ptr(cu_seqlens_k),
-        seqlen_q_ptr=None,
-        seqlen_k_ptr=None,
-        batch=p.batch,
-        seqlen_q=p.seqlen_q,
-        seqlen_k=p.seqlen_k,
-        max_seqlen_q=p.max_seqlen_q,
-        max_seqlen_k=p.max_seqlen_k,
-        nhead_q=p.nhead_q,
-        nhead_k=p.nhead_k,
-        hdim_q=p.hdim_q,
-        hdim_v=p.hdim_v,
-        scale=_scale(softmax_scale, p.hdim_q),
-        window_size_left=int(left),
-        window_size_right=int(right),
-    )
+    traits, args = _bwd_structs(p, q, k, v, out, lse, dout, d, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, softmax_scale,
+                                mask_type, window, deterministic)
     host = device is None or device.type != "cuda"
     method = prepare or ("sync" if host and not p.group else "auto")
     if method != "sync" and method not in _PREPARE_METHODS:
@@ -947,6 +965,71 @@ class FmhaAttnFunc(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
+# --- the C++ autograd operator ---------------------------------------------------------------------------
+#
+# A call whose signature has been seen before, on a GPU, goes through torch.ops.fmha.attention (fmha/_native.py)
+# when that is built for this PyTorch: its autograd node is C++, so the backward never enters Python. The
+# plan it takes holds the forward's template structs and the backward's, built once per signature from a
+# call that ran the full checks on the Python path (the second of the signature: a signature seen once, e.g.
+# a varlen batch's token count, gets no plan).
+
+_plans = _Templates()  # (forward signature, deterministic, prepare method) → _native.Plan or None
+
+
+def _new_plan(template, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mask_type,
+              window, deterministic, prepare):
+    """A :class:`fmha._native.Plan` for calls of a forward template's signature, or None where the operator
+    does not serve them (a prepare method it lacks)."""
+    method = prepare or "auto"
+    if method not in _PREPARE_METHODS:  # "sync" (and typos, which the Python path reports)
+        return None
+    fwd_traits, fwd_args, out_shape, lse_shape, _, _ = template
+    p = _Problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    # The plan takes every data pointer and stride from each call's tensors; these stand in for them.
+    bwd_traits, bwd_args = _bwd_structs(p, q, k, v, q, k, q, k, q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale,
+                                        mask_type, window, deterministic)
+    return _native.Plan(fwd_traits, fwd_args, bwd_traits, bwd_args, out_shape, lse_shape, _PREPARE_METHODS[method],
+                        _vector_bytes())
+
+
+def native_autograd() -> str:
+    """Whether calls go through the C++ autograd operator (``"in use (<path>)"``), or why not: see
+    ``fmha._native``; ``$FMHA_NATIVE_AUTOGRAD`` picks the build (a path, or ``0`` for none)."""
+    return _native.status()
+
+
+def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mask_type, left, right,
+               deterministic, with_lse):
+    """``FmhaAttnFunc.apply`` with these arguments, through the C++ operator where the call has a plan."""
+    native = _native.attention()
+    key = None
+    if native is not None and isinstance(q, torch.Tensor) and q.is_cuda:
+        try:
+            signature = _fwd_signature(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                                       mask_type, (left, right))
+            key = (signature, deterministic, os.environ.get("FMHA_PREPARE_METHOD"))
+            plan = _plans.get(key)
+        except (AttributeError, TypeError):  # not tensors, unhashable options: the Python path says what
+            key = plan = None
+        if plan is not None and _aligned((q, k, v)):
+            device = q.device
+            with _device_guard(device):
+                keep = _fwd_workspace(plan.fwd_traits, device, _stream_handle(device))[2]
+                out, lse = native(q, k, v, cu_seqlens_q, cu_seqlens_k, keep, plan.id)
+            return (out, lse) if with_lse else out
+        seen = key is not None and signature in _fwd_templates
+    result = FmhaAttnFunc.apply(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mask_type, left, right,
+        deterministic, with_lse
+    )
+    if key is not None and seen and key not in _plans:
+        template = _fwd_templates.get(signature)
+        if template is not None:
+            _plans.put(key, _new_plan(template, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                      softmax_scale, mask_type, (left, right), deterministic, key[2]))
+    return result
+
+
 def attention(
     q,
     k,
@@ -969,7 +1052,7 @@ def attention(
     (when ``cu_seqlens_q/k`` are given). A fully masked query row gets ``out = 0`` and ``lse = -inf``.
     """
     left, right = (int(w) for w in window_size)
-    return FmhaAttnFunc.apply(
+    return _attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, _mask_type(mask), left,
         right, bool(deterministic), True
     )
@@ -1069,11 +1152,11 @@ def flash_attn_func(
             window=(left, right)
         )
     elif return_attn_probs:
-        out, lse = FmhaAttnFunc.apply(
+        out, lse = _attention(
             q, k, v, None, None, None, None, softmax_scale, mask_type, left, right, bool(deterministic), True
         )
     else:
-        return FmhaAttnFunc.apply(
+        return _attention(
             q, k, v, None, None, None, None, softmax_scale, mask_type, left, right, bool(deterministic), False
         )
     return _flash_result(out, lse, q, return_attn_probs)
@@ -1122,7 +1205,7 @@ def flash_attn_varlen_func(
             max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k)
         )
     else:
-        res = FmhaAttnFunc.apply(
+        res = _attention(
             q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), softmax_scale, mask_type,
             left, right, bool(deterministic), bool(return_attn_probs)
         )

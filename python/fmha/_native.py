@@ -1,0 +1,109 @@
+"""fmha's C++ autograd operator (``csrc/native_autograd.cpp``): ``torch.ops.fmha.attention``, whose backward
+runs in C++ on autograd's thread instead of a Python ``autograd.Function``.
+
+It is a PyTorch extension, built against one PyTorch version (``scripts/build-native-autograd.sh``; the wheel
+builds it with ``FMHA_NATIVE_AUTOGRAD=1``), so it is optional: without a build for the running PyTorch the
+attention functions use the Python ``FmhaAttnFunc``, with the same results. It serves GPU tensors only.
+
+``$FMHA_NATIVE_AUTOGRAD`` picks it: unset, the package's ``native_autograd-<torch version>.so`` when present;
+a path, that file; ``0``, none.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+import torch
+
+from . import _lib as L
+
+# The entry points a plan calls, in the order of native_autograd.cpp's `Library`.
+FUNCTIONS = (
+    "fmha_fwd",
+    "fmha_bwd_launcher_create",
+    "fmha_bwd_launcher_destroy",
+    "fmha_bwd_launcher_workspace_size",
+    "fmha_bwd_launcher_prepare_workspace_async",
+    "fmha_bwd_launcher_run",
+    "fmha_last_error_message",
+)
+
+_lock = threading.Lock()
+_loaded = False
+_op = None
+_why_not = "not loaded yet"
+
+
+def default_path() -> str:
+    """Where the package keeps the build for the running PyTorch."""
+    version = torch.__version__.split("+")[0]
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), f"native_autograd-{version}.so")
+
+
+def attention():
+    """``torch.ops.fmha.attention.default`` once the operator is loaded (on the first call), else None
+    (:func:`status` says why)."""
+    if _loaded:
+        return _op
+    return _load()
+
+
+def status() -> str:
+    """Whether the C++ autograd operator is in use, and from where or why not."""
+    attention()
+    return _why_not
+
+
+class Plan:
+    """A plan of the operator: the C argument structs of one call signature, forward and backward, in a C++
+    object that calls refer to by id (``torch.ops.fmha.plan_create``); released with this object, while the
+    autograd graphs of calls that used it keep it alive."""
+
+    __slots__ = ("id", "fwd_traits", "_release")
+
+    def __init__(self, fwd_traits, fwd_args, bwd_traits, bwd_args, out_shape, lse_shape, prepare_method,
+                 vector_bytes):
+        lib = L.library()
+        functions = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in FUNCTIONS]
+        self.id = torch.ops.fmha.plan_create(functions, _raw(fwd_traits), _raw(fwd_args), _raw(bwd_traits),
+                                             _raw(bwd_args), list(out_shape), list(lse_shape), prepare_method,
+                                             vector_bytes)
+        self.fwd_traits = fwd_traits
+        self._release = torch.ops.fmha.plan_release
+
+    def __del__(self):
+        try:
+            self._release(self.id)
+        except Exception:  # noqa: BLE001 - at interpreter exit torch may be gone; the process's end frees it
+            pass
+
+
+def _raw(struct):
+    """A ctypes struct's bytes as a CPU uint8 tensor (what plan_create reads)."""
+    return torch.frombuffer(bytearray(bytes(struct)), dtype=torch.uint8)
+
+
+def _load():
+    global _loaded, _op, _why_not
+    with _lock:
+        if _loaded:
+            return _op
+        choice = os.environ.get("FMHA_NATIVE_AUTOGRAD")
+        path = default_path() if choice is None else choice
+        if choice == "0":
+            _why_not = "off ($FMHA_NATIVE_AUTOGRAD=0)"
+        elif L.backend() == L.BACKEND_HOST:
+            _why_not = "not used: the host backend (the operator serves GPU tensors)"
+        elif not os.path.isfile(path):
+            _why_not = f"not built for torch {torch.__version__} ({path} does not exist)"
+        else:
+            try:
+                torch.ops.load_library(path)
+                _op = torch.ops.fmha.attention.default
+                _why_not = f"in use ({path})"
+            except (OSError, RuntimeError) as e:
+                _why_not = f"{path} does not load: {e}"
+        _loaded = True
+        return _op
