@@ -10,12 +10,18 @@ wheel for every CPython >= 3.9 on the platform (the library does not use Python'
 
 FMHA_BACKEND=host|cuda|rocm (default host) picks the backend, i.e. the cargo feature; the GPU backends
 need their toolchains as for ``cargo build --features cuda|rocm`` (README). The version is Cargo.toml's.
+
+FMHA_BUILD_NATIVE_AUTOGRAD=1 also builds the C++ autograd operator (``fmha/_native.py``) into the package,
+against the PyTorch of the build's Python: ``pip install --no-build-isolation .`` in an environment that
+has the PyTorch the package will run with (the file is named after that version and used only with it).
 """
 
 import os
+import subprocess
 import sys
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
 from setuptools_rust import Binding, RustExtension
 
 if sys.version_info >= (3, 11):
@@ -36,8 +42,22 @@ if backend not in BACKEND_FEATURES:
 with open(os.path.join(HERE, "Cargo.toml"), "rb") as f:
     version = tomllib.load(f)["package"]["version"]
 
+
+
+class BuildPy(build_py):
+    """build_py, and with FMHA_BUILD_NATIVE_AUTOGRAD=1 the C++ autograd operator next to the package's modules."""
+
+    def run(self):
+        super().run()
+        if os.environ.get("FMHA_BUILD_NATIVE_AUTOGRAD") == "1":
+            script = os.path.join(HERE, "scripts", "build-native-autograd.sh")
+            env = dict(os.environ, PYTHON=sys.executable)
+            subprocess.run(["bash", script, os.path.join(self.build_lib, "fmha")], check=True, env=env)
+
+
 setup(
     version=version,
+    cmdclass={"build_py": BuildPy},
     rust_extensions=[
         RustExtension(
             "fmha.libfmha",

@@ -15,6 +15,8 @@
 #         fmha-bench              the benchmark tool (tools/fmha-bench), cuda backend
 #         00_version ... 04_*     the C examples, gcc -I include against libfmha.so.0, rpath $ORIGIN, -lm
 #         wheels/                 pytest and its pure-Python dependencies (the GPU machine has no registry)
+#         native_autograd-<v>.so  the C++ autograd operator for torch <v> (python/fmha/_native.py), when
+#                                 python3 imports torch here or TORCH_DIR names a torch package folder
 #         MANIFEST, BUILD_INFO    what is there and what it was built from (commit, date, toolchain)
 #       Executables are stripped; the folder must stay under 60 MB (it travels with the working tree).
 #
@@ -30,7 +32,7 @@
 #       $OUT unset: the logs go to a fresh folder under /tmp (printed).
 #
 # Environment:
-#   build: FMHA_CUDA_TARGET_DIR (default target/cuda), FMHA_CUDA_ARCHS (default 90a), CC (default gcc),
+#   build: FMHA_CUDA_TARGET_DIR (default target/cuda), FMHA_CUDA_ARCHS (default 90a), CC (default gcc), TORCH_DIR,
 #          FMHA_GPU_TESTS (space-separated test targets to carry; default all but the source checks)
 #   run:   FMHA_GPU_CHECK_TIMEOUT (seconds per stage, default 900), FMHA_GPU_TEST_TIMEOUT (seconds per Rust
 #          test and per Python test, default 180), PYTEST_ADDOPTS (extra pytest options)
@@ -124,6 +126,14 @@ EOF
         echo "c-example $name" >>"$devbuild/MANIFEST"
         echo "  $name"
     done
+
+    if [[ -n ${TORCH_DIR:-} ]] || python3 -c 'import torch' 2>/dev/null; then
+        log "the C++ autograd operator (scripts/build-native-autograd.sh, TORCH_DIR=${TORCH_DIR:-python3's torch})"
+        scripts/build-native-autograd.sh "$devbuild"
+        echo "native-autograd $(basename "$devbuild"/native_autograd-*.so)" >>"$devbuild/MANIFEST"
+    else
+        log "the C++ autograd operator: not built (no torch here; TORCH_DIR names a torch package folder)"
+    fi
 
     log "pytest wheels (pure Python, for the GPU machine's python3)"
     python3 -m pip download -q --no-deps --only-binary=:all: -d "$devbuild/wheels" \
@@ -249,6 +259,7 @@ except Exception:
     print("triton: not installed")
 EOF
     [[ -f "$devbuild/BUILD_INFO" ]] && sed 's/^/build: /' "$devbuild/BUILD_INFO"
+    echo "C++ autograd operator: ${FMHA_NATIVE_AUTOGRAD:-none carried for this torch}"
     return 0
 }
 
@@ -313,6 +324,12 @@ run_checks() {
     echo "gpu-check run: logs in $out"
     export PYTHONUNBUFFERED=1
     export FMHA_LIBRARY=$devbuild/libfmha.so.0
+    # The C++ autograd operator carried for this machine's torch, if any (python/fmha/_native.py).
+    local torch_version
+    torch_version=$(python3 -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)
+    if [[ -n $torch_version && -f $devbuild/native_autograd-$torch_version.so ]]; then
+        export FMHA_NATIVE_AUTOGRAD=$devbuild/native_autograd-$torch_version.so
+    fi
 
     print_versions
 

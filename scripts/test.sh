@@ -26,6 +26,8 @@
 #                 there, without FMHA_LIBRARY and without PyTorch (not installable here): the package
 #                 finds its library, version and backend, the flash-attn signature tests, and
 #                 python -m fmha.bench's matrices (shipped in the wheel) and counts
+#   C++ autograd operator  python/fmha/csrc/native_autograd.cpp compiled (-Werror, no link) against the
+#                 headers of PyTorch 2.11.0's wheel (downloaded); it runs on the GPU machine only
 #   cuda build    --features cuda into target/cuda: clippy, install into build/prefix-cuda, artifact
 #                 checks (sm_90a cubin, exports, soname), C examples and tests/c against it (no GPU here:
 #                 the device tests are skipped, the no-device paths are tested)
@@ -340,6 +342,28 @@ note "$(basename "$wheel"):"
     "$venv_python" -m pytest -q -p no:cacheprovider "$repo/tests/python/test_package.py" \
         "$repo/tests/python/test_signatures.py" "$repo/tests/python/test_bench.py"
 )
+
+begin "C++ autograd operator (compile only)"
+# python/fmha/csrc/native_autograd.cpp with -Werror against the headers of the PyTorch the GPU machine runs,
+# taken from its wheel: that PyTorch does not import here (no CUDA libraries), and the operator serves GPU
+# tensors only, so it is built and tested on the GPU machine (scripts/gpu-check.sh).
+torch_version=2.11.0
+torch_dir=$build/torch-$torch_version
+if [[ ! -f $torch_dir/torch/version.py ]]; then
+    rm -rf "$torch_dir"
+    mkdir -p "$torch_dir"
+    "$venv_python" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+        -d "$torch_dir" "torch==$torch_version"
+    "$venv_python" - "$torch_dir" <<'EOF'
+import glob, os, sys, zipfile
+folder = sys.argv[1]
+(wheel,) = glob.glob(os.path.join(folder, "torch-*.whl"))
+with zipfile.ZipFile(wheel) as z:
+    z.extractall(folder, [n for n in z.namelist() if n.startswith("torch/include/") or n == "torch/version.py"])
+os.remove(wheel)
+EOF
+fi
+TORCH_DIR=$torch_dir/torch scripts/build-native-autograd.sh --check
 
 if [[ $skip_gpu -eq 0 ]]; then
     begin "cuda build (compile only)"
