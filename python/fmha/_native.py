@@ -63,13 +63,11 @@ class Plan:
 
     __slots__ = ("id", "fwd_traits", "_release")
 
-    def __init__(self, fwd_traits, fwd_args, bwd_traits, bwd_args, out_shape, lse_shape, prepare_method,
-                 vector_bytes):
+    def __init__(self, fwd_traits, fwd_args, bwd_traits, bwd_args, prepare_method, vector_bytes):
         lib = L.library()
         functions = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in FUNCTIONS]
         self.id = torch.ops.fmha.plan_create(functions, _raw(fwd_traits), _raw(fwd_args), _raw(bwd_traits),
-                                             _raw(bwd_args), list(out_shape), list(lse_shape), prepare_method,
-                                             vector_bytes)
+                                             _raw(bwd_args), prepare_method, vector_bytes)
         self.fwd_traits = fwd_traits
         self._release = torch.ops.fmha.plan_release
 

@@ -967,29 +967,52 @@ class FmhaAttnFunc(torch.autograd.Function):
 
 # --- the C++ autograd operator ---------------------------------------------------------------------------
 #
-# A call whose signature has been seen before, on a GPU, goes through torch.ops.fmha.attention (fmha/_native.py)
-# when that is built for this PyTorch: its autograd node is C++, so the backward never enters Python. The
-# plan it takes holds the forward's template structs and the backward's, built once per signature from a
-# call that ran the full checks on the Python path (the second of the signature: a signature seen once, e.g.
-# a varlen batch's token count, gets no plan).
+# On a GPU, a call goes through torch.ops.fmha.attention (fmha/_native.py) when that is built for this
+# PyTorch and the call's plan key has a plan: its autograd node is C++, so the backward never enters Python.
+# A plan holds the forward's template structs and the backward's, built from a call that ran the full checks
+# on the Python path: the second call of its key (a key seen once, e.g. a one-off shape, gets no plan).
+# Batch mode keys on the forward's template signature. Varlen keys on it without the row counts and the
+# maxima, which the operator takes from each call, and with their power-of-two buckets instead (the backward
+# launcher's bounds): training steps whose token counts vary share a plan.
 
-_plans = _Templates()  # (forward signature, deterministic, prepare method) → _native.Plan or None
+_plans = _Templates()  # plan key → _native.Plan, _SEEN (once), or False (not served: a prepare method it lacks)
+_SEEN = object()
+
+
+def _plan_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mask_type, window,
+              deterministic):
+    """A call's plan key (raises TypeError / AttributeError for arguments the checks would refuse)."""
+    options = (softmax_scale, mask_type, window, deterministic, os.environ.get("FMHA_PREPARE_METHOD"))
+    if cu_seqlens_q is None and cu_seqlens_k is None:
+        return (_sig(q), _sig(k), _sig(v)) + options
+    total_q, total_k = q.shape[0], k.shape[0]
+    return (
+        (q.shape[1:], q.stride(), q.dtype, q.device),
+        (k.shape[1:], k.stride(), k.dtype, k.device),
+        (v.shape[1:], v.stride(), v.dtype, v.device),
+        _sig(cu_seqlens_q),
+        _sig(cu_seqlens_k),
+        _length_bucket(total_q),
+        _length_bucket(total_k),
+        _length_bucket(min(max_seqlen_q, total_q)),
+        _length_bucket(min(max_seqlen_k, total_k)),
+    ) + options
 
 
 def _new_plan(template, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mask_type,
               window, deterministic, prepare):
-    """A :class:`fmha._native.Plan` for calls of a forward template's signature, or None where the operator
+    """A :class:`fmha._native.Plan` for calls of a forward template's plan key, or False where the operator
     does not serve them (a prepare method it lacks)."""
     method = prepare or "auto"
     if method not in _PREPARE_METHODS:  # "sync" (and typos, which the Python path reports)
-        return None
-    fwd_traits, fwd_args, out_shape, lse_shape, _, _ = template
+        return False
+    fwd_traits, fwd_args = template[:2]
     p = _Problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    # The plan takes every data pointer and stride from each call's tensors; these stand in for them.
+    # The plan takes every data pointer and stride (and in varlen mode the lengths) from each call; these
+    # stand in for them.
     bwd_traits, bwd_args = _bwd_structs(p, q, k, v, q, k, q, k, q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale,
                                         mask_type, window, deterministic)
-    return _native.Plan(fwd_traits, fwd_args, bwd_traits, bwd_args, out_shape, lse_shape, _PREPARE_METHODS[method],
-                        _vector_bytes())
+    return _native.Plan(fwd_traits, fwd_args, bwd_traits, bwd_args, _PREPARE_METHODS[method], _vector_bytes())
 
 
 def native_autograd() -> str:
@@ -1002,31 +1025,34 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
                deterministic, with_lse):
     """``FmhaAttnFunc.apply`` with these arguments, through the C++ operator where the call has a plan."""
     native = _native.attention()
-    key = None
+    key = entry = None
     if native is not None and isinstance(q, torch.Tensor) and q.is_cuda:
         try:
-            signature = _fwd_signature(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                                       mask_type, (left, right))
-            key = (signature, deterministic, os.environ.get("FMHA_PREPARE_METHOD"))
-            plan = _plans.get(key)
+            key = _plan_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mask_type,
+                            (left, right), deterministic)
+            entry = _plans.get(key)
         except (AttributeError, TypeError):  # not tensors, unhashable options: the Python path says what
-            key = plan = None
-        if plan is not None and _aligned((q, k, v)):
+            key = None
+        if isinstance(entry, _native.Plan) and _aligned((q, k, v)):
             device = q.device
             with _device_guard(device):
-                keep = _fwd_workspace(plan.fwd_traits, device, _stream_handle(device))[2]
-                out, lse = native(q, k, v, cu_seqlens_q, cu_seqlens_k, keep, plan.id)
+                keep = _fwd_workspace(entry.fwd_traits, device, _stream_handle(device))[2]
+                out, lse = native(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q or 0, max_seqlen_k or 0, keep,
+                                  entry.id)
             return (out, lse) if with_lse else out
-        seen = key is not None and signature in _fwd_templates
     result = FmhaAttnFunc.apply(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mask_type, left, right,
         deterministic, with_lse
     )
-    if key is not None and seen and key not in _plans:
-        template = _fwd_templates.get(signature)
+    if key is not None and entry is None:
+        _plans.put(key, _SEEN)
+    elif entry is _SEEN:
+        # The template of this very call: it ran the checks, and it exists unless the call copied an input.
+        template = _fwd_templates.get(_fwd_signature(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                     softmax_scale, mask_type, (left, right)))
         if template is not None:
             _plans.put(key, _new_plan(template, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                      softmax_scale, mask_type, (left, right), deterministic, key[2]))
+                                      softmax_scale, mask_type, (left, right), deterministic, key[-1]))
     return result
 
 

@@ -1,7 +1,7 @@
 """The C++ autograd operator (fmha/_native.py, csrc/native_autograd.cpp).
 
-From the third call of a signature on, the attention functions go through ``torch.ops.fmha.attention``, whose
-backward node is C++. These tests check that it is taken, that its results follow the field's rule against
+From the third call of a plan key on (ops._plan_key), the attention functions go through
+``torch.ops.fmha.attention``, whose backward node is C++. These tests check that it is taken, that its results follow the field's rule against
 the float64 reference, that they equal the Python path's (same kernels: the forward bitwise, the deterministic
 backward bitwise), and that it keeps autograd's contracts: saved tensors modified in place are refused, any
 dO layout is read, streams other than the default get their own workspace.
@@ -185,4 +185,35 @@ def test_plans_released_while_a_graph_holds_one():
     _native_call(c, torch.float16, True)
     workspace = torch.empty(16, dtype=torch.uint8, device=q.device)
     with pytest.raises(RuntimeError, match="plan -1 does not exist"):
-        _native.attention()(q, k, v, None, None, workspace, -1)
+        _native.attention()(q, k, v, None, None, 0, 0, workspace, -1)
+
+
+def test_varlen_steps_with_other_token_counts_share_a_plan():
+    """Varlen steps whose token counts and maxima differ share a plan while they stay in its power-of-two
+    buckets (totals 129-256, maxima 65-128 here); a step past them takes the Python path and starts a new key."""
+    steps = [
+        ([100, 0, 60], [100, 30, 90]),
+        ([80, 40, 20], [90, 60, 30]),
+        ([128, 72, 0], [120, 7, 50]),
+        ([120, 10, 120], [110, 0, 90]),
+        ([128, 128, 44], [110, 0, 90]),  # q total 300: past the bucket
+    ]
+    dtype = torch.bfloat16
+    fmha.clear_launcher_cache()  # no plan of an earlier test
+    for i, (lens_q, lens_k) in enumerate(steps):
+        q, k, v = (randn(sum(n), 4, 64, dtype=dtype, requires_grad=True) for n in (lens_q, lens_k, lens_k))
+        vl = (cu_seqlens(lens_q), cu_seqlens(lens_k), max(lens_q), max(lens_k))
+        out = fmha.flash_attn_varlen_func(q, k, v, *vl, causal=True, deterministic=True)
+        native = "Attention" in out.grad_fn.name()
+        assert native == (i in (2, 3)), f"step {i}: {out.grad_fn.name()}"
+        dout = torch.randn_like(out)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        case = dict(causal=True, window=(-1, -1))
+        py_out = _python_path(case, q, k, v, vl, True)
+        assert torch.equal(out, py_out), f"step {i}: out"
+        for name, a, b in zip(("dq", "dk", "dv"), grads, torch.autograd.grad(py_out, (q, k, v), dout)):
+            assert torch.equal(a, b), f"step {i}: {name}"
+        refs = reference_grads(q, k, v, dout, flash_mask(True, (-1, -1)), default_scale(64), vl, upcast=True)
+        pts = reference_grads(q, k, v, dout, flash_mask(True, (-1, -1)), default_scale(64), vl, upcast=False)
+        for name, g, r, p in zip(("dq", "dk", "dv"), grads, refs, pts):
+            check_rule(f"step {i}: {name}", g, r, p, 3, FLOOR_GRAD)

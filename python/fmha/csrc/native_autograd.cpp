@@ -20,6 +20,7 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -101,6 +102,22 @@ const int32_t *starts(const std::optional<at::Tensor> &t) {
   return t.has_value() && t->defined() ? static_cast<const int32_t *>(address(*t)) : nullptr;
 }
 
+// A call's lengths. Batch mode: the plan's (its key holds the shapes). Group mode: the totals are the rows
+// of q and k, the maxima the caller's bounds, clamped to the totals as ops.py's _Problem clamps them; a
+// plan serves every call whose values fall in the power-of-two buckets of its key (its backward
+// launcher's bounds).
+struct Lengths {
+  int32_t seqlen_q, seqlen_k, max_seqlen_q, max_seqlen_k;
+
+  template <typename Args>
+  void set(Args &args) const {
+    args.seqlen_q = seqlen_q;
+    args.seqlen_k = seqlen_k;
+    args.max_seqlen_q = max_seqlen_q;
+    args.max_seqlen_k = max_seqlen_k;
+  }
+};
+
 // The current PyTorch stream of `device` as the library's stream handle (cudaStream_t / hipStream_t).
 fmha_stream_t current_stream(const c10::Device &device) {
   const auto *impl = c10::impl::getDeviceGuardImpl(device.type());
@@ -113,15 +130,12 @@ fmha_stream_t current_stream(const c10::Device &device) {
 // the backward launcher with a workspace per stream.
 struct Plan : torch::CustomClassHolder {
   Plan(std::vector<int64_t> functions, at::Tensor fwd_traits, at::Tensor fwd_args, at::Tensor bwd_traits,
-       at::Tensor bwd_args, std::vector<int64_t> out_shape, std::vector<int64_t> lse_shape,
-       int64_t prepare_method, int64_t vector_bytes)
+       at::Tensor bwd_args, int64_t prepare_method, int64_t vector_bytes)
       : lib(functions),
         fwd_traits(from_bytes<fmha_fwd_traits>(fwd_traits, "fwd_traits")),
         fwd_args(from_bytes<fmha_fwd_args>(fwd_args, "fwd_args")),
         bwd_traits(from_bytes<fmha_bwd_traits>(bwd_traits, "bwd_traits")),
         bwd_args(from_bytes<fmha_bwd_args>(bwd_args, "bwd_args")),
-        out_shape(std::move(out_shape)),
-        lse_shape(std::move(lse_shape)),
         prepare_method(static_cast<int32_t>(prepare_method)),
         vector_bytes(vector_bytes),
         group(this->fwd_traits.is_group_mode != 0) {}
@@ -144,10 +158,31 @@ struct Plan : torch::CustomClassHolder {
     return dout;
   }
 
+  Lengths lengths(const at::Tensor &q, const at::Tensor &k, int64_t max_seqlen_q, int64_t max_seqlen_k) const {
+    if (!group) return {fwd_args.seqlen_q, fwd_args.seqlen_k, fwd_args.max_seqlen_q, fwd_args.max_seqlen_k};
+    const int64_t total_q = q.size(0), total_k = k.size(0);
+    return {static_cast<int32_t>(total_q), static_cast<int32_t>(total_k),
+            static_cast<int32_t>(std::clamp<int64_t>(max_seqlen_q, 0, total_q)),
+            static_cast<int32_t>(std::clamp<int64_t>(max_seqlen_k, 0, total_k))};
+  }
+
+  // out: q's shape with v's head dim; LSE: [batch, head, seq] or [head, total].
+  std::vector<int64_t> out_shape(const at::Tensor &q) const {
+    std::vector<int64_t> shape = q.sizes().vec();
+    shape.back() = fwd_traits.hdim_v;
+    return shape;
+  }
+  std::vector<int64_t> lse_shape(const at::Tensor &q) const {
+    if (group) return {q.size(1), q.size(0)};
+    return {q.size(0), q.size(2), q.size(1)};
+  }
+
   void forward(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &out,
                const at::Tensor &lse, const std::optional<at::Tensor> &cu_seqlens_q,
-               const std::optional<at::Tensor> &cu_seqlens_k, const at::Tensor &workspace) const {
+               const std::optional<at::Tensor> &cu_seqlens_k, const at::Tensor &workspace,
+               const Lengths &lengths) const {
     fmha_fwd_args args = fwd_args;
+    lengths.set(args);
     args.q = rows(q, group);
     args.k = rows(k, group);
     args.v = rows(v, group);
@@ -162,7 +197,7 @@ struct Plan : torch::CustomClassHolder {
 
   // dq, dk, dv for dO. On a failure the launcher is dropped (its queued work's failure would be
   // reported again by every later call) and made anew by the next backward, as ops.py's cache evicts.
-  variable_list backward(const at::Tensor &dout_given, const variable_list &saved) {
+  variable_list backward(const at::Tensor &dout_given, const variable_list &saved, const Lengths &lengths) {
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     const std::optional<at::Tensor> cu_seqlens_q = saved[5].defined() ? std::optional(saved[5]) : std::nullopt;
     const std::optional<at::Tensor> cu_seqlens_k = saved[6].defined() ? std::optional(saved[6]) : std::nullopt;
@@ -170,6 +205,7 @@ struct Plan : torch::CustomClassHolder {
     const at::Tensor dout = readable(dout_given, q.scalar_type());
     at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v), d = at::empty_like(lse);
     fmha_bwd_args args = bwd_args;
+    lengths.set(args);
     args.q = rows(q, group);
     args.k = rows(k, group);
     args.v = rows(v, group);
@@ -223,8 +259,6 @@ struct Plan : torch::CustomClassHolder {
   const fmha_fwd_args fwd_args;
   const fmha_bwd_traits bwd_traits;
   const fmha_bwd_args bwd_args;
-  const std::vector<int64_t> out_shape;
-  const std::vector<int64_t> lse_shape;
   const int32_t prepare_method;
   const int64_t vector_bytes;
   const bool group;
@@ -240,15 +274,18 @@ namespace {
 struct Attention : torch::autograd::Function<Attention> {
   static variable_list forward(AutogradContext *ctx, const at::Tensor &q, const at::Tensor &k,
                                const at::Tensor &v, const std::optional<at::Tensor> &cu_seqlens_q,
-                               const std::optional<at::Tensor> &cu_seqlens_k, const at::Tensor &workspace,
-                               const c10::intrusive_ptr<Plan> &plan) {
+                               const std::optional<at::Tensor> &cu_seqlens_k, int64_t max_seqlen_q,
+                               int64_t max_seqlen_k, const at::Tensor &workspace, const c10::intrusive_ptr<Plan> &plan) {
     c10::DeviceGuard guard(q.device());
-    at::Tensor out = at::empty(plan->out_shape, q.options());
-    at::Tensor lse = at::empty(plan->lse_shape, q.options().dtype(at::kFloat));
-    plan->forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, workspace);
+    const Lengths lengths = plan->lengths(q, k, max_seqlen_q, max_seqlen_k);
+    at::Tensor out = at::empty(plan->out_shape(q), q.options());
+    at::Tensor lse = at::empty(plan->lse_shape(q), q.options().dtype(at::kFloat));
+    plan->forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, workspace, lengths);
     ctx->save_for_backward({q, k, v, out, lse, cu_seqlens_q.value_or(at::Tensor()),
                             cu_seqlens_k.value_or(at::Tensor())});
     ctx->saved_data["plan"] = plan;
+    ctx->saved_data["lengths"] = std::vector<int64_t>{lengths.seqlen_q, lengths.seqlen_k, lengths.max_seqlen_q,
+                                                      lengths.max_seqlen_k};
     // LSE has no gradient; without materialized grads autograd builds no zero tensor for it (ops.py's
     // FmhaAttnFunc says what that costs).
     ctx->mark_non_differentiable({lse});
@@ -258,10 +295,13 @@ struct Attention : torch::autograd::Function<Attention> {
 
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
     const at::Tensor &dout = grads[0];
-    if (!dout.defined()) return variable_list(7);  // out took no part in the loss
+    if (!dout.defined()) return variable_list(9);  // out took no part in the loss
     auto plan = ctx->saved_data["plan"].toCustomClass<Plan>();
-    variable_list d = plan->backward(dout, ctx->get_saved_variables());
-    return {d[0], d[1], d[2], at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const auto l = ctx->saved_data["lengths"].toIntVector();
+    const Lengths lengths{static_cast<int32_t>(l[0]), static_cast<int32_t>(l[1]), static_cast<int32_t>(l[2]),
+                          static_cast<int32_t>(l[3])};
+    variable_list d = plan->backward(dout, ctx->get_saved_variables(), lengths);
+    return {d[0], d[1], d[2], at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -304,20 +344,19 @@ PlanTable &plans() {
 }
 
 int64_t plan_create(std::vector<int64_t> functions, at::Tensor fwd_traits, at::Tensor fwd_args, at::Tensor bwd_traits,
-                    at::Tensor bwd_args, std::vector<int64_t> out_shape, std::vector<int64_t> lse_shape,
-                    int64_t prepare_method, int64_t vector_bytes) {
+                    at::Tensor bwd_args, int64_t prepare_method, int64_t vector_bytes) {
   return plans().add(c10::make_intrusive<Plan>(std::move(functions), fwd_traits, fwd_args, bwd_traits, bwd_args,
-                                               std::move(out_shape), std::move(lse_shape), prepare_method,
-                                               vector_bytes));
+                                               prepare_method, vector_bytes));
 }
 
 void plan_release(int64_t id) { plans().release(id); }
 
 std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                                              const std::optional<at::Tensor> &cu_seqlens_q,
-                                             const std::optional<at::Tensor> &cu_seqlens_k,
-                                             const at::Tensor &workspace, int64_t plan) {
-  variable_list outputs = Attention::apply(q, k, v, cu_seqlens_q, cu_seqlens_k, workspace, plans().get(plan));
+                                             const std::optional<at::Tensor> &cu_seqlens_k, int64_t max_seqlen_q,
+                                             int64_t max_seqlen_k, const at::Tensor &workspace, int64_t plan) {
+  variable_list outputs = Attention::apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, workspace,
+                                           plans().get(plan));
   return {outputs[0], outputs[1]};
 }
 
@@ -327,11 +366,11 @@ TORCH_LIBRARY(fmha, m) {
   m.class_<Plan>("Plan");  // so that an autograd node's saved data can hold one
   m.def(
       "plan_create(int[] functions, Tensor fwd_traits, Tensor fwd_args, Tensor bwd_traits, Tensor bwd_args, "
-      "int[] out_shape, int[] lse_shape, int prepare_method, int vector_bytes) -> int",
+      "int prepare_method, int vector_bytes) -> int",
       &plan_create);
   m.def("plan_release(int plan) -> ()", &plan_release);
   m.def(
-      "attention(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, Tensor workspace, "
-      "int plan) -> (Tensor, Tensor)",
+      "attention(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, "
+      "int max_seqlen_k, Tensor workspace, int plan) -> (Tensor, Tensor)",
       &attention);
 }
