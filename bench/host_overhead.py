@@ -16,7 +16,8 @@ bf16. `--profile` adds cProfile's top functions of the fmha forward and forward 
 rows that take the forward + backward apart: the forward alone with inputs that require grad, fmha's autograd
 Function without fmha in it (a skeleton), the skeleton with fmha's backward, the real forward with a backward
 that only allocates, and the backward handed to a worker thread and back (what autograd does with a CUDA
-node's backward).
+node's backward). Where the C++ autograd operator is in use (fmha.native_autograd()), the rows above take it
+and two more rows take the Python Function (FmhaAttnFunc.apply) for comparison.
 
     FMHA_LIBRARY=.devbuild/libfmha.so.0 PYTHONPATH=python python3 bench/host_overhead.py [--out DIR]
 """
@@ -226,6 +227,15 @@ def main():
         o = fmha.flash_attn_varlen_func(qv, kv_, vv, cu, cu, S, S, causal=True)
         torch.autograd.grad(o, (qv, kv_, vv), dout_v)
 
+    # The same calls through the Python autograd.Function, for a same-run comparison while the C++ operator
+    # (fmha.native_autograd()) serves the rows above.
+    def python_function(inputs, grad):
+        def run():
+            o = ops.FmhaAttnFunc.apply(*inputs, None, None, None, None, None, L.MASK_BOTTOM_RIGHT, -1, 0, False, False)
+            if grad:
+                torch.autograd.grad(o, inputs, dout)
+        return run
+
     # fmha's Python layer without torch.autograd: what the wrappers cost apart from the autograd engine.
     def fmha_fwd_direct():
         ops._fwd(q, k, v, mask_type=L.MASK_BOTTOM_RIGHT, window=(-1, 0))
@@ -303,8 +313,15 @@ def main():
         ("SDPA flash forward + backward", sdpa_fwd_bwd),
         ("fmha varlen forward + backward", fmha_varlen_fwd_bwd),
     ] + decomposition
+    autograd = fmha.native_autograd()
+    if autograd.startswith("in use"):
+        rows += [
+            ("fmha forward, Python Function", python_function((q, k, v), False)),
+            ("fmha forward + backward, Python Function", python_function((qg, kg, vg), True)),
+        ]
     results = []
-    print(f"host µs per call, GPU kept busy; b {B}, s {S}, h {H}, d {D}, causal, bf16; {torch.cuda.get_device_name()}")
+    print(f"host µs per call, GPU kept busy; b {B}, s {S}, h {H}, d {D}, causal, bf16; {torch.cuda.get_device_name()}; "
+          f"C++ autograd operator: {autograd}")
     for name, fn in rows:
         us = timed(fn)
         results.append({"row": name, "host_us": us})
@@ -317,7 +334,7 @@ def main():
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "fmha": fmha.version(),
-                "library": L.library_path(), "shape": {"b": B, "s": S, "h": H, "d": D, "causal": True}}
+                "library": L.library_path(), "autograd": autograd, "shape": {"b": B, "s": S, "h": H, "d": D, "causal": True}}
         with open(os.path.join(args.out, "host_overhead.json"), "w") as f:
             json.dump({"meta": meta, "rows": results, "profiles": profiles}, f, indent=1)
 
