@@ -83,16 +83,20 @@ impl Region {
         for (name, extent) in [("batch", batch), ("heads", heads), ("rows", rows), ("columns", columns)] {
             ensure(extent >= 0, field, || format!("{extent} {name} is negative"))?;
         }
+        // The field names are formatted only for an error: this runs on every launch.
         let bytes = |name: &str, elements: i64| -> Result<u64> {
-            let field = format!("{field}.{name}");
-            ensure(elements >= 0, &field, || format!("{elements} is negative"))?;
-            (elements as u64)
-                .checked_mul(element_bytes)
-                .ok_or_else(|| Error::invalid(&field, format!("{elements} elements overflow 64-bit byte offsets")))
+            if elements < 0 {
+                return Err(Error::invalid(&format!("{field}.{name}"), format!("{elements} is negative")));
+            }
+            (elements as u64).checked_mul(element_bytes).ok_or_else(|| {
+                Error::invalid(&format!("{field}.{name}"), format!("{elements} elements overflow 64-bit byte offsets"))
+            })
         };
         // A dimension of one element never steps by its stride, so only its sign is checked.
         let dim = |name: &str, count: i64, stride: i64| -> Result<Dim> {
-            ensure(stride >= 0, &format!("{field}.{name}"), || format!("{stride} is negative"))?;
+            if stride < 0 {
+                return Err(Error::invalid(&format!("{field}.{name}"), format!("{stride} is negative")));
+            }
             Ok(Dim { count: count as u64, stride: if count > 1 { bytes(name, stride)? } else { 0 } })
         };
         Ok(Region {

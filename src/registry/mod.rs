@@ -7,6 +7,7 @@
 use crate::error::{Error, Result};
 use crate::problem::{CacheDtype, Dtype, Fp8Format};
 use crate::runtime::Arch;
+use std::sync::OnceLock;
 
 mod plan;
 pub use plan::{Plan, Stage};
@@ -524,20 +525,34 @@ fn serving_in(all: &[Instance], request: &Request) -> Vec<Instance> {
     list
 }
 
-/// The smallest instance in `all` serving `request`.
+/// The smallest instance in `all` serving `request` (the first of `serving_in`'s list, without building it:
+/// `min_by_key` keeps the first of equal keys).
 fn smallest_fit(all: &[Instance], request: &Request) -> Option<Instance> {
-    serving_in(all, request).first().copied()
+    all.iter().filter(|i| fits(i, request)).min_by_key(|i| (i.hdim_q, i.hdim_v)).copied()
+}
+
+/// [`instances`] of `arch`, built once: every launch selects from it.
+fn cached_instances(arch: Arch) -> &'static [Instance] {
+    static LISTS: [OnceLock<Vec<Instance>>; 5] = [const { OnceLock::new() }; 5];
+    let slot = match arch {
+        Arch::Host => 0,
+        Arch::Sm90 => 1,
+        Arch::Gfx942 => 2,
+        Arch::Gfx950 => 3,
+        Arch::Other => 4,
+    };
+    LISTS[slot].get_or_init(|| instances(arch))
 }
 
 /// Every instance serving `request` on `arch`, smallest bucket first (in the build's order within one).
 pub fn serving(arch: Arch, request: &Request) -> Vec<Instance> {
-    serving_in(&instances(arch), request)
+    serving_in(cached_instances(arch), request)
 }
 
 /// The smallest instance serving `request` on `arch`; none is FMHA_ERR_UNSUPPORTED naming the nearest.
 pub fn select(arch: Arch, request: &Request) -> Result<Instance> {
-    let all = instances(arch);
-    if let Some(best) = smallest_fit(&all, request) {
+    let all = cached_instances(arch);
+    if let Some(best) = smallest_fit(all, request) {
         return Ok(best);
     }
     // Nearest: same operation, ranked by how many key fields differ, then by head-dim distance.
