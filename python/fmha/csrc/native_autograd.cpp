@@ -236,11 +236,9 @@ struct Plan : torch::CustomClassHolder {
       }
       void *workspace = entry->second.data_ptr();
       if (fresh || group) {
-        const fmha_status status =
-            lib.prepare_async(launcher, workspace, workspace_bytes, args.seqstart_q, args.seqstart_k, stream,
-                              nullptr, prepare_method);
-        if (status != FMHA_OK) workspaces.erase(entry);
-        lib.check(status, "fmha_bwd_launcher_prepare_workspace_async");
+        lib.check(lib.prepare_async(launcher, workspace, workspace_bytes, args.seqstart_q, args.seqstart_k, stream,
+                                    nullptr, prepare_method),
+                  "fmha_bwd_launcher_prepare_workspace_async");
       }
       args.workspace = workspace;
       args.workspace_size = workspace_bytes;  // the library checks it against the launcher's
