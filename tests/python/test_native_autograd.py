@@ -1,10 +1,11 @@
 """The C++ autograd operator (fmha/_native.py, csrc/native_autograd.cpp).
 
 From the third call of a plan key on (ops._plan_key), the attention functions go through
-``torch.ops.fmha.attention``, whose backward node is C++. These tests check that it is taken, that its results follow the field's rule against
-the float64 reference, that they equal the Python path's (same kernels: the forward bitwise, the deterministic
-backward bitwise), and that it keeps autograd's contracts: saved tensors modified in place are refused, any
-dO layout is read, streams other than the default get their own workspace.
+``torch.ops.fmha.attention``, whose backward node is C++. These tests check that it is taken, that its results
+follow the field's rule against the float64 reference, that they equal the Python path's (same kernels: the
+forward bitwise, the deterministic backward bitwise), and that it keeps autograd's contracts: saved tensors
+modified in place are refused, any dO layout is read, streams other than the default get their own workspace,
+CUDA graphs capture it, varlen steps of other token counts share a plan.
 
 Runs where the operator is built for the running PyTorch and the build is a GPU one (``fmha.native_autograd()``
 says which), e.g. ``FMHA_NATIVE_AUTOGRAD=.devbuild/native_autograd-<torch>.so`` on the GPU machine.

@@ -273,7 +273,8 @@ struct Attention : torch::autograd::Function<Attention> {
   static variable_list forward(AutogradContext *ctx, const at::Tensor &q, const at::Tensor &k,
                                const at::Tensor &v, const std::optional<at::Tensor> &cu_seqlens_q,
                                const std::optional<at::Tensor> &cu_seqlens_k, int64_t max_seqlen_q,
-                               int64_t max_seqlen_k, const at::Tensor &workspace, const c10::intrusive_ptr<Plan> &plan) {
+                               int64_t max_seqlen_k, const at::Tensor &workspace,
+                               const c10::intrusive_ptr<Plan> &plan) {
     c10::DeviceGuard guard(q.device());
     const Lengths lengths = plan->lengths(q, k, max_seqlen_q, max_seqlen_k);
     at::Tensor out = at::empty(plan->out_shape(q), q.options());
