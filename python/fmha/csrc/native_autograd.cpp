@@ -108,14 +108,6 @@ const int32_t *starts(const std::optional<at::Tensor> &t) {
 // launcher's bounds).
 struct Lengths {
   int32_t seqlen_q, seqlen_k, max_seqlen_q, max_seqlen_k;
-
-  template <typename Args>
-  void set(Args &args) const {
-    args.seqlen_q = seqlen_q;
-    args.seqlen_k = seqlen_k;
-    args.max_seqlen_q = max_seqlen_q;
-    args.max_seqlen_k = max_seqlen_k;
-  }
 };
 
 // The current PyTorch stream of `device` as the library's stream handle (cudaStream_t / hipStream_t).
@@ -177,12 +169,16 @@ struct Plan : torch::CustomClassHolder {
     return {q.size(0), q.size(2), q.size(1)};
   }
 
-  void forward(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &out,
-               const at::Tensor &lse, const std::optional<at::Tensor> &cu_seqlens_q,
-               const std::optional<at::Tensor> &cu_seqlens_k, const at::Tensor &workspace,
-               const Lengths &lengths) const {
-    fmha_fwd_args args = fwd_args;
-    lengths.set(args);
+  // What the forward's and the backward's argument structs share (the same field names): the lengths,
+  // q, k, v, the output, the LSE and the sequence starts.
+  template <typename Args>
+  void describe(Args &args, const Lengths &lengths, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                const at::Tensor &out, const at::Tensor &lse, const std::optional<at::Tensor> &cu_seqlens_q,
+                const std::optional<at::Tensor> &cu_seqlens_k) const {
+    args.seqlen_q = lengths.seqlen_q;
+    args.seqlen_k = lengths.seqlen_k;
+    args.max_seqlen_q = lengths.max_seqlen_q;
+    args.max_seqlen_k = lengths.max_seqlen_k;
     args.q = rows(q, group);
     args.k = rows(k, group);
     args.v = rows(v, group);
@@ -190,6 +186,14 @@ struct Plan : torch::CustomClassHolder {
     args.lse = lse_rows(lse, group);
     args.seqstart_q = starts(cu_seqlens_q);
     args.seqstart_k = starts(cu_seqlens_k);
+  }
+
+  void forward(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &out,
+               const at::Tensor &lse, const std::optional<at::Tensor> &cu_seqlens_q,
+               const std::optional<at::Tensor> &cu_seqlens_k, const at::Tensor &workspace,
+               const Lengths &lengths) const {
+    fmha_fwd_args args = fwd_args;
+    describe(args, lengths, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k);
     args.workspace = address(workspace);
     args.workspace_size = args.workspace ? static_cast<size_t>(workspace.numel()) : 0;
     lib.check(lib.fwd(&fwd_traits, &args, current_stream(q.device())), "fmha_fwd");
@@ -205,19 +209,12 @@ struct Plan : torch::CustomClassHolder {
     const at::Tensor dout = readable(dout_given, q.scalar_type());
     at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v), d = at::empty_like(lse);
     fmha_bwd_args args = bwd_args;
-    lengths.set(args);
-    args.q = rows(q, group);
-    args.k = rows(k, group);
-    args.v = rows(v, group);
-    args.o = rows(out, group);
-    args.lse = lse_rows(lse, group);
+    describe(args, lengths, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k);
     args.d_o = rows(dout, group);
     args.d = lse_rows(d, group);
     args.dq = rows(dq, group);
     args.dk = rows(dk, group);
     args.dv = rows(dv, group);
-    args.seqstart_q = starts(cu_seqlens_q);
-    args.seqstart_k = starts(cu_seqlens_k);
     fmha_stream_t stream = current_stream(q.device());
 
     std::lock_guard<std::mutex> lock(mutex);
