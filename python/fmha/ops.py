@@ -286,6 +286,26 @@ class _Problem:
     def tensor(self, t):
         return _thd(t) if self.group else _bshd(t)
 
+    def call_fields(self, cu_seqlens_q, cu_seqlens_k, softmax_scale, window):
+        """The fields fmha_fwd_args and fmha_bwd_args share: sequence starts, lengths, heads, scale, window."""
+        left, right = window
+        return dict(
+            seqstart_q=_ptr(cu_seqlens_q),
+            seqstart_k=_ptr(cu_seqlens_k),
+            seqlen_q_ptr=None,
+            seqlen_k_ptr=None,
+            batch=self.batch,
+            seqlen_q=self.seqlen_q,
+            seqlen_k=self.seqlen_k,
+            max_seqlen_q=self.max_seqlen_q,
+            max_seqlen_k=self.max_seqlen_k,
+            nhead_q=self.nhead_q,
+            nhead_k=self.nhead_k,
+            scale=_scale(softmax_scale, self.hdim_q),
+            window_size_left=int(left),
+            window_size_right=int(right),
+        )
+
 
 def _check_out(name, t, shape, dtype, device):
     if tuple(t.shape) != tuple(shape) or t.dtype != dtype or t.device != device:
@@ -473,7 +493,6 @@ def _forward(
         lse = torch.empty(p.lse_shape(), dtype=torch.float32, device=q.device)
     else:
         _check_out("lse", lse, p.lse_shape(), torch.float32, q.device)
-    left, right = window
     traits = L.fmha_fwd_traits(
         dtype=p.dtype,
         hdim_q=p.hdim_q,
@@ -494,20 +513,7 @@ def _forward(
         v=p.tensor(v),
         o=p.tensor(out),
         lse=_lse_tensor(lse, p.group),
-        seqstart_q=_ptr(cu_seqlens_q),
-        seqstart_k=_ptr(cu_seqlens_k),
-        seqlen_q_ptr=None,
-        seqlen_k_ptr=None,
-        batch=p.batch,
-        seqlen_q=p.seqlen_q,
-        seqlen_k=p.seqlen_k,
-        max_seqlen_q=p.max_seqlen_q,
-        max_seqlen_k=p.max_seqlen_k,
-        nhead_q=p.nhead_q,
-        nhead_k=p.nhead_k,
-        scale=_scale(softmax_scale, p.hdim_q),
-        window_size_left=int(left),
-        window_size_right=int(right),
+        **p.call_fields(cu_seqlens_q, cu_seqlens_k, softmax_scale, window),
         **descales,
     )
     _call_fwd(traits, args, device)
@@ -642,7 +648,6 @@ def _bwd_structs(p, q, k, v, out, lse, dout, d, dq, dk, dv, cu_seqlens_q, cu_seq
                  window, deterministic):
     """The backward's ``(fmha_bwd_traits, fmha_bwd_args)`` for problem ``p`` (a :class:`_Problem`) and these
     tensors (``d``: the dot(dO, O) scratch, fp32 in the LSE layout); ``args.workspace`` unset."""
-    left, right = window
     mask_type = _mask_type(mask_type)
     # Varlen: the launcher's totals and maxima are bounds, so round them up to powers of two and
     # consecutive training steps (whose token counts vary) share one cached launcher and workspace.
@@ -678,22 +683,9 @@ def _bwd_structs(p, q, k, v, out, lse, dout, d, dq, dk, dv, cu_seqlens_q, cu_seq
         dk=p.tensor(dk),
         dv=p.tensor(dv),
         workspace=None,
-        seqstart_q=_ptr(cu_seqlens_q),
-        seqstart_k=_ptr(cu_seqlens_k),
-        seqlen_q_ptr=None,
-        seqlen_k_ptr=None,
-        batch=p.batch,
-        seqlen_q=p.seqlen_q,
-        seqlen_k=p.seqlen_k,
-        max_seqlen_q=p.max_seqlen_q,
-        max_seqlen_k=p.max_seqlen_k,
-        nhead_q=p.nhead_q,
-        nhead_k=p.nhead_k,
         hdim_q=p.hdim_q,
         hdim_v=p.hdim_v,
-        scale=_scale(softmax_scale, p.hdim_q),
-        window_size_left=int(left),
-        window_size_right=int(right),
+        **p.call_fields(cu_seqlens_q, cu_seqlens_k, softmax_scale, window),
     )
     return traits, args
 
