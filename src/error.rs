@@ -112,6 +112,17 @@ pub fn ensure(condition: bool, field: &str, detail: impl FnOnce() -> String) -> 
     }
 }
 
+/// [`ensure`] for a field whose name is built (`"q.row_stride"`): the name, like the detail, is formatted
+/// only when `condition` fails. Validation runs on every launch, and formatting names there cost a
+/// call more host time than the checks themselves.
+pub fn ensure_field(condition: bool, field: impl FnOnce() -> String, detail: impl FnOnce() -> String) -> Result<()> {
+    if condition {
+        Ok(())
+    } else {
+        Err(Error::invalid(&field(), detail()))
+    }
+}
+
 /// The message carried by a caught panic payload.
 pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {

@@ -1,7 +1,7 @@
 //! The backward's runtime arguments and their validation against the launcher's traits.
 
 use super::traits::BwdTraits;
-use crate::error::{ensure, Error, Result};
+use crate::error::{ensure, ensure_field, Result};
 use crate::launch::BwdExtents;
 use crate::problem::mask::Mask;
 use crate::problem::{check_lse_layout, check_memory_overlap, Operand, SequenceArrays, Shape, Tensor};
@@ -98,9 +98,7 @@ impl BwdArgs {
         check_lse_layout(&self.lse, "lse")?;
         check_lse_layout(&self.d, "d")?;
         for (name, t) in [("lse", &self.lse), ("d", &self.d)] {
-            if t.ptr.is_null() && s.seqlen_q != 0 {
-                return Err(Error::invalid(&format!("{name}.data"), "must not be null"));
-            }
+            ensure_field(!t.ptr.is_null() || s.seqlen_q == 0, || format!("{name}.data"), || "must not be null".into())?;
         }
         let (q, k) = ((b, s.nhead_q, s.seqlen_q), (b, s.nhead_k, s.seqlen_k));
         let with = |(b, h, r): (i64, i64, i64), columns: i64| (b, h, r, columns);

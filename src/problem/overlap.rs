@@ -31,7 +31,7 @@
 //! A caller should accept on `Unknown`, as PyTorch's overlap checks accept `TOO_HARD`: the search cost
 //! stays bounded, and only adversarial layouts get there.
 
-use crate::error::{ensure, Error, Result};
+use crate::error::{ensure, ensure_field, Error, Result};
 use crate::problem::{Mode, Tensor};
 
 /// Most search nodes one [`overlap`] or [`self_overlap`] visits before it answers [`Overlap::Unknown`].
@@ -83,20 +83,15 @@ impl Region {
         for (name, extent) in [("batch", batch), ("heads", heads), ("rows", rows), ("columns", columns)] {
             ensure(extent >= 0, field, || format!("{extent} {name} is negative"))?;
         }
-        // The field names are formatted only for an error: this runs on every launch.
         let bytes = |name: &str, elements: i64| -> Result<u64> {
-            if elements < 0 {
-                return Err(Error::invalid(&format!("{field}.{name}"), format!("{elements} is negative")));
-            }
+            ensure_field(elements >= 0, || format!("{field}.{name}"), || format!("{elements} is negative"))?;
             (elements as u64).checked_mul(element_bytes).ok_or_else(|| {
                 Error::invalid(&format!("{field}.{name}"), format!("{elements} elements overflow 64-bit byte offsets"))
             })
         };
         // A dimension of one element never steps by its stride, so only its sign is checked.
         let dim = |name: &str, count: i64, stride: i64| -> Result<Dim> {
-            if stride < 0 {
-                return Err(Error::invalid(&format!("{field}.{name}"), format!("{stride} is negative")));
-            }
+            ensure_field(stride >= 0, || format!("{field}.{name}"), || format!("{stride} is negative"))?;
             Ok(Dim { count: count as u64, stride: if count > 1 { bytes(name, stride)? } else { 0 } })
         };
         Ok(Region {

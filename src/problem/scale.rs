@@ -2,7 +2,7 @@
 //! descale of its (sequence, kv head) and, for a paged cache's K and V, of its physical page.
 
 use crate::abi_values::{abi_enum, FMHA_KV_SCALE_PAGE, FMHA_KV_SCALE_TENSOR};
-use crate::error::{ensure, Error, Result};
+use crate::error::{ensure_field, Error, Result};
 use crate::problem::{check_device_array, CacheDtype, Operand};
 use crate::runtime::DevicePtr;
 
@@ -52,16 +52,20 @@ impl Descale {
         for (name, stride) in
             [("batch_stride", self.batch_stride), ("head_stride", self.head_stride), ("page_stride", self.page_stride)]
         {
-            ensure(stride >= 0, &format!("{field}.{name}"), || format!("{stride} is negative"))?;
+            ensure_field(stride >= 0, || format!("{field}.{name}"), || format!("{stride} is negative"))?;
         }
         let pages = match pages {
             Some(pages) => pages,
             None => {
-                ensure(self.page_stride == 0, &format!("{field}.page_stride"), || {
-                    "must be 0: per-page descales are a paged KV cache's K and V descales, with \
+                ensure_field(
+                    self.page_stride == 0,
+                    || format!("{field}.page_stride"),
+                    || {
+                        "must be 0: per-page descales are a paged KV cache's K and V descales, with \
                      kv_scale_granularity = FMHA_KV_SCALE_PAGE"
-                        .into()
-                })?;
+                            .into()
+                    },
+                )?;
                 1
             }
         };
@@ -100,16 +104,20 @@ impl Descales {
             [("q_descale", self.q), ("k_descale", self.k), ("v_descale", self.v)].iter().enumerate()
         {
             if !matches!(dtype, CacheDtype::Fp8(_)) {
-                ensure(descale.is_none(), &format!("{field}.data"), || {
-                    format!("must be NULL: descales apply to fp8 inputs, and dtype is {}", dtype.name())
-                })?;
+                ensure_field(
+                    descale.is_none(),
+                    || format!("{field}.data"),
+                    || format!("must be NULL: descales apply to fp8 inputs, and dtype is {}", dtype.name()),
+                )?;
                 continue;
             }
             let pages = if i > 0 { kv_pages } else { None };
             if pages.is_some() {
-                ensure(descale.batch_stride == 0, &format!("{field}.batch_stride"), || {
-                    "must be 0: per-page descales belong to the physical page, whichever sequence reads it".into()
-                })?;
+                ensure_field(
+                    descale.batch_stride == 0,
+                    || format!("{field}.batch_stride"),
+                    || "must be 0: per-page descales belong to the physical page, whichever sequence reads it".into(),
+                )?;
             }
             extents[i] = descale.extent(field, batch, heads, pages)?;
         }

@@ -2,7 +2,7 @@
 //! addressable (bytes, alignment, address space).
 
 use super::Mode;
-use crate::error::{ensure, Error, Result};
+use crate::error::{ensure, ensure_field, Error, Result};
 use crate::runtime::{DeviceAddr, DevicePtr};
 
 /// A strided tensor in device memory, indexed `[batch][head][row][column]`, columns contiguous.
@@ -37,10 +37,7 @@ impl Tensor {
         for (name, stride) in
             batch_stride.into_iter().chain([("head_stride", self.head_stride), ("row_stride", self.row_stride)])
         {
-            // The field names are formatted only for an error: this runs on every launch.
-            if stride < 0 {
-                return Err(Error::invalid(&format!("{field}.{name}"), format!("{stride} is negative")));
-            }
+            ensure_field(stride >= 0, || format!("{field}.{name}"), || format!("{stride} is negative"))?;
         }
         if batch == 0 || heads == 0 || rows == 0 || columns == 0 {
             return Ok(0);
@@ -49,10 +46,11 @@ impl Tensor {
             return Err(Error::null(&format!("{field}.data")));
         }
         let ptr = self.ptr.0;
-        if ptr % element_bytes != 0 {
-            let detail = format!("{ptr:#x} is not aligned to its {element_bytes}-byte elements");
-            return Err(Error::invalid(&format!("{field}.data"), detail));
-        }
+        ensure_field(
+            ptr % element_bytes == 0,
+            || format!("{field}.data"),
+            || format!("{ptr:#x} is not aligned to its {element_bytes}-byte elements"),
+        )?;
         let batch_span = if mode == Mode::Batch { (batch - 1).checked_mul(self.batch_stride) } else { Some(0) };
         let last = batch_span
             .and_then(|b| (heads - 1).checked_mul(self.head_stride).and_then(|h| h.checked_add(b)))
