@@ -320,8 +320,8 @@ def main():
             ("fmha forward + backward, Python Function", python_function((qg, kg, vg), True)),
         ]
     results = []
-    print(f"host µs per call, GPU kept busy; b {B}, s {S}, h {H}, d {D}, causal, bf16; {torch.cuda.get_device_name()}; "
-          f"C++ autograd operator: {autograd}")
+    print(f"host µs per call, GPU kept busy; b {B}, s {S}, h {H}, d {D}, causal, bf16; "
+          f"{torch.cuda.get_device_name()}; C++ autograd operator: {autograd}")
     for name, fn in rows:
         us = timed(fn)
         results.append({"row": name, "host_us": us})
@@ -334,7 +334,8 @@ def main():
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "fmha": fmha.version(),
-                "library": L.library_path(), "autograd": autograd, "shape": {"b": B, "s": S, "h": H, "d": D, "causal": True}}
+                "library": L.library_path(), "autograd": autograd,
+                "shape": {"b": B, "s": S, "h": H, "d": D, "causal": True}}
         with open(os.path.join(args.out, "host_overhead.json"), "w") as f:
             json.dump({"meta": meta, "rows": results, "profiles": profiles}, f, indent=1)
 

@@ -37,8 +37,8 @@ const ORDERED_MIN_SEQLEN_K: i64 = 1024;
 /// host); by default where it measured faster than the split slots. On an H200 (2026-11-27 18:07 and
 /// 19:16 UTC, docs/perf.md) it costs 11-16 % at D = 64 against the split slots; at D = 128 it gains 7-8 %
 /// unmasked and 8-13 % under a causal mask at 2k-8k keys, 1-8 % at 1k, loses 2-8 % at 512, and gains
-/// 13-34 % in group mode; at D = 256 it runs 1.53-1.96× as fast (21:21 UTC). The host backend's default is the split slots of the AMD kernels (CK's), as its
-/// tests assume.
+/// 13-34 % in group mode; at D = 256 it runs 1.53-1.96× as fast (21:21 UTC). The host backend's default
+/// is the split slots of the AMD kernels (CK's), as its tests assume.
 pub fn runs_ordered(traits: &BwdTraits, arch: Arch) -> Result<bool> {
     if !traits.deterministic {
         return Ok(false);
