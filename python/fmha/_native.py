@@ -19,17 +19,6 @@ import torch
 
 from . import _lib as L
 
-# The entry points a plan calls, in the order of native_autograd.cpp's `Library`.
-FUNCTIONS = (
-    "fmha_fwd",
-    "fmha_bwd_launcher_create",
-    "fmha_bwd_launcher_destroy",
-    "fmha_bwd_launcher_workspace_size",
-    "fmha_bwd_launcher_prepare_workspace_async",
-    "fmha_bwd_launcher_run",
-    "fmha_last_error_message",
-)
-
 _lock = threading.Lock()
 _loaded = False
 _op = None
@@ -64,9 +53,7 @@ class Plan:
     __slots__ = ("id", "fwd_traits", "_release")
 
     def __init__(self, fwd_traits, fwd_args, bwd_traits, bwd_args, prepare_method, vector_bytes):
-        lib = L.library()
-        functions = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in FUNCTIONS]
-        self.id = torch.ops.fmha.plan_create(functions, _raw(fwd_traits), _raw(fwd_args), _raw(bwd_traits),
+        self.id = torch.ops.fmha.plan_create(_function_addresses(), _raw(fwd_traits), _raw(fwd_args), _raw(bwd_traits),
                                              _raw(bwd_args), prepare_method, vector_bytes)
         self.fwd_traits = fwd_traits
         self._release = torch.ops.fmha.plan_release
@@ -76,6 +63,20 @@ class Plan:
             self._release(self.id)
         except Exception:  # noqa: BLE001 - at interpreter exit torch may be gone; the process's end frees it
             pass
+
+
+def _function_addresses():
+    """The addresses, in the loaded libfmha, of the functions the operator's plans call, in its order
+    (``plan_functions``: the list is the C++ file's)."""
+    global _addresses
+    if _addresses is None:
+        lib = L.library()
+        names = torch.ops.fmha.plan_functions()
+        _addresses = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in names]
+    return _addresses
+
+
+_addresses = None
 
 
 def _raw(struct):

@@ -21,10 +21,12 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -35,7 +37,25 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The libfmha entry points a plan calls, in the order ops.py's `_native_functions` lists them.
+// The libfmha entry points a plan calls. Python looks these names up in the library it loaded and passes
+// their addresses in this order (`plan_functions`, fmha/_native.py's Plan), so the list exists once.
+constexpr std::array<const char *, 7> kFunctions = {
+    "fmha_fwd",
+    "fmha_bwd_launcher_create",
+    "fmha_bwd_launcher_destroy",
+    "fmha_bwd_launcher_workspace_size",
+    "fmha_bwd_launcher_prepare_workspace_async",
+    "fmha_bwd_launcher_run",
+    "fmha_last_error_message",
+};
+
+constexpr size_t function_index(std::string_view name) {
+  for (size_t i = 0; i < kFunctions.size(); ++i) {
+    if (name == kFunctions[i]) return i;
+  }
+  return kFunctions.size();
+}
+
 struct Library {
   decltype(&fmha_fwd) fwd;
   decltype(&fmha_bwd_launcher_create) create;
@@ -45,21 +65,27 @@ struct Library {
   decltype(&fmha_bwd_launcher_run) run;
   decltype(&fmha_last_error_message) last_error_message;
 
-  static constexpr size_t kCount = 7;
+  // SAFETY of the cast: Python passes the address of the function named kFunctions[kIndex] in the loaded
+  // libfmha; the prototype `F` comes from the header the library was built from.
+  template <typename F, size_t kIndex>
+  static F resolve(const std::vector<int64_t> &addresses) {
+    static_assert(kIndex < kFunctions.size(), "a function kFunctions does not list");
+    return reinterpret_cast<F>(addresses[kIndex]);
+  }
 
   explicit Library(const std::vector<int64_t> &addresses) {
-    TORCH_CHECK(addresses.size() == kCount, "fmha: a plan takes ", kCount, " function addresses, got ",
-                addresses.size());
+    TORCH_CHECK(addresses.size() == kFunctions.size(), "fmha: a plan takes ", kFunctions.size(),
+                " function addresses, got ", addresses.size());
     for (int64_t a : addresses) TORCH_CHECK(a != 0, "fmha: a plan's function address is NULL");
-    // SAFETY of the casts: ops.py passes the addresses of these very functions of the loaded libfmha,
-    // in this order; the prototypes come from the header the library was built from.
-    fwd = reinterpret_cast<decltype(fwd)>(addresses[0]);
-    create = reinterpret_cast<decltype(create)>(addresses[1]);
-    destroy = reinterpret_cast<decltype(destroy)>(addresses[2]);
-    workspace_size = reinterpret_cast<decltype(workspace_size)>(addresses[3]);
-    prepare_async = reinterpret_cast<decltype(prepare_async)>(addresses[4]);
-    run = reinterpret_cast<decltype(run)>(addresses[5]);
-    last_error_message = reinterpret_cast<decltype(last_error_message)>(addresses[6]);
+    fwd = resolve<decltype(fwd), function_index("fmha_fwd")>(addresses);
+    create = resolve<decltype(create), function_index("fmha_bwd_launcher_create")>(addresses);
+    destroy = resolve<decltype(destroy), function_index("fmha_bwd_launcher_destroy")>(addresses);
+    workspace_size =
+        resolve<decltype(workspace_size), function_index("fmha_bwd_launcher_workspace_size")>(addresses);
+    prepare_async =
+        resolve<decltype(prepare_async), function_index("fmha_bwd_launcher_prepare_workspace_async")>(addresses);
+    run = resolve<decltype(run), function_index("fmha_bwd_launcher_run")>(addresses);
+    last_error_message = resolve<decltype(last_error_message), function_index("fmha_last_error_message")>(addresses);
   }
 
   // Throws (a RuntimeError in Python) with the library's message when `status` is not FMHA_OK. The
@@ -347,6 +373,8 @@ int64_t plan_create(std::vector<int64_t> functions, at::Tensor fwd_traits, at::T
 
 void plan_release(int64_t id) { plans().release(id); }
 
+std::vector<std::string> plan_functions() { return {kFunctions.begin(), kFunctions.end()}; }
+
 std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                                              const std::optional<at::Tensor> &cu_seqlens_q,
                                              const std::optional<at::Tensor> &cu_seqlens_k, int64_t max_seqlen_q,
@@ -365,6 +393,7 @@ TORCH_LIBRARY(fmha, m) {
       "int prepare_method, int vector_bytes) -> int",
       &plan_create);
   m.def("plan_release(int plan) -> ()", &plan_release);
+  m.def("plan_functions() -> str[]", &plan_functions);
   m.def(
       "attention(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, "
       "int max_seqlen_k, Tensor workspace, int plan) -> (Tensor, Tensor)",
