@@ -22,7 +22,8 @@ from . import _lib as L
 _lock = threading.Lock()
 _loaded = False
 _op = None
-_why_not = "not loaded yet"
+_status = "not loaded yet"
+_addresses = None  # _function_addresses, once
 
 
 def default_path() -> str:
@@ -42,7 +43,7 @@ def attention():
 def status() -> str:
     """Whether the C++ autograd operator is in use, and from where or why not."""
     attention()
-    return _why_not
+    return _status
 
 
 class Plan:
@@ -76,33 +77,30 @@ def _function_addresses():
     return _addresses
 
 
-_addresses = None
-
-
 def _raw(struct):
     """A ctypes struct's bytes as a CPU uint8 tensor (what plan_create reads)."""
     return torch.frombuffer(bytearray(bytes(struct)), dtype=torch.uint8)
 
 
 def _load():
-    global _loaded, _op, _why_not
+    global _loaded, _op, _status
     with _lock:
         if _loaded:
             return _op
         choice = os.environ.get("FMHA_NATIVE_AUTOGRAD")
         path = default_path() if choice is None else choice
         if choice == "0":
-            _why_not = "off ($FMHA_NATIVE_AUTOGRAD=0)"
+            _status = "off ($FMHA_NATIVE_AUTOGRAD=0)"
         elif L.backend() == L.BACKEND_HOST:
-            _why_not = "not used: the host backend (the operator serves GPU tensors)"
+            _status = "not used: the host backend (the operator serves GPU tensors)"
         elif not os.path.isfile(path):
-            _why_not = f"not built for torch {torch.__version__} ({path} does not exist)"
+            _status = f"not built for torch {torch.__version__} ({path} does not exist)"
         else:
             try:
                 torch.ops.load_library(path)
                 _op = torch.ops.fmha.attention.default
-                _why_not = f"in use ({path})"
+                _status = f"in use ({path})"
             except (OSError, RuntimeError) as e:
-                _why_not = f"{path} does not load: {e}"
+                _status = f"{path} does not load: {e}"
         _loaded = True
         return _op
