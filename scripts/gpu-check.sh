@@ -128,7 +128,7 @@ EOF
     done
 
     if [[ -n ${TORCH_DIR:-} ]] || python3 -c 'import torch' 2>/dev/null; then
-        log "the C++ autograd operator (scripts/build-native-autograd.sh, TORCH_DIR=${TORCH_DIR:-python3's torch})"
+        log "the C++ autograd operator (scripts/build-native-autograd.sh, TORCH_DIR=${TORCH_DIR:-unset: the torch python3 imports})"
         scripts/build-native-autograd.sh "$devbuild"
         echo "native-autograd $(basename "$devbuild"/native_autograd-*.so)" >>"$devbuild/MANIFEST"
     else
