@@ -51,12 +51,12 @@ class Plan:
     object that calls refer to by id (``torch.ops.fmha.plan_create``); released with this object, while the
     autograd graphs of calls that used it keep it alive."""
 
-    __slots__ = ("id", "fwd_traits", "_release")
+    __slots__ = ("id", "_release")
 
-    def __init__(self, fwd_traits, fwd_args, bwd_traits, bwd_args, prepare_method, vector_bytes):
-        self.id = torch.ops.fmha.plan_create(_function_addresses(), _raw(fwd_traits), _raw(fwd_args), _raw(bwd_traits),
-                                             _raw(bwd_args), prepare_method, vector_bytes)
-        self.fwd_traits = fwd_traits
+    def __init__(self, fwd_traits, fwd_args, fwd_workspace_bytes, bwd_traits, bwd_args, prepare_method, vector_bytes):
+        self.id = torch.ops.fmha.plan_create(_function_addresses(), _raw(fwd_traits), _raw(fwd_args),
+                                             fwd_workspace_bytes, _raw(bwd_traits), _raw(bwd_args), prepare_method,
+                                             vector_bytes)
         self._release = torch.ops.fmha.plan_release
 
     def __del__(self):

@@ -1004,7 +1004,8 @@ def _new_plan(template, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
     # stand in for them.
     bwd_traits, bwd_args = _bwd_structs(p, q, k, v, q, k, q, k, q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale,
                                         mask_type, window, deterministic)
-    return _native.Plan(fwd_traits, fwd_args, bwd_traits, bwd_args, _PREPARE_METHODS[method], _vector_bytes())
+    return _native.Plan(fwd_traits, fwd_args, _fwd_workspace_size(fwd_traits), bwd_traits, bwd_args,
+                        _PREPARE_METHODS[method], _vector_bytes())
 
 
 def native_autograd() -> str:
@@ -1026,11 +1027,7 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
         except (AttributeError, TypeError):  # not tensors, unhashable options: the Python path says what
             key = None
         if isinstance(entry, _native.Plan) and _aligned((q, k, v)):
-            device = q.device
-            with _device_guard(device):
-                keep = _fwd_workspace(entry.fwd_traits, device, _stream_handle(device))[2]
-                out, lse = native(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q or 0, max_seqlen_k or 0, keep,
-                                  entry.id)
+            out, lse = native(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q or 0, max_seqlen_k or 0, entry.id)
             return (out, lse) if with_lse else out
     result = FmhaAttnFunc.apply(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mask_type, left, right,

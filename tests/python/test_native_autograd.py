@@ -154,7 +154,7 @@ def test_status_names_the_build():
 
 def test_captured_in_a_cuda_graph():
     """Forward calls captured in CUDA graphs (inference: no grad) replay to the eager call's bits; each capture
-    takes its own scheduler workspace, as the Python path's calls do (ops._scheduler_workspace)."""
+    takes its own scheduler workspace (the operator's call temporary, from the graph's private pool)."""
     c = CASES["batch-causal-gqa"]
     q, k, v, vl, _ = _native_call(c, torch.bfloat16, False)
     with torch.no_grad():
@@ -184,9 +184,8 @@ def test_plans_released_while_a_graph_holds_one():
     for name, a, b in zip(("dq", "dk", "dv"), grads, torch.autograd.grad(expected, (q, k, v), dout)):
         assert torch.equal(a, b), name
     _native_call(c, torch.float16, True)
-    workspace = torch.empty(16, dtype=torch.uint8, device=q.device)
     with pytest.raises(RuntimeError, match="plan -1 does not exist"):
-        _native.attention()(q, k, v, None, None, 0, 0, workspace, -1)
+        _native.attention()(q, k, v, None, None, 0, 0, -1)
 
 
 def test_varlen_steps_with_other_token_counts_share_a_plan():

@@ -147,16 +147,19 @@ fmha_stream_t current_stream(const c10::Device &device) {
 // One call signature's forward and backward: the argument structs of a call that ran the full checks, and
 // the backward launcher with a workspace per stream.
 struct Plan : torch::CustomClassHolder {
-  Plan(std::vector<int64_t> functions, at::Tensor fwd_traits, at::Tensor fwd_args, at::Tensor bwd_traits,
-       at::Tensor bwd_args, int64_t prepare_method, int64_t vector_bytes)
+  Plan(std::vector<int64_t> functions, at::Tensor fwd_traits, at::Tensor fwd_args, int64_t fwd_workspace_bytes,
+       at::Tensor bwd_traits, at::Tensor bwd_args, int64_t prepare_method, int64_t vector_bytes)
       : lib(functions),
         fwd_traits(from_bytes<fmha_fwd_traits>(fwd_traits, "fwd_traits")),
         fwd_args(from_bytes<fmha_fwd_args>(fwd_args, "fwd_args")),
+        fwd_workspace_bytes(fwd_workspace_bytes),
         bwd_traits(from_bytes<fmha_bwd_traits>(bwd_traits, "bwd_traits")),
         bwd_args(from_bytes<fmha_bwd_args>(bwd_args, "bwd_args")),
         prepare_method(static_cast<int32_t>(prepare_method)),
         vector_bytes(vector_bytes),
-        group(this->fwd_traits.is_group_mode != 0) {}
+        group(this->fwd_traits.is_group_mode != 0) {
+    TORCH_CHECK(fwd_workspace_bytes >= 0, "fmha: fwd_workspace_bytes must be >= 0, got ", fwd_workspace_bytes);
+  }
 
   ~Plan() override {
     // Safe while the launcher's work is queued (fmha_bwd_launcher_destroy's contract).
@@ -214,14 +217,19 @@ struct Plan : torch::CustomClassHolder {
     args.seqstart_k = starts(cu_seqlens_k);
   }
 
+  // The scheduler workspace (fmha_fwd_workspace_size bytes, a tile counter the call zeroes) is a temporary
+  // of the call's stream, as any operator's: the caching allocator hands it to a later allocation on that
+  // stream only, so calls on other streams or threads never share one, and under CUDA-graph capture it
+  // comes from the graph's private pool, which keeps it for the replays.
   void forward(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &out,
                const at::Tensor &lse, const std::optional<at::Tensor> &cu_seqlens_q,
-               const std::optional<at::Tensor> &cu_seqlens_k, const at::Tensor &workspace,
-               const Lengths &lengths) const {
+               const std::optional<at::Tensor> &cu_seqlens_k, const Lengths &lengths) const {
     fmha_fwd_args args = fwd_args;
     describe(args, lengths, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k);
-    args.workspace = address(workspace);
-    args.workspace_size = args.workspace ? static_cast<size_t>(workspace.numel()) : 0;
+    at::Tensor workspace;
+    if (fwd_workspace_bytes > 0) workspace = at::empty({fwd_workspace_bytes}, q.options().dtype(at::kByte));
+    args.workspace = workspace.defined() ? workspace.data_ptr() : nullptr;
+    args.workspace_size = static_cast<size_t>(fwd_workspace_bytes);
     lib.check(lib.fwd(&fwd_traits, &args, current_stream(q.device())), "fmha_fwd");
   }
 
@@ -278,6 +286,7 @@ struct Plan : torch::CustomClassHolder {
   const Library lib;
   const fmha_fwd_traits fwd_traits;
   const fmha_fwd_args fwd_args;
+  const int64_t fwd_workspace_bytes;
   const fmha_bwd_traits bwd_traits;
   const fmha_bwd_args bwd_args;
   const int32_t prepare_method;
@@ -296,13 +305,12 @@ struct Attention : torch::autograd::Function<Attention> {
   static variable_list forward(AutogradContext *ctx, const at::Tensor &q, const at::Tensor &k,
                                const at::Tensor &v, const std::optional<at::Tensor> &cu_seqlens_q,
                                const std::optional<at::Tensor> &cu_seqlens_k, int64_t max_seqlen_q,
-                               int64_t max_seqlen_k, const at::Tensor &workspace,
-                               const c10::intrusive_ptr<Plan> &plan) {
+                               int64_t max_seqlen_k, const c10::intrusive_ptr<Plan> &plan) {
     c10::DeviceGuard guard(q.device());
     const Lengths lengths = plan->lengths(q, k, max_seqlen_q, max_seqlen_k);
     at::Tensor out = at::empty(plan->out_shape(q), q.options());
     at::Tensor lse = at::empty(plan->lse_shape(q), q.options().dtype(at::kFloat));
-    plan->forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, workspace, lengths);
+    plan->forward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, lengths);
     ctx->save_for_backward({q, k, v, out, lse, cu_seqlens_q.value_or(at::Tensor()),
                             cu_seqlens_k.value_or(at::Tensor())});
     ctx->saved_data["plan"] = plan;
@@ -317,13 +325,13 @@ struct Attention : torch::autograd::Function<Attention> {
 
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
     const at::Tensor &dout = grads[0];
-    if (!dout.defined()) return variable_list(9);  // out took no part in the loss
+    if (!dout.defined()) return variable_list(8);  // out took no part in the loss
     auto plan = ctx->saved_data["plan"].toCustomClass<Plan>();
     const auto l = ctx->saved_data["lengths"].toIntVector();
     const Lengths lengths{static_cast<int32_t>(l[0]), static_cast<int32_t>(l[1]), static_cast<int32_t>(l[2]),
                           static_cast<int32_t>(l[3])};
     variable_list d = plan->backward(dout, ctx->get_saved_variables(), lengths);
-    return {d[0], d[1], d[2], at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {d[0], d[1], d[2], at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -365,10 +373,11 @@ PlanTable &plans() {
   return *table;
 }
 
-int64_t plan_create(std::vector<int64_t> functions, at::Tensor fwd_traits, at::Tensor fwd_args, at::Tensor bwd_traits,
-                    at::Tensor bwd_args, int64_t prepare_method, int64_t vector_bytes) {
-  return plans().add(c10::make_intrusive<Plan>(std::move(functions), fwd_traits, fwd_args, bwd_traits, bwd_args,
-                                               prepare_method, vector_bytes));
+int64_t plan_create(std::vector<int64_t> functions, at::Tensor fwd_traits, at::Tensor fwd_args,
+                    int64_t fwd_workspace_bytes, at::Tensor bwd_traits, at::Tensor bwd_args, int64_t prepare_method,
+                    int64_t vector_bytes) {
+  return plans().add(c10::make_intrusive<Plan>(std::move(functions), fwd_traits, fwd_args, fwd_workspace_bytes,
+                                               bwd_traits, bwd_args, prepare_method, vector_bytes));
 }
 
 void plan_release(int64_t id) { plans().release(id); }
@@ -378,9 +387,9 @@ std::vector<std::string> plan_functions() { return {kFunctions.begin(), kFunctio
 std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                                              const std::optional<at::Tensor> &cu_seqlens_q,
                                              const std::optional<at::Tensor> &cu_seqlens_k, int64_t max_seqlen_q,
-                                             int64_t max_seqlen_k, const at::Tensor &workspace, int64_t plan) {
-  variable_list outputs = Attention::apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, workspace,
-                                           plans().get(plan));
+                                             int64_t max_seqlen_k, int64_t plan) {
+  variable_list outputs =
+      Attention::apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, plans().get(plan));
   return {outputs[0], outputs[1]};
 }
 
@@ -389,13 +398,13 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor &q, const at::Tens
 TORCH_LIBRARY(fmha, m) {
   m.class_<Plan>("Plan");  // so that an autograd node's saved data can hold one
   m.def(
-      "plan_create(int[] functions, Tensor fwd_traits, Tensor fwd_args, Tensor bwd_traits, Tensor bwd_args, "
-      "int prepare_method, int vector_bytes) -> int",
+      "plan_create(int[] functions, Tensor fwd_traits, Tensor fwd_args, int fwd_workspace_bytes, Tensor bwd_traits, "
+      "Tensor bwd_args, int prepare_method, int vector_bytes) -> int",
       &plan_create);
   m.def("plan_release(int plan) -> ()", &plan_release);
   m.def("plan_functions() -> str[]", &plan_functions);
   m.def(
       "attention(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, "
-      "int max_seqlen_k, Tensor workspace, int plan) -> (Tensor, Tensor)",
+      "int max_seqlen_k, int plan) -> (Tensor, Tensor)",
       &attention);
 }
