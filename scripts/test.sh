@@ -3,7 +3,7 @@
 # installs its toolchains first (scripts/setup-toolchains.sh). Stages:
 #
 #   toolchains    scripts/setup-toolchains.sh (idempotent)
-#   fmt           cargo fmt --all --check
+#   fmt           cargo fmt --all --check; bash -n on every script (some run only on the GPU machine)
 #   clippy        cargo clippy --release --workspace --all-targets -- -D warnings (the library and tools/)
 #   cargo test    cargo test --release (Rust tests through the C ABI; include/fmha.h drift test)
 #   valgrind      the async-prepare lifetime tests and the releaser tests under valgrind
@@ -23,11 +23,13 @@
 #   CMake superbuild  tests/cmake/: fmha through the root CMakeLists.txt by add_subdirectory and by
 #                 FetchContent, 00_version.c linked to fmha::shared, fmha::static and fmha::fmha
 #   Python wheel  pip wheel . (setuptools-rust, libfmha inside), installed into a fresh venv under build/;
-#                 there, without FMHA_LIBRARY and without PyTorch (not installable here): the package
-#                 finds its library, version and backend, the flash-attn signature tests, and
-#                 python -m fmha.bench's matrices (shipped in the wheel) and counts
-#   C++ autograd operator  python/fmha/csrc/native_autograd.cpp compiled (-Werror, no link) against the
-#                 headers of PyTorch 2.11.0's wheel (downloaded); it runs on the GPU machine only
+#                 there, without FMHA_LIBRARY and without PyTorch: the package finds its library,
+#                 version and backend, the flash-attn signature tests, and python -m fmha.bench's
+#                 matrices (shipped in the wheel) and counts
+#   Python with PyTorch  the same wheel in a venv with PyTorch 2.11.0 (PyPI's, with its CUDA libraries;
+#                 kept under build/): the whole tests/python suite on the host backend; the C++ autograd
+#                 operator built against that PyTorch (-Werror), its plan-table tests (its autograd
+#                 tests need a GPU: scripts/gpu-check.sh)
 #   cuda build    --features cuda into target/cuda: clippy, install into build/prefix-cuda, artifact
 #                 checks (sm_90a cubin, exports, soname), C examples and tests/c against it (no GPU here:
 #                 the device tests are skipped, the no-device paths are tested)
@@ -219,6 +221,10 @@ fi
 
 begin "fmt"
 cargo fmt --all --check
+# Scripts CI does not run (gpu-check.sh runs on the GPU machine) must still parse.
+for script in scripts/*.sh .ci/run; do
+    bash -n "$script"
+done
 
 begin "clippy"
 cargo clippy --release --workspace --all-targets -- -D warnings
@@ -343,27 +349,31 @@ note "$(basename "$wheel"):"
         "$repo/tests/python/test_signatures.py" "$repo/tests/python/test_bench.py"
 )
 
-begin "C++ autograd operator (compile only)"
-# python/fmha/csrc/native_autograd.cpp with -Werror against the headers of the PyTorch the GPU machine runs,
-# taken from its wheel: that PyTorch does not import here (no CUDA libraries), and the operator serves GPU
-# tensors only, so it is built and tested on the GPU machine (scripts/gpu-check.sh).
+begin "Python with PyTorch (host)"
+# The whole Python suite (tests/python) against the installed wheel on the host backend, with the PyTorch
+# the GPU machine runs: its PyPI wheel imports without a GPU (with its CUDA libraries, ~5 GB installed;
+# the venv is kept between runs). The C++ autograd operator is built (-Werror) against it and loads;
+# it serves GPU tensors only, so its autograd tests run on the GPU machine (scripts/gpu-check.sh) and here
+# only the plan table's checks do.
 torch_version=2.11.0
-torch_dir=$build/torch-$torch_version
-if [[ ! -f $torch_dir/torch/version.py ]]; then
-    rm -rf "$torch_dir"
-    mkdir -p "$torch_dir"
-    "$venv_python" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
-        -d "$torch_dir" "torch==$torch_version"
-    "$venv_python" - "$torch_dir" <<'EOF'
-import glob, os, sys, zipfile
-folder = sys.argv[1]
-(wheel,) = glob.glob(os.path.join(folder, "torch-*.whl"))
-with zipfile.ZipFile(wheel) as z:
-    z.extractall(folder, [n for n in z.namelist() if n.startswith("torch/include/") or n == "torch/version.py"])
-os.remove(wheel)
-EOF
+torch_env=$build/python-torch/venv
+torch_python=$torch_env/bin/python
+if ! "$torch_python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" \
+        2>/dev/null; then
+    rm -rf "$torch_env"
+    python3 -m venv "$torch_env"
+    "$torch_python" -m pip install --quiet --disable-pip-version-check "torch==$torch_version" pytest
 fi
-TORCH_DIR=$torch_dir/torch scripts/build-native-autograd.sh --check
+"$torch_python" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "$wheel"
+native_dir=$build/python-torch/native
+rm -rf "$native_dir"
+PYTHON=$torch_python scripts/build-native-autograd.sh "$native_dir"
+(
+    cd "$build/python-torch"
+    unset FMHA_LIBRARY
+    export FMHA_TEST_INSTALLED=1 FMHA_NATIVE_AUTOGRAD=$native_dir/native_autograd-$torch_version.so
+    "$torch_python" -m pytest -q -p no:cacheprovider "$repo/tests/python"
+)
 
 if [[ $skip_gpu -eq 0 ]]; then
     begin "cuda build (compile only)"
