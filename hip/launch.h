@@ -496,7 +496,7 @@ extern int32_t fmha_hip_merge(const struct fmha_merge_params *params, void *stre
 extern int32_t fmha_hip_kvcache_prepare(const struct fmha_kvcache_params *params, void *stream);
 
 // Runs the backward described by `*params` (an instance the registry listed) on a workspace prepared
-// for it: dot_do_o, dq_acc zeroing, dq_dk_dv, convert_dq.
+// for it: dot_do_o with the dq_acc zeroing, dq_dk_dv, convert_dq.
 extern int32_t fmha_hip_bwd(const struct fmha_bwd_params *params,
                             void *stream);
 

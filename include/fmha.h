@@ -591,7 +591,8 @@ fmha_status fmha_bwd_launcher_workspace_size(const struct fmha_bwd_launcher *lau
 // Writes the stages `fmha_bwd_launcher_run` launches as JSON into `buffer`, as `fmha_registry_json`
 // does: `{"operation":"bwd","arch":…,"stages":[…]}`, in order `dot_do_o`, `zero_dq_acc` (when the
 // mode needs it; its `note` says which part of dq_acc), `dq_dk_dv` (with its `instance`),
-// `convert_dq`.
+// `convert_dq`. The GPU backends zero dq_acc in the dot_do_o launch: their first stage is then
+// `dot_do_o_and_zero_dq_acc`, with the zeroing's `note`.
 fmha_status fmha_bwd_launcher_plan_json(const struct fmha_bwd_launcher *launcher,
                                         char *buffer,
                                         size_t length,

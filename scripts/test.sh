@@ -362,7 +362,7 @@ if ! "$torch_python" -c "import torch, sys; sys.exit(torch.__version__.split('+'
         2>/dev/null; then
     rm -rf "$torch_env"
     python3 -m venv "$torch_env"
-    "$torch_python" -m pip install --quiet --disable-pip-version-check "torch==$torch_version" pytest
+    "$torch_python" -m pip install --quiet --disable-pip-version-check "torch==$torch_version" numpy pytest
 fi
 "$torch_python" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "$wheel"
 native_dir=$build/python-torch/native

@@ -13,6 +13,8 @@ __device__ inline uint32_t block_index_x() { return blockIdx.x; }
 __device__ inline uint32_t block_index_y() { return blockIdx.y; }
 __device__ inline uint32_t block_index_z() { return blockIdx.z; }
 __device__ inline uint32_t grid_blocks_x() { return gridDim.x; }
+__device__ inline uint32_t grid_blocks_y() { return gridDim.y; }
+__device__ inline uint32_t grid_blocks_z() { return gridDim.z; }
 __device__ inline void block_barrier() { __syncthreads(); }
 // *p += x, atomically for the workgroup (p in shared memory).
 __device__ inline void shared_atomic_add(int32_t* p, int32_t x) { atomicAdd(p, x); }
@@ -34,6 +36,8 @@ __device__ inline uint32_t block_index_x() { return __builtin_amdgcn_workgroup_i
 __device__ inline uint32_t block_index_y() { return __builtin_amdgcn_workgroup_id_y(); }
 __device__ inline uint32_t block_index_z() { return __builtin_amdgcn_workgroup_id_z(); }
 __device__ inline uint32_t grid_blocks_x() { return __builtin_amdgcn_grid_size_x() / __builtin_amdgcn_workgroup_size_x(); }
+__device__ inline uint32_t grid_blocks_y() { return __builtin_amdgcn_grid_size_y() / __builtin_amdgcn_workgroup_size_y(); }
+__device__ inline uint32_t grid_blocks_z() { return __builtin_amdgcn_grid_size_z() / __builtin_amdgcn_workgroup_size_z(); }
 // A workgroup barrier that also orders LDS and global memory between the waves of the workgroup.
 __device__ inline void block_barrier() {
   __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");

@@ -1,4 +1,4 @@
-// The backward's launch stub: dot_do_o (with the workspace check) → dq_acc zeroing → dq_dk_dv →
+// The backward's launch stub: dot_do_o (with the workspace check and the dq_acc zeroing) → dq_dk_dv →
 // convert_dq, on one stream. Only what changes the dq_dk_dv inner loop is compiled per instance: the
 // element type, the head-dim bucket, masked or not, and the dQ scheme (bwd/dq_scheme.h).
 #include "arch/platform.h"
@@ -145,17 +145,9 @@ inline int32_t dq_dk_dv(const fmha_bwd_params& p, hipStream_t stream) {
 
 template <bool kBf16>
 int32_t backward(const fmha_bwd_params& p, hipStream_t stream) {
-  dot_do_o_kernel<kBf16><<<row_tiles_grid(p, kDotRows), kDotThreads, 0, stream>>>(p);
+  dot_do_o_kernel<kBf16><<<dot_do_o_grid(p), kDotThreads, 0, stream>>>(p);
   int32_t code = static_cast<int32_t>(hipGetLastError());
   if (code != 0) return code;
-  if (dq_acc_needs_zeroing(p)) {
-    constexpr int64_t kMaxZeroBlocks = 4096;
-    int64_t zero_blocks = (dq_acc_words_bound(p) / 4 + kZeroThreads - 1) / kZeroThreads;
-    zero_blocks = zero_blocks < 1 ? 1 : (zero_blocks > kMaxZeroBlocks ? kMaxZeroBlocks : zero_blocks);
-    zero_dq_acc_kernel<<<dim3(static_cast<uint32_t>(zero_blocks)), kZeroThreads, 0, stream>>>(p);
-    code = static_cast<int32_t>(hipGetLastError());
-    if (code != 0) return code;
-  }
   code = dq_dk_dv(p, stream);
   if (code != 0 || p.max_seqlen_q <= 0) return code;
   convert_dq_kernel<kBf16><<<row_tiles_grid(p, kConvertRows), kConvertThreads, 0, stream>>>(p);

@@ -1,7 +1,6 @@
 // Stage 3 of the backward: dQ = Σ_split dq_acc[split] over the slots holding partials (summed_splits),
 // summed in split order (bit-reproducible), cast to the input type; batches without keys get dQ = 0
-// without reading dq_acc (host twin: src/launch/host/backward/convert_dq.rs). Also the zeroing of
-// dq_acc before stage 2.
+// without reading dq_acc (host twin: src/launch/host/backward/convert_dq.rs).
 #pragma once
 
 #include "arch/convert.h"
@@ -52,18 +51,6 @@ __global__ void __launch_bounds__(kConvertThreads) convert_dq_kernel(fmha_bwd_pa
     reinterpret_cast<uint32_t*>(out)[0] = lo;
     reinterpret_cast<uint32_t*>(out)[1] = hi;
   }
-}
-
-constexpr int kZeroThreads = 256;
-
-// Zeroes the dq_acc elements this run adds into without writing them first (their count may live in
-// the workspace, so it is read here rather than on the host). A grid-stride loop of 16-byte stores;
-// dq_acc is page-aligned.
-__global__ void __launch_bounds__(kZeroThreads) zero_dq_acc_kernel(fmha_bwd_params p) {
-  if (!workspace_prepared(p)) return;
-  zero_floats(dq_acc_region(p), dq_acc_words_to_zero(p),
-              int64_t(arch::block_index_x()) * kZeroThreads + arch::thread_index(),
-              int64_t(arch::grid_blocks_x()) * kZeroThreads);
 }
 
 }  // namespace fmha

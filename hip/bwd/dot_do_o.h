@@ -1,8 +1,9 @@
 // Stage 1 of the backward: D[i] = Σ_d dO[i, d] · O[i, d] per query row, fp32, in the LSE layout
-// (host twin: src/launch/host/backward/dot_do_o.rs). Block 0's first thread also checks the
-// workspace's fingerprint against the run's seqstarts (workspace_view.h) before the later stages read
-// the metadata. Head dims are multiples of 8 and rows 16-byte aligned (the registry's rule), so a
-// lane reads 16-byte vectors; kLanesPerRow lanes share a row.
+// (host twin: src/launch/host/backward/dot_do_o.rs), and the zeroing of the dq_acc elements stage 2 adds
+// into without writing them first (FlashAttention-3's preprocess does both: one launch fewer). Block 0's
+// first thread also checks the workspace's fingerprint against the run's seqstarts (workspace_view.h)
+// before the later stages read the metadata. Head dims are multiples of 8 and rows 16-byte aligned (the
+// registry's rule), so a lane reads 16-byte vectors; kLanesPerRow lanes share a row.
 #pragma once
 
 #include "arch/convert.h"
@@ -10,12 +11,30 @@
 #include "launch.h"
 #include "bwd/workspace_view.h"
 #include "common/sequence.h"
+#include "common/zero_floats.h"
 
 namespace fmha {
 
 constexpr int kDotThreads = 256;
 constexpr int kDotLanesPerRow = 8;
 constexpr int kDotRows = 64;  // rows per block
+// The zeroing's share: blocks enough for a 16-byte store per thread, at most this many.
+constexpr int64_t kMaxZeroBlocks = 4096;
+
+// The stage's grid: (q tiles of kDotRows rows, query heads, batches), with more q tiles where the zeroing
+// wants more blocks than that (blocks past a sequence's rows only zero).
+inline dim3 dot_do_o_grid(const fmha_bwd_params& p) {
+  const int64_t tiles = (p.max_seqlen_q + kDotRows - 1) / kDotRows;
+  int64_t x = tiles > 0 ? tiles : 1;
+  if (dq_acc_needs_zeroing(p)) {
+    int64_t zero_blocks = (dq_acc_words_bound(p) / 4 + kDotThreads - 1) / kDotThreads;
+    zero_blocks = zero_blocks < kMaxZeroBlocks ? zero_blocks : kMaxZeroBlocks;
+    const int64_t heads_and_batches = int64_t(p.nhead_q) * p.batch;
+    const int64_t zero_tiles = (zero_blocks + heads_and_batches - 1) / heads_and_batches;
+    x = zero_tiles > x ? zero_tiles : x;
+  }
+  return dim3(static_cast<uint32_t>(x), p.nhead_q, p.batch);
+}
 
 struct Vector16 {
   uint32_t w[4];
@@ -67,6 +86,15 @@ __global__ void __launch_bounds__(kDotThreads) dot_do_o_kernel(fmha_bwd_params p
       reinterpret_cast<float*>(p.d)[batch * p.d_batch_stride + h * p.d_head_stride + row] = sum;
     }
   }
+  // The zeroing, every thread of the grid striding over dq_acc. Its element count is read from the
+  // metadata in group mode with split slots, clamped to the region (workspace_view.h), so a header that
+  // block 0 clears concurrently (a workspace prepared for other sequences) never sends it out of bounds;
+  // the later stages compute nothing from such a workspace.
+  const int64_t block = arch::block_index_x() +
+                        int64_t(arch::grid_blocks_x()) * (arch::block_index_y() + int64_t(arch::grid_blocks_y()) * b);
+  const int64_t blocks = int64_t(arch::grid_blocks_x()) * arch::grid_blocks_y() * arch::grid_blocks_z();
+  zero_floats(dq_acc_region(p), dq_acc_words_to_zero(p), block * kDotThreads + arch::thread_index(),
+              blocks * kDotThreads);
 }
 
 }  // namespace fmha

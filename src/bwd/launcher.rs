@@ -218,6 +218,8 @@ impl BwdLauncher {
     /// What [`run`](Self::run) launches, in order. The dq_acc zeroing follows `WorkspaceLayout::
     /// needs_zero_dq_acc` and `zero_dq_acc_elements` (`dq_acc_needs_zeroing` in
     /// `hip/bwd/workspace_view.h`); the AMD kernels add into every split slot, so they always zero it.
+    /// The GPU kernels zero it in the dot_do_o launch (`hip/bwd/dot_do_o.h`); the host executor in a stage
+    /// of its own.
     pub fn plan(&self) -> Plan {
         let p = &self.layout.params;
         let zeroing = if p.ordered() {
@@ -237,8 +239,13 @@ impl BwdLauncher {
         } else {
             dq_dk_dv
         };
-        let mut stages = vec![Stage::kernel("dot_do_o")];
-        stages.extend(zeroing.map(|note| Stage::kernel("zero_dq_acc").with_note(note)));
+        let mut stages = match zeroing {
+            Some(note) if self.instance.arch != Arch::Host => {
+                vec![Stage::kernel("dot_do_o_and_zero_dq_acc").with_note(note)]
+            }
+            Some(note) => vec![Stage::kernel("dot_do_o"), Stage::kernel("zero_dq_acc").with_note(note)],
+            None => vec![Stage::kernel("dot_do_o")],
+        };
         stages.push(dq_dk_dv);
         stages.push(Stage::kernel("convert_dq"));
         Plan { operation: Operation::Backward, arch: self.instance.arch, stages }

@@ -237,7 +237,8 @@ pub extern "C" fn fmha_bwd_launcher_workspace_size(
 /// Writes the stages `fmha_bwd_launcher_run` launches as JSON into `buffer`, as `fmha_registry_json`
 /// does: `{"operation":"bwd","arch":…,"stages":[…]}`, in order `dot_do_o`, `zero_dq_acc` (when the
 /// mode needs it; its `note` says which part of dq_acc), `dq_dk_dv` (with its `instance`),
-/// `convert_dq`.
+/// `convert_dq`. The GPU backends zero dq_acc in the dot_do_o launch: their first stage is then
+/// `dot_do_o_and_zero_dq_acc`, with the zeroing's `note`.
 #[no_mangle]
 pub extern "C" fn fmha_bwd_launcher_plan_json(
     launcher: *const fmha_bwd_launcher,

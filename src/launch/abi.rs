@@ -493,7 +493,7 @@ extern "C" {
     pub fn fmha_hip_kvcache_prepare(params: *const KvCacheParams, stream: *mut c_void) -> i32;
 
     /// Runs the backward described by `*params` (an instance the registry listed) on a workspace prepared
-    /// for it: dot_do_o, dq_acc zeroing, dq_dk_dv, convert_dq.
+    /// for it: dot_do_o with the dq_acc zeroing, dq_dk_dv, convert_dq.
     pub fn fmha_hip_bwd(params: *const BwdParams, stream: *mut c_void) -> i32;
 
     /// The prepare routine compiled for the host CPU (every backend), on host addresses: writes

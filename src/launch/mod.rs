@@ -88,7 +88,8 @@ pub fn forward(kargs: &FwdKargs, stream: Stream) -> Result<()> {
     Active::forward(kargs, stream)
 }
 
-/// Enqueues the backward (dot_do_o → dq_acc zeroing → dq_dk_dv → convert_dq) on `stream`.
+/// Enqueues the backward (dot_do_o → dq_acc zeroing → dq_dk_dv → convert_dq; the GPU kernels zero dq_acc in
+/// the dot_do_o launch) on `stream`.
 pub fn backward(kargs: &BwdKargs, stream: Stream) -> Result<()> {
     Active::backward(kargs, stream)
 }

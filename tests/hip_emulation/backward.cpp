@@ -210,14 +210,10 @@ static bool prepare_workspace(const Problem& pr, Workspace& w, const std::vector
 template <typename T, bool kBf16, int D, bool kMasked, bool kDeterministic>
 static void run_backward(const fmha_bwd_params& p) {
   using Tile = AmdBackwardTile<D>;
-  static_assert(Tile::kThreads == 256 && kDotThreads == 256 && kZeroThreads == 256 && kConvertThreads == 256,
+  static_assert(Tile::kThreads == 256 && kDotThreads == 256 && kConvertThreads == 256,
                 "emulated workgroups have 256 work-items");
   auto rows_grid = [&](int rows) { return dim3(std::max((p.max_seqlen_q + rows - 1) / rows, 1), p.nhead_q, p.batch); };
-  emu::launch(rows_grid(kDotRows), 0, [&] { dot_do_o_kernel<kBf16>(p); });
-  if (dq_acc_needs_zeroing(p)) {
-    const int64_t zero_blocks = std::min<int64_t>(std::max<int64_t>((p.dq_acc_elements / 4 + 255) / 256, 1), 4096);
-    emu::launch(dim3(uint32_t(zero_blocks)), 0, [&] { zero_dq_acc_kernel(p); });
-  }
+  emu::launch(dot_do_o_grid(p), 0, [&] { dot_do_o_kernel<kBf16>(p); });
   const UnitGrid grid = dq_dk_dv_grid(p, kDeterministic, Tile::kBlockN);
   if (grid.x > 0) {
     emu::launch(dim3(grid.x, grid.y, grid.z), Tile::kLdsBytes,

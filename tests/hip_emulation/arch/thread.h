@@ -11,6 +11,8 @@ inline uint32_t block_index_x() { return emu::g_block[0]; }
 inline uint32_t block_index_y() { return emu::g_block[1]; }
 inline uint32_t block_index_z() { return emu::g_block[2]; }
 inline uint32_t grid_blocks_x() { return emu::g_grid[0]; }
+inline uint32_t grid_blocks_y() { return emu::g_grid[1]; }
+inline uint32_t grid_blocks_z() { return emu::g_grid[2]; }
 inline void block_barrier() { emu::g_workgroup_barrier.wait(); }
 // The lanes of a wave run as fibers here: they meet, as a wave's lanes do in lockstep on the GPU.
 inline void wave_barrier() { emu::g_waves[thread_index() / 64].bar.wait(); }
