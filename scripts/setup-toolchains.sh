@@ -6,7 +6,8 @@
 #         python3-pip, python3-venv when missing (C++ tests, artifact checks, the pip step below, the
 #         Python wheel's venv)
 #   pip:  the CUDA 13.0 compiler and runtime wheels (nvcc, cicc, ptxas, cudart, CCCL) and
-#         cuobjdump 13.2 into .toolchains/cuda (git-ignored); no GPU and no system CUDA needed
+#         cuobjdump and nvdisasm 13.2 (cuobjdump -sass: the kernels' SASS) into .toolchains/cuda
+#         (git-ignored); no GPU and no system CUDA needed
 #   rustup components rustfmt and clippy, when rustup manages the toolchain
 #
 # Work already done is skipped: a second run installs nothing and takes about a second. Runs as
@@ -27,7 +28,7 @@ cuda_home=$cuda_prefix/nvidia/cu13
 print_env() {
     cat <<EOF
 export CUDA_HOME="$cuda_home"           # nvcc for --features cuda
-export PATH="$cuda_home/bin:\$PATH"      # nvcc, cuobjdump
+export PATH="$cuda_home/bin:\$PATH"      # nvcc, cuobjdump, nvdisasm
 export HIP_PATH=/usr                    # hip-runtime-sys finds Debian's HIP headers (--features rocm)
 EOF
 }
@@ -101,15 +102,16 @@ else
     fi
 fi
 
-# --- CUDA 13.0 wheels + cuobjdump 13.2 -------------------------------------------------------------
+# --- CUDA 13.0 wheels + cuobjdump and nvdisasm 13.2 ------------------------------------------------
 # All wheels go into one fresh directory in one pip call (pip --target does not merge into an
 # existing nvidia/ directory), which is then moved into place; a stamp records what is installed.
 cuda_wheels=(
     "nvidia-cuda-nvcc==13.0.*" "nvidia-nvvm==13.0.*" "nvidia-cuda-runtime==13.0.*"
     "nvidia-cuda-crt==13.0.*" "nvidia-cuda-cccl==13.0.*" "nvidia-cuda-cuobjdump==13.2.*"
+    "nvidia-cuda-nvdisasm==13.2.*"
 )
 stamp="$cuda_prefix/.fmha-installed"
-if [[ -f "$stamp" && "$(cat "$stamp")" == "${cuda_wheels[*]}" && -x "$cuda_home/bin/nvcc" && -x "$cuda_home/bin/cuobjdump" ]]; then
+if [[ -f "$stamp" && "$(cat "$stamp")" == "${cuda_wheels[*]}" && -x "$cuda_home/bin/nvcc" && -x "$cuda_home/bin/cuobjdump" && -x "$cuda_home/bin/nvdisasm" ]]; then
     log "cuda: present in $cuda_prefix"
 else
     log "cuda: installing ${cuda_wheels[*]} into $cuda_prefix (about 100 MB)"
