@@ -18,11 +18,6 @@ namespace fmha {
 
 constexpr int32_t kInvalidValue = 1;  // hipErrorInvalidValue / cudaErrorInvalidValue
 
-inline dim3 row_tiles_grid(const fmha_bwd_params& p, int rows_per_block) {
-  const int tiles = (p.max_seqlen_q + rows_per_block - 1) / rows_per_block;
-  return dim3(tiles > 0 ? tiles : 1, p.nhead_q, p.batch);
-}
-
 #if defined(FMHA_PLATFORM_NVIDIA)
 // 8 consumer warps: 128 keys per unit (half the dQ atomics of 64; 64 at D = 256), q steps of 64 rows.
 constexpr int kBackwardWarps = 8;

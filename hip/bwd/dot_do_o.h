@@ -21,19 +21,24 @@ constexpr int kDotRows = 64;  // rows per block
 // The zeroing's share: blocks enough for a 16-byte store per thread, at most this many.
 constexpr int64_t kMaxZeroBlocks = 4096;
 
-// The stage's grid: (q tiles of kDotRows rows, query heads, batches), with more q tiles where the zeroing
-// wants more blocks than that (blocks past a sequence's rows only zero).
+// (q tiles of `rows_per_block` rows, query heads, batches): the grid of the row stages (dot_do_o, convert_dq).
+inline dim3 row_tiles_grid(const fmha_bwd_params& p, int rows_per_block) {
+  const int tiles = (p.max_seqlen_q + rows_per_block - 1) / rows_per_block;
+  return dim3(tiles > 0 ? tiles : 1, p.nhead_q, p.batch);
+}
+
+// This stage's grid: row_tiles_grid's, with more q tiles where the zeroing wants more blocks than that
+// (blocks past a sequence's rows only zero).
 inline dim3 dot_do_o_grid(const fmha_bwd_params& p) {
-  const int64_t tiles = (p.max_seqlen_q + kDotRows - 1) / kDotRows;
-  int64_t x = tiles > 0 ? tiles : 1;
+  dim3 grid = row_tiles_grid(p, kDotRows);
   if (dq_acc_needs_zeroing(p)) {
     int64_t zero_blocks = (dq_acc_words_bound(p) / 4 + kDotThreads - 1) / kDotThreads;
     zero_blocks = zero_blocks < kMaxZeroBlocks ? zero_blocks : kMaxZeroBlocks;
     const int64_t heads_and_batches = int64_t(p.nhead_q) * p.batch;
     const int64_t zero_tiles = (zero_blocks + heads_and_batches - 1) / heads_and_batches;
-    x = zero_tiles > x ? zero_tiles : x;
+    if (zero_tiles > grid.x) grid.x = static_cast<uint32_t>(zero_tiles);
   }
-  return dim3(static_cast<uint32_t>(x), p.nhead_q, p.batch);
+  return grid;
 }
 
 struct Vector16 {

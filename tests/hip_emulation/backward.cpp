@@ -212,14 +212,13 @@ static void run_backward(const fmha_bwd_params& p) {
   using Tile = AmdBackwardTile<D>;
   static_assert(Tile::kThreads == 256 && kDotThreads == 256 && kConvertThreads == 256,
                 "emulated workgroups have 256 work-items");
-  auto rows_grid = [&](int rows) { return dim3(std::max((p.max_seqlen_q + rows - 1) / rows, 1), p.nhead_q, p.batch); };
   emu::launch(dot_do_o_grid(p), 0, [&] { dot_do_o_kernel<kBf16>(p); });
   const UnitGrid grid = dq_dk_dv_grid(p, kDeterministic, Tile::kBlockN);
   if (grid.x > 0) {
     emu::launch(dim3(grid.x, grid.y, grid.z), Tile::kLdsBytes,
                 [&] { dq_dk_dv_kernel_amd<T, D, kMasked, kDeterministic>(p); });
   }
-  if (p.max_seqlen_q > 0) emu::launch(rows_grid(kConvertRows), 0, [&] { convert_dq_kernel<kBf16>(p); });
+  if (p.max_seqlen_q > 0) emu::launch(row_tiles_grid(p, kConvertRows), 0, [&] { convert_dq_kernel<kBf16>(p); });
 }
 
 template <typename T, bool kBf16, int D>
