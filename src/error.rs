@@ -105,11 +105,7 @@ impl Error {
 
 /// Fails with `InvalidArgument` naming `field` unless `condition` holds.
 pub fn ensure(condition: bool, field: &str, detail: impl FnOnce() -> String) -> Result<()> {
-    if condition {
-        Ok(())
-    } else {
-        Err(Error::invalid(field, detail()))
-    }
+    ensure_field(condition, || field.to_string(), detail)
 }
 
 /// [`ensure`] for a field whose name is built (`"q.row_stride"`): the name, like the detail, is formatted

@@ -84,10 +84,11 @@ impl Region {
             ensure(extent >= 0, field, || format!("{extent} {name} is negative"))?;
         }
         let bytes = |name: &str, elements: i64| -> Result<u64> {
-            ensure_field(elements >= 0, || format!("{field}.{name}"), || format!("{elements} is negative"))?;
-            (elements as u64).checked_mul(element_bytes).ok_or_else(|| {
-                Error::invalid(&format!("{field}.{name}"), format!("{elements} elements overflow 64-bit byte offsets"))
-            })
+            let named = || format!("{field}.{name}");
+            ensure_field(elements >= 0, named, || format!("{elements} is negative"))?;
+            (elements as u64)
+                .checked_mul(element_bytes)
+                .ok_or_else(|| Error::invalid(&named(), format!("{elements} elements overflow 64-bit byte offsets")))
         };
         // A dimension of one element never steps by its stride, so only its sign is checked.
         let dim = |name: &str, count: i64, stride: i64| -> Result<Dim> {
