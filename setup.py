@@ -43,7 +43,6 @@ with open(os.path.join(HERE, "Cargo.toml"), "rb") as f:
     version = tomllib.load(f)["package"]["version"]
 
 
-
 class BuildPy(build_py):
     """build_py, and with FMHA_BUILD_NATIVE_AUTOGRAD=1 the C++ autograd operator next to the package's modules."""
 

@@ -286,10 +286,16 @@ class _Problem:
     def tensor(self, t):
         return _thd(t) if self.group else _bshd(t)
 
-    def call_fields(self, cu_seqlens_q, cu_seqlens_k, softmax_scale, window):
-        """The fields fmha_fwd_args and fmha_bwd_args share: sequence starts, lengths, heads, scale, window."""
+    def call_fields(self, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, window):
+        """The fields fmha_fwd_args and fmha_bwd_args share: q, k, v, o, the LSE, sequence starts, lengths,
+        heads, scale, window (the C++ operator's ``describe`` sets the same ones)."""
         left, right = window
         return dict(
+            q=self.tensor(q),
+            k=self.tensor(k),
+            v=self.tensor(v),
+            o=self.tensor(out),
+            lse=_lse_tensor(lse, self.group),
             seqstart_q=_ptr(cu_seqlens_q),
             seqstart_k=_ptr(cu_seqlens_k),
             seqlen_q_ptr=None,
@@ -340,6 +346,11 @@ class _Templates(dict):
 def _sig(t):
     """What a call reads of a tensor besides its data pointer."""
     return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+def _sig_without_rows(t):
+    """:func:`_sig` of a varlen ``[total, heads, dim]`` tensor without its token count."""
+    return (t.shape[1:], t.stride(), t.dtype, t.device)
 
 
 def _aligned(tensors):
@@ -507,15 +518,8 @@ def _forward(
         name: _descale(name, t, p.batch, p.nhead_k, q.device) if p.fp8 else L.fmha_scale()
         for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
     }
-    args = L.fmha_fwd_args(
-        q=p.tensor(q),
-        k=p.tensor(k),
-        v=p.tensor(v),
-        o=p.tensor(out),
-        lse=_lse_tensor(lse, p.group),
-        **p.call_fields(cu_seqlens_q, cu_seqlens_k, softmax_scale, window),
-        **descales,
-    )
+    args = L.fmha_fwd_args(**p.call_fields(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, window),
+                           **descales)
     _call_fwd(traits, args, device)
     # A template serves calls whose inputs need no copy (the copies' strides are not the caller's) and
     # whose outputs fmha allocates.
@@ -672,11 +676,6 @@ def _bwd_structs(p, q, k, v, out, lse, dout, d, dq, dk, dv, cu_seqlens_q, cu_seq
         is_deterministic=int(bool(deterministic)),
     )
     args = L.fmha_bwd_args(
-        q=p.tensor(q),
-        k=p.tensor(k),
-        v=p.tensor(v),
-        o=p.tensor(out),
-        lse=_lse_tensor(lse, p.group),
         d_o=p.tensor(dout),
         d=_lse_tensor(d, p.group),
         dq=p.tensor(dq),
@@ -685,7 +684,7 @@ def _bwd_structs(p, q, k, v, out, lse, dout, d, dq, dk, dv, cu_seqlens_q, cu_seq
         workspace=None,
         hdim_q=p.hdim_q,
         hdim_v=p.hdim_v,
-        **p.call_fields(cu_seqlens_q, cu_seqlens_k, softmax_scale, window),
+        **p.call_fields(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, window),
     )
     return traits, args
 
@@ -979,9 +978,9 @@ def _plan_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
         return (_sig(q), _sig(k), _sig(v)) + options
     total_q, total_k = q.shape[0], k.shape[0]
     return (
-        (q.shape[1:], q.stride(), q.dtype, q.device),
-        (k.shape[1:], k.stride(), k.dtype, k.device),
-        (v.shape[1:], v.stride(), v.dtype, v.device),
+        _sig_without_rows(q),
+        _sig_without_rows(k),
+        _sig_without_rows(v),
         _sig(cu_seqlens_q),
         _sig(cu_seqlens_k),
         _length_bucket(total_q),
