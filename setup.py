@@ -11,9 +11,12 @@ wheel for every CPython >= 3.9 on the platform (the library does not use Python'
 FMHA_BACKEND=host|cuda|rocm (default host) picks the backend, i.e. the cargo feature; the GPU backends
 need their toolchains as for ``cargo build --features cuda|rocm`` (README). The version is Cargo.toml's.
 
-FMHA_BUILD_NATIVE_AUTOGRAD=1 also builds the C++ autograd operator (``fmha/_native.py``) into the package,
-against the PyTorch of the build's Python: ``pip install --no-build-isolation .`` in an environment that
-has the PyTorch the package will run with (the file is named after that version and used only with it).
+The package carries the C++ autograd operator's sources (``fmha/csrc``, and ``include/fmha.h`` as
+``fmha/include/fmha.h``), so that ``python -m fmha.native_build`` builds the operator (``fmha/_native.py``)
+after installation, against the PyTorch installed then. FMHA_BUILD_NATIVE_AUTOGRAD=1 builds it into the
+package here, against the PyTorch of the build's Python: ``pip install --no-build-isolation .`` in an
+environment that has the PyTorch the package will run with (the file is named after that version and used
+only with it).
 """
 
 import os
@@ -44,14 +47,17 @@ with open(os.path.join(HERE, "Cargo.toml"), "rb") as f:
 
 
 class BuildPy(build_py):
-    """build_py, and with FMHA_BUILD_NATIVE_AUTOGRAD=1 the C++ autograd operator next to the package's modules."""
+    """build_py, with fmha.h beside the operator's sources, and with FMHA_BUILD_NATIVE_AUTOGRAD=1 the C++
+    autograd operator next to the package's modules."""
 
     def run(self):
         super().run()
+        package = os.path.join(self.build_lib, "fmha")
+        self.mkpath(os.path.join(package, "include"))
+        self.copy_file(os.path.join(HERE, "include", "fmha.h"), os.path.join(package, "include", "fmha.h"))
         if os.environ.get("FMHA_BUILD_NATIVE_AUTOGRAD") == "1":
-            script = os.path.join(HERE, "scripts", "build-native-autograd.sh")
-            env = dict(os.environ, PYTHON=sys.executable)
-            subprocess.run(["bash", script, os.path.join(self.build_lib, "fmha")], check=True, env=env)
+            builder = os.path.join(HERE, "python", "fmha", "native_build.py")
+            subprocess.run([sys.executable, builder, package], check=True)
 
 
 setup(

@@ -352,7 +352,8 @@ note "$(basename "$wheel"):"
 begin "Python with PyTorch (host)"
 # The whole Python suite (tests/python) against the installed wheel on the host backend, with the PyTorch
 # the GPU machine runs: its PyPI wheel imports without a GPU (with its CUDA libraries, ~5 GB installed;
-# the venv is kept between runs). The C++ autograd operator is built (-Werror) against it and loads;
+# the venv is kept between runs). The C++ autograd operator is built (-Werror) against it by the installed
+# package (`python -m fmha.native_build`) and loads;
 # it serves GPU tensors only, so its autograd tests run on the GPU machine (scripts/gpu-check.sh) and here
 # only the plan table's checks do.
 torch_version=2.11.0
@@ -367,7 +368,8 @@ fi
 "$torch_python" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "$wheel"
 native_dir=$build/python-torch/native
 rm -rf "$native_dir"
-PYTHON=$torch_python scripts/build-native-autograd.sh "$native_dir"
+# (built as a user of the installed wheel builds it: from the sources the package carries)
+(cd "$build/python-torch" && "$torch_python" -m fmha.native_build "$native_dir")
 (
     cd "$build/python-torch"
     unset FMHA_LIBRARY

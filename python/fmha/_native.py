@@ -1,12 +1,14 @@
 """fmha's C++ autograd operator (``csrc/native_autograd.cpp``): ``torch.ops.fmha.attention``, whose backward
 runs in C++ on autograd's thread instead of a Python ``autograd.Function``.
 
-It is a PyTorch extension, built against one PyTorch version (``scripts/build-native-autograd.sh``; the wheel
-builds it with ``FMHA_NATIVE_AUTOGRAD=1``), so it is optional: without a build for the running PyTorch the
-attention functions use the Python ``FmhaAttnFunc``, with the same results. It serves GPU tensors only.
+It is a PyTorch extension, built against one PyTorch version (``python -m fmha.native_build``, which an
+installed package can run: it carries the sources; ``FMHA_BUILD_NATIVE_AUTOGRAD=1`` builds it into the wheel),
+so it is optional: without a build for the running PyTorch the attention functions use the Python
+``FmhaAttnFunc``, with the same results. It serves GPU tensors only.
 
-``$FMHA_NATIVE_AUTOGRAD`` picks it: unset, the package's ``native_autograd-<torch version>.so`` when present;
-a path, that file; ``0``, none.
+``$FMHA_NATIVE_AUTOGRAD`` picks it: unset, ``native_autograd-<torch version>.so`` in the package's folder, else
+in the user cache folder (where ``fmha.native_build`` puts it when the package's folder is read-only); a
+path, that file; ``0``, none.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import threading
 import torch
 
 from . import _lib as L
+from .native_build import cache_dir, file_name
 
 _lock = threading.Lock()
 _loaded = False
@@ -27,9 +30,12 @@ _addresses = None  # _function_addresses, once
 
 
 def default_path() -> str:
-    """Where the package keeps the build for the running PyTorch."""
-    version = torch.__version__.split("+")[0]
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), f"native_autograd-{version}.so")
+    """The build for the running PyTorch: the package's, else the user cache folder's (the package's path
+    where neither exists)."""
+    name = file_name(torch.__version__)
+    package = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+    cached = os.path.join(cache_dir(), name)
+    return cached if not os.path.isfile(package) and os.path.isfile(cached) else package
 
 
 def attention():
@@ -94,7 +100,8 @@ def _load():
         elif L.backend() == L.BACKEND_HOST:
             _status = "not used: the host backend (the operator serves GPU tensors)"
         elif not os.path.isfile(path):
-            _status = f"not built for torch {torch.__version__} ({path} does not exist)"
+            _status = (f"not built for torch {torch.__version__} ({path} does not exist; "
+                       "`python -m fmha.native_build` builds it)")
         else:
             try:
                 torch.ops.load_library(path)

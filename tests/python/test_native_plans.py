@@ -3,7 +3,8 @@ and the attention operator's plan lookup), on any backend: these need the operat
 
 The operator's attention itself serves GPU tensors (test_native_autograd.py). Here its build is loaded
 directly, ``$FMHA_NATIVE_AUTOGRAD`` or the package's ``native_autograd-<torch version>.so``; CI builds it
-against the PyTorch it runs (scripts/test.sh, stage "Python with PyTorch").
+against the PyTorch it runs with the installed package's ``python -m fmha.native_build`` (scripts/test.sh,
+stage "Python with PyTorch").
 """
 
 import os
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from fmha import _lib as L
-from fmha import _native
+from fmha import _native, native_build
 
 BUILD = os.environ.get("FMHA_NATIVE_AUTOGRAD") or _native.default_path()
 pytestmark = pytest.mark.skipif(not os.path.isfile(BUILD), reason=f"no operator build at {BUILD}")
@@ -34,6 +35,18 @@ def _create(addresses=None, fwd=None, bwd=None, workspace_bytes=16):
     fwd, bwd = fwd or fwd_default, bwd or bwd_default
     addresses = _native._function_addresses() if addresses is None else addresses
     return torch.ops.fmha.plan_create(addresses, fwd[0], fwd[1], workspace_bytes, bwd[0], bwd[1], 0, 0)
+
+
+def test_default_path_falls_back_to_the_cache(tmp_path, monkeypatch):
+    """Without a build in the package's folder, the user cache folder's (where fmha.native_build puts one when
+    the package's folder is read-only)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    name = native_build.file_name(torch.__version__)
+    package, cached = os.path.join(os.path.dirname(os.path.abspath(_native.__file__)), name), tmp_path / "fmha" / name
+    assert _native.default_path() == package
+    cached.parent.mkdir()
+    cached.write_bytes(b"")
+    assert _native.default_path() == (package if os.path.isfile(package) else str(cached))
 
 
 def test_functions_are_the_library_exports():

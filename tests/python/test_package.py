@@ -58,3 +58,26 @@ def test_exports_resolve():
         assert name in dir(fmha)
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
         fmha.no_such_name
+
+
+def test_carries_the_operator_sources():
+    """The C++ autograd operator builds from an installed package (``python -m fmha.native_build``): its source
+    and fmha.h travel with it; in a checkout fmha.h is the repository's."""
+    from fmha import native_build
+
+    package = os.path.dirname(os.path.abspath(fmha.__file__))
+    assert os.path.isfile(native_build.SOURCE) and native_build.SOURCE.startswith(package + os.sep)
+    expected = os.path.join(package, "include") if INSTALLED else os.path.join(REPO, "include")
+    assert native_build.include_dir() == os.path.normpath(expected)
+    assert os.path.isfile(os.path.join(native_build.include_dir(), "fmha.h"))
+
+
+def test_native_build_names_and_versions(tmp_path):
+    from fmha import native_build
+
+    assert native_build.file_name("2.11.0+cu128") == native_build.file_name("2.11.0") == "native_autograd-2.11.0.so"
+    (tmp_path / "version.py").write_text("__version__ = '2.11.0+cu130'\ngit_version = 'abc'\n")
+    assert native_build.torch_version(str(tmp_path)) == "2.11.0"
+    with pytest.raises(SystemExit, match="no __version__ in .*version.py"):
+        native_build.torch_version(str(tmp_path / "missing"))
+    assert native_build.compile_command(str(tmp_path))[-1] == native_build.SOURCE
