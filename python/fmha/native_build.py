@@ -127,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     except subprocess.CalledProcessError as e:
         print(f"fmha.native_build: the compiler failed ({e.returncode})", file=sys.stderr)
         return 1
+    except OSError as e:  # an unwritable OUT_DIR, a missing compiler
+        print(f"fmha.native_build: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
