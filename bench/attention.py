@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import random
@@ -301,10 +302,12 @@ def run_impl(impl, sh, q, k, v, cu, dout, direction, device, args):
 
 
 def max_diff(a_list, b_list):
-    """(max abs diff, max abs diff / max abs reference) over paired tensors."""
+    """(max abs diff, max abs diff / max abs reference) over paired tensors; inf where a difference is not
+    finite (a NaN would compare as no difference)."""
     diff, scale = 0.0, 0.0
     for a, b in zip(a_list, b_list):
-        diff = max(diff, (a.float() - b.float()).abs().max().item())
+        d = (a.float() - b.float()).abs()
+        diff = max(diff, d.max().item() if bool(torch.isfinite(d).all()) else math.inf)
         scale = max(scale, b.float().abs().max().item())
     return diff, diff / max(scale, 1e-30)
 
