@@ -20,7 +20,8 @@ fn smoke_shapes() -> Vec<(usize, usize, usize, usize, usize, Mask)> {
     ]
 }
 
-const HEAD_DIMS: [(usize, usize); 7] = [(32, 32), (64, 64), (128, 128), (256, 256), (40, 88), (120, 160), (256, 108)];
+const HEAD_DIMS: [(usize, usize); 9] =
+    [(32, 32), (64, 64), (128, 128), (256, 256), (40, 88), (120, 160), (256, 108), (192, 128), (160, 72)];
 
 /// Group mode variant of a smoke shape: per-batch lengths around the shape's (CK's group runs use
 /// varying lengths), some physical padding.
@@ -105,10 +106,10 @@ fn deterministic_backward_is_bitwise_reproducible() {
     let rocm = fmha::runtime::ACTIVE_BACKEND == fmha::runtime::BackendKind::Rocm;
     let schemes: &[i32] =
         if rocm { &[FMHA_DQ_SCHEME_SPLIT_SLOTS] } else { &[FMHA_DQ_SCHEME_SPLIT_SLOTS, FMHA_DQ_SCHEME_ORDERED] };
-    // D = 256 on sm_90a: two warpgroups over one K tile's keys (another tile and walk than D = 64's).
-    for (dq_scheme, hdim) in schemes.iter().flat_map(|&s| [(s, 64), (s, 256)]) {
-        let mut case =
-            Case::batch_mode(Dtype::Bf16, 3, 8, 2, (0, 0), (hdim, hdim), Mask::causal(MaskType::BottomRight));
+    // D = 256 and 192/128 on sm_90a: two warpgroups over one K tile's keys, each its part of dK's and dV's
+    // columns (another tile and walk than D = 64's).
+    for (dq_scheme, dims) in schemes.iter().flat_map(|&s| [(s, (64, 64)), (s, (256, 256)), (s, (192, 128))]) {
+        let mut case = Case::batch_mode(Dtype::Bf16, 3, 8, 2, (0, 0), dims, Mask::causal(MaskType::BottomRight));
         case.group = true;
         case.deterministic = true;
         case.dq_scheme = dq_scheme;
@@ -130,7 +131,7 @@ fn deterministic_backward_is_bitwise_reproducible() {
                 assert_eq!(
                     bwd.bits(),
                     first,
-                    "deterministic backward (dq_scheme {dq_scheme}, D {hdim}) changed between runs ({cus} CUs, 0 = the \
+                    "deterministic backward (dq_scheme {dq_scheme}, D {dims:?}) changed between runs ({cus} CUs, 0 = the \
                      device's)"
                 );
             }
@@ -207,8 +208,8 @@ fn ordered_dq_is_correct_under_every_mask() {
             if cus > 0 {
                 common::ok(fmha::ffi::runtime::fmha_host_set_cu_count(cus));
             }
-            let hdim = [64, 128, 256][i % 3]; // the GPU buckets
-            let mut case = Case::batch_mode(Dtype::Bf16, 2, 6, 3, (300, 600), (hdim, hdim), mask);
+            let dims = [(64, 64), (128, 128), (256, 256), (192, 128)][i % 4]; // the GPU buckets
+            let mut case = Case::batch_mode(Dtype::Bf16, 2, 6, 3, (300, 600), dims, mask);
             case.dq_scheme = FMHA_DQ_SCHEME_ORDERED;
             check_backward_modes(&case, &[true], &mut rng);
             let mut case = Case::batch_mode(Dtype::F16, 4, 4, 2, (1, 1), (40, 40), mask);

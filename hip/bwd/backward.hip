@@ -19,7 +19,7 @@ namespace fmha {
 constexpr int32_t kInvalidValue = 1;  // hipErrorInvalidValue / cudaErrorInvalidValue
 
 #if defined(FMHA_PLATFORM_NVIDIA)
-// 8 consumer warps: 128 keys per unit (half the dQ atomics of 64; 64 at D = 256), q steps of 64 rows.
+// 8 consumer warps: 128 keys per unit (half the dQ atomics of 64; 64 past D = 128), q steps of 64 rows.
 constexpr int kBackwardWarps = 8;
 constexpr int kBackwardBlockM = 64;
 
@@ -41,9 +41,9 @@ bool encode_dq_acc_map(const fmha_bwd_params& p, CUtensorMap* map) {
                           {p.hdim_q, row_elements, slot_rows * row_elements}, {1, Tile::kDqBoxRows, 1});
 }
 
-template <typename T, int kHeadDim, bool kMasked, DqScheme kScheme>
+template <typename T, int kHeadDim, int kHeadDimV, bool kMasked, DqScheme kScheme>
 int32_t launch_dq_dk_dv(const fmha_bwd_params& p, hipStream_t stream) {
-  using Tile = BackwardTile<kHeadDim, kBackwardWarps, kBackwardBlockM, kMasked, kScheme>;
+  using Tile = BackwardTile<kHeadDim, kHeadDimV, kBackwardWarps, kBackwardBlockM, kMasked, kScheme>;
   // The workspace (dq_acc split slots, schedule) was laid out for the registry's tile: it must be this one.
   if (p.m0 != Tile::kBlockM || p.n0 != Tile::kBlockN) return kInvalidValue;
   const auto kernel = dq_dk_dv_kernel<Tile, T>;
@@ -69,8 +69,9 @@ int32_t launch_dq_dk_dv(const fmha_bwd_params& p, hipStream_t stream) {
 }
 
 #else
-template <typename T, int kHeadDim, bool kMasked, DqScheme kScheme>
+template <typename T, int kHeadDim, int kHeadDimV, bool kMasked, DqScheme kScheme>
 int32_t launch_dq_dk_dv(const fmha_bwd_params& p, hipStream_t stream) {
+  static_assert(kHeadDimV == kHeadDim, "the AMD tiles' V has Q's head dim");
   constexpr bool kDeterministic = kScheme == DqScheme::kSplitSlots;
   using Tile = AmdBackwardTile<kHeadDim>;
   // The workspace (dq_acc split slots, schedule) was laid out for the registry's tile: it must be this one.
@@ -91,22 +92,22 @@ int32_t launch_dq_dk_dv(const fmha_bwd_params& p, hipStream_t stream) {
 }
 #endif
 
-template <typename T, int kHeadDim, DqScheme kScheme>
+template <typename T, int kHeadDim, int kHeadDimV, DqScheme kScheme>
 int32_t dispatch_masks(const fmha_bwd_params& p, hipStream_t stream) {
-  return p.masked ? launch_dq_dk_dv<T, kHeadDim, true, kScheme>(p, stream)
-                  : launch_dq_dk_dv<T, kHeadDim, false, kScheme>(p, stream);
+  return p.masked ? launch_dq_dk_dv<T, kHeadDim, kHeadDimV, true, kScheme>(p, stream)
+                  : launch_dq_dk_dv<T, kHeadDim, kHeadDimV, false, kScheme>(p, stream);
 }
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, int kHeadDimV = kHeadDim>
 int32_t dispatch_schemes(const fmha_bwd_params& p, hipStream_t stream) {
   switch (dq_scheme(p)) {
     case DqScheme::kAtomic:
-      return dispatch_masks<T, kHeadDim, DqScheme::kAtomic>(p, stream);
+      return dispatch_masks<T, kHeadDim, kHeadDimV, DqScheme::kAtomic>(p, stream);
     case DqScheme::kSplitSlots:
-      return dispatch_masks<T, kHeadDim, DqScheme::kSplitSlots>(p, stream);
+      return dispatch_masks<T, kHeadDim, kHeadDimV, DqScheme::kSplitSlots>(p, stream);
     case DqScheme::kOrdered:
 #if defined(FMHA_PLATFORM_NVIDIA)
-      return dispatch_masks<T, kHeadDim, DqScheme::kOrdered>(p, stream);
+      return dispatch_masks<T, kHeadDim, kHeadDimV, DqScheme::kOrdered>(p, stream);
 #else
       return kInvalidValue;  // (the AMD kernels have split slots only: the launcher refuses ordered dQ)
 #endif
@@ -114,6 +115,8 @@ int32_t dispatch_schemes(const fmha_bwd_params& p, hipStream_t stream) {
   return kInvalidValue;
 }
 
+// The head-dim bucket is the registry instance's Q/K head dim; 192 is the one with V 128 (DeepSeek's MLA
+// shape), whose smaller V gets its own tile.
 template <typename T>
 int32_t dispatch_dq_dk_dv(const fmha_bwd_params& p, hipStream_t stream) {
   switch (p.hdim_bucket) {
@@ -122,6 +125,8 @@ int32_t dispatch_dq_dk_dv(const fmha_bwd_params& p, hipStream_t stream) {
     case 128:
       return dispatch_schemes<T, 128>(p, stream);
 #if defined(FMHA_PLATFORM_NVIDIA)
+    case 192:
+      return dispatch_schemes<T, 192, 128>(p, stream);
     case 256:
       return dispatch_schemes<T, 256>(p, stream);
 #endif

@@ -240,6 +240,9 @@ const AMD_FP8_TILES: [(i64, i64, i64); 1] = [(128, 128, 64)];
 /// step, keys per unit. sm_90a: two warpgroups of 64 keys (8 warps, one per 16 keys); at D = 256 both
 /// warpgroups take the same 64 keys, each half of dK/dV's columns (`hip/bwd/sm90/tile.h`).
 const SM90_BACKWARD_TILES: [(i64, i64, i64); 3] = [(64, 64, 128), (128, 64, 128), (256, 64, 64)];
+/// The same kernel's tile for Q/K head dims up to 192 with V head dims up to 128 (hdim_v set apart): as
+/// at D = 256, both warpgroups take the same 64 keys, each its part of dK's and of dV's columns.
+const SM90_BACKWARD_192_128: (i64, i64, i64) = (192, 64, 64);
 /// gfx942: 4 waves of 32 keys (`hip/bwd/amd/tile.h`); q steps such that a step's dQ is one
 /// 32x32 block per wave (64 rows at D = 64, 32 at D = 128), which keeps the step's LDS within 49 KiB.
 const GFX942_BACKWARD_TILES: [(i64, i64, i64); 2] = [(64, 64, 128), (128, 32, 128)];
@@ -314,16 +317,7 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
                 &SM90_FORWARD_TILES[1..],
                 "wgmma_ws_tma_vt",
             ));
-            // The backward is warp-specialized (hip/bwd/sm90/kernel.h): a producer warpgroup loads ahead
-            // of the consumers (Q and dO as TMA boxes where it can, the rest with cp.async), in both dQ
-            // modes.
-            list.extend(gpu_instances(
-                arch,
-                Operation::Backward,
-                &HALF_DTYPES,
-                &SM90_BACKWARD_TILES,
-                "wgmma_ws_cp_async",
-            ));
+            list.extend(sm90_backward_instances());
             // The forward kernels with paged K/V tiles (hip/kvcache/kvcache.hip): at D = 128 the
             // warp-specialized one, its producer loading K/V as TMA boxes of whole pages or gathering
             // them row by row (other pages; tensors TMA cannot describe take the cp.async kernel); at
@@ -360,17 +354,38 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
     }
 }
 
-/// sm_90a's dense 16-bit forward instances: one per bucket of SM90_DENSE_FORWARD_TILES, and Q/K 192 with
-/// V 128 (DeepSeek's MLA prefill shape), whose smaller V gets its own tile.
-fn sm90_dense_forward_instances() -> Vec<Instance> {
-    let (arch, op) = (Arch::Sm90, Operation::Forward);
-    let mut list = gpu_instances(arch, op, &HALF_DTYPES, &SM90_DENSE_FORWARD_TILES, "wgmma_ws_tma");
+/// sm_90a's 16-bit instances of `operation`, one per bucket of `tiles`, and Q/K 192 with V 128
+/// (DeepSeek's MLA shape), whose smaller V gets its own tile (`tile_192_128`).
+fn sm90_instances_with_192_128(
+    operation: Operation,
+    tiles: &[(i64, i64, i64)],
+    tile_192_128: (i64, i64, i64),
+    pipeline: &'static str,
+) -> Vec<Instance> {
+    let mut list = gpu_instances(Arch::Sm90, operation, &HALF_DTYPES, tiles, pipeline);
     list.extend(
-        gpu_instances(arch, op, &HALF_DTYPES, &[SM90_DENSE_FORWARD_192_128], "wgmma_ws_tma")
+        gpu_instances(Arch::Sm90, operation, &HALF_DTYPES, &[tile_192_128], pipeline)
             .into_iter()
             .map(|i| Instance { hdim_v: 128, ..i }),
     );
     list
+}
+
+/// sm_90a's dense 16-bit forward instances (the warp-specialized kernel with TMA loads).
+fn sm90_dense_forward_instances() -> Vec<Instance> {
+    sm90_instances_with_192_128(
+        Operation::Forward,
+        &SM90_DENSE_FORWARD_TILES,
+        SM90_DENSE_FORWARD_192_128,
+        "wgmma_ws_tma",
+    )
+}
+
+/// sm_90a's backward instances: the warp-specialized kernel (hip/bwd/sm90/kernel.h), a producer
+/// warpgroup loading ahead of the consumers (Q and dO as TMA boxes where it can, the rest with cp.async),
+/// in both dQ modes.
+fn sm90_backward_instances() -> Vec<Instance> {
+    sm90_instances_with_192_128(Operation::Backward, &SM90_BACKWARD_TILES, SM90_BACKWARD_192_128, "wgmma_ws_cp_async")
 }
 
 /// sm_90a's decode instances (packed GQA: tile rows pack the query heads of one kv head): the
@@ -746,10 +761,23 @@ mod tests {
     }
 
     #[test]
+    fn sm90_backward_buckets_include_192_with_v_128() {
+        let all = sm90_backward_instances();
+        let backward = |hdim_q, hdim_v| {
+            let i = smallest_fit(&all, &request(Operation::Backward, hdim_q, hdim_v)).unwrap();
+            (i.hdim_q, i.hdim_v, i.m0, i.n0)
+        };
+        assert_eq!(backward(192, 128), (192, 128, 64, 64));
+        assert_eq!(backward(136, 64), (192, 128, 64, 64));
+        assert_eq!(backward(192, 136), (256, 256, 64, 64));
+        assert_eq!(backward(120, 160), (256, 256, 64, 64));
+        assert_eq!(backward(128, 128), (128, 128, 64, 128));
+    }
+
+    #[test]
     fn gpu_backward_instances_cover_both_dq_modes() {
-        let list =
-            gpu_instances(Arch::Sm90, Operation::Backward, &HALF_DTYPES, &SM90_BACKWARD_TILES, "wgmma_ws_cp_async");
-        assert_eq!(list.len(), 2 * 2 * 2 * SM90_BACKWARD_TILES.len());
+        let list = sm90_backward_instances();
+        assert_eq!(list.len(), 2 * 2 * 2 * (SM90_BACKWARD_TILES.len() + 1));
         assert_eq!(list.iter().filter(|i| i.deterministic).count(), list.len() / 2);
         let i = list
             .iter()

@@ -15,8 +15,9 @@ template <typename Tile, typename T>
 __device__ inline void store_dk_dv(const fmha_bwd_params& p, const UnitState<Tile>& st, int64_t batch, int hk,
                                    const BatchRows& rows, int64_t j0, int warp, int g, int t) {
   using E = arch::Element<T>;
-  constexpr int kDTiles = UnitState<Tile>::kDTiles;
-  const int col0 = Tile::column_part(warp / 4) * Tile::kDkvCols;
+  constexpr int kDkTiles = UnitState<Tile>::kDkTiles, kDvTiles = UnitState<Tile>::kDvTiles;
+  constexpr int kTiles = kDkTiles > kDvTiles ? kDkTiles : kDvTiles;
+  const int warpgroup = warp / 4;
   T* dk = reinterpret_cast<T*>(p.dk) + batch * p.dk_batch_stride + hk * p.dk_head_stride;
   T* dv = reinterpret_cast<T*>(p.dv) + batch * p.dv_batch_stride + hk * p.dv_head_stride;
 #pragma unroll
@@ -26,13 +27,18 @@ __device__ inline void store_dk_dv(const fmha_bwd_params& p, const UnitState<Til
     T* dk_row = dk + (rows.k_start + key) * p.dk_row_stride;
     T* dv_row = dv + (rows.k_start + key) * p.dv_row_stride;
 #pragma unroll
-    for (int n = 0; n < kDTiles; ++n) {
-      const int col = col0 + n * 8 + 2 * t;
-      if (col < p.hdim_q) {
-        *reinterpret_cast<uint32_t*>(dk_row + col) = E::pack(st.dk[n][2 * r] * p.scale, st.dk[n][2 * r + 1] * p.scale);
+    for (int n = 0; n < kTiles; ++n) {
+      if (n < kDkTiles) {
+        const int col = Tile::dk_column(warpgroup, n) + 2 * t;
+        if (col < p.hdim_q) {
+          *reinterpret_cast<uint32_t*>(dk_row + col) = E::pack(st.dk[n][2 * r] * p.scale, st.dk[n][2 * r + 1] * p.scale);
+        }
       }
-      if (col < p.hdim_v) {
-        *reinterpret_cast<uint32_t*>(dv_row + col) = E::pack(st.dv[n][2 * r], st.dv[n][2 * r + 1]);
+      if (n < kDvTiles) {
+        const int col = Tile::dv_column(warpgroup, n) + 2 * t;
+        if (col < p.hdim_v) {
+          *reinterpret_cast<uint32_t*>(dv_row + col) = E::pack(st.dv[n][2 * r], st.dv[n][2 * r + 1]);
+        }
       }
     }
   }

@@ -156,7 +156,7 @@ __device__ inline void for_each_posted_unit(const fmha_bwd_params& p, const Back
     // The poster warp's test, warp-uniform (lane 0's warp index), read where it is used: a flag would stay
     // live across units.
     const auto poster = [] {
-      return kPosts && __shfl_sync(0xffffffffu, arch::thread_index() / 32, 0) == Tile::Loader::kThreads / 32;
+      return kPosts && __shfl_sync(0xffffffffu, arch::thread_index() / 32, 0) == Tile::kProducerThreads / 32;
     };
     if (poster()) post_unit<Tile>(p, posted_units(sh), 0);
     for (;;) {
@@ -180,6 +180,7 @@ template <typename Tile, typename T>
 __device__ inline void load_unit(const fmha_bwd_params& p, const BackwardMaps& maps, const WorkUnit& unit,
                                  const BackwardShared<Tile>& sh, int thread, int& ring, int& units) {
   using Loader = typename Tile::Loader;
+  using LoaderV = typename Tile::LoaderV;
   constexpr int M = Tile::kBlockM, N = Tile::kBlockN;
   const UnitQTiles<M, N, Tile::kMasked, Tile::kRotatedWalks> walk(p, unit);
   if (!walk.has_keys()) {
@@ -193,20 +194,23 @@ __device__ inline void load_unit(const fmha_bwd_params& p, const BackwardMaps& m
   const BatchRows& rows = walk.rows;
   const int64_t batch = walk.batch, j0 = walk.j0, j1 = walk.j1, steps = walk.steps;
   const int hk = unit.head;
-  const TileCopy<Loader, N, typename Tile::KVLayout, Loader::kUnroll> kv_copy;
+  const TileCopy<Loader, N, typename Tile::KVLayout, Loader::kUnroll> k_copy;
   const T* k = reinterpret_cast<const T*>(p.k) + batch * p.k_batch_stride + hk * p.k_head_stride +
                (rows.k_start + j0) * p.k_row_stride;
   const T* v = reinterpret_cast<const T*>(p.v) + batch * p.v_batch_stride + hk * p.v_head_stride +
                (rows.k_start + j0) * p.v_row_stride;
   arch::mbarrier_wait(sh.empty_kv(), (units & 1) ^ 1);  // the first unit's passes
   ++units;
-  kv_copy.issue(sh.k, k, p.k_row_stride, static_cast<int>(j1 - j0), p.hdim_q);
-  kv_copy.issue(sh.v, v, p.v_row_stride, static_cast<int>(j1 - j0), p.hdim_v);
+  // (V's tile has K's layout, fewer columns where V's head dim is smaller)
+  const TileCopy<LoaderV, N, typename Tile::KVLayout, LoaderV::kUnroll> v_copy;
+  if (Loader::copies(thread)) k_copy.issue(sh.k, k, p.k_row_stride, static_cast<int>(j1 - j0), p.hdim_q);
+  if (LoaderV::copies(thread)) v_copy.issue(sh.v, v, p.v_row_stride, static_cast<int>(j1 - j0), p.hdim_v);
   arch::copy_async_arrive(sh.full_kv());
   using StepLoader = typename Tile::StepLoader;
+  using StepLoaderV = typename Tile::StepLoaderV;
   // (Compiled only with ordered dQ: the test alone, never true, made ptxas spill in the other kernels.)
   if constexpr (Tile::kOrdered) {
-    if (thread >= StepLoader::kThreads) return;  // the dQ writer's warp
+    if (thread >= Tile::kStepThreads) return;  // the dQ writer's warp
   }
   // Each q tile into the next stage once the consumers have released it: `issue` queues its loads, each
   // producer thread arrives when its own have landed. One loop per kind of load (the producer's 40
@@ -228,18 +232,19 @@ __device__ inline void load_unit(const fmha_bwd_params& p, const BackwardMaps& m
       // complete without them) and loads them; every thread copies its LSE or D row.
       if (thread == 0) {
         const uint32_t full = sh.full_q(stage);
-        arch::mbarrier_expect_bytes(full, 2 * Tile::kQBytes);
+        arch::mbarrier_expect_bytes(full, Tile::kQBytes + Tile::kDoBytes);
         arch::tma_load_rows<T, Tile::kDim>(sh.q(stage), Tile::QLayout::kBlockBytes, maps.q, full, row0 + tile.i0,
                                            tile.h, b);
-        arch::tma_load_rows<T, Tile::kDim>(sh.d_o(stage), Tile::QLayout::kBlockBytes, maps.d_o, full,
-                                           row0 + tile.i0, tile.h, b);
+        arch::tma_load_rows<T, Tile::kDimV>(sh.d_o(stage), Tile::QLayout::kBlockBytes, maps.d_o, full,
+                                            row0 + tile.i0, tile.h, b);
       }
-      issue_row_stats<Tile, StepLoader::kThreads>(p, sh, stage, rows, batch, tile, thread);
+      issue_row_stats<Tile, Tile::kStepThreads>(p, sh, stage, rows, batch, tile, thread);
     });
   } else {
     const TileCopy<StepLoader, M, typename Tile::QLayout, StepLoader::kUnroll> q_copy;
+    const TileCopy<StepLoaderV, M, typename Tile::QLayout, StepLoaderV::kUnroll> do_copy;  // (Q's layout)
     each_tile([&](int stage, const QTile& tile) {
-      issue_q_tile<Tile, T, StepLoader::kThreads>(p, sh, stage, q_copy, rows, batch, tile, thread);
+      issue_q_tile<Tile, T, Tile::kStepThreads>(p, sh, stage, q_copy, do_copy, rows, batch, tile, thread);
     });
   }
 }
@@ -360,7 +365,7 @@ __device__ inline void write_dq_in_turn(const fmha_bwd_params& p, const Backward
                         place.slot, false, false};
 #pragma unroll 1
       for (int warp = 0; warp < Tile::kWarps; ++warp) {
-        send_dq_boxes<Tile>(sh.dq_rows(warp), (warp / 4) * Tile::kDqCols, tile.i0 + (warp % 4) * Tile::kDqBoxRows, to);
+        send_dq_boxes<Tile>(sh.dq_rows(warp), warp / 4, tile.i0 + (warp % 4) * Tile::kDqBoxRows, to);
       }
       arch::bulk_commit();
       arch::bulk_wait_read();
@@ -382,10 +387,10 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   const int thread = static_cast<int>(arch::thread_index());
   if (thread == 0) {
     // Full barriers complete on every producer thread's arrival, empty ones on every consumer thread's.
-    arch::mbarrier_init(sh.full_kv(), Tile::Loader::kThreads);
+    arch::mbarrier_init(sh.full_kv(), Tile::kProducerThreads);
     arch::mbarrier_init(sh.empty_kv(), Tile::kConsumerThreads);
     for (int s = 0; s < Tile::kQStages; ++s) {
-      arch::mbarrier_init(sh.full_q(s), Tile::StepLoader::kThreads);
+      arch::mbarrier_init(sh.full_q(s), Tile::kStepThreads);
       arch::mbarrier_init(sh.empty_q(s), Tile::kConsumerThreads);
     }
     if constexpr (Tile::kSplitSlots) start_posted_units<Tile>(p, posted_units(sh));
@@ -404,7 +409,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         p, sh, units, [&](const WorkUnit& unit) { load_unit<Tile, T>(p, maps, unit, sh, thread, ring, units); });
     arch::copy_async_wait<0>();  // (no thread leaves copies in flight)
     const int lane = thread % arch::kWarpSize;
-    if (Tile::kOrdered && thread >= Tile::StepLoader::kThreads && lane < 2) {
+    if (Tile::kOrdered && thread >= Tile::kStepThreads && lane < 2) {
       ring = 0;
       for_each_unit<false>(p, Tile::kMasked,
                            [&](const WorkUnit& unit) { write_dq_in_turn<Tile>(p, maps, unit, sh, lane, ring); });
@@ -413,7 +418,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   }
   arch::claim_registers<Tile::kConsumerRegisters>();
   for_each_posted_unit<Tile, true>(p, sh, units, [&](const WorkUnit& unit) {
-    consume_unit<Tile, T>(p, maps, unit, sh, thread - Tile::Loader::kThreads, ring, units);
+    consume_unit<Tile, T>(p, maps, unit, sh, thread - Tile::kProducerThreads, ring, units);
   });
   arch::bulk_wait_written();  // (no dQ reduction reads shared memory after the workgroup exits)
 }

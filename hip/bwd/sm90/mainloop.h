@@ -24,18 +24,44 @@ constexpr uint32_t kDsComplete = 1;
 // Everything a work unit keeps across its q tiles.
 template <typename Tile>
 struct UnitState {
-  static constexpr int kDTiles = Tile::kDkvCols / 8;
-  float dk[kDTiles][4];  // rows: the warp's keys g, g + 8; columns: the warpgroup's part of the head dim
-  float dv[kDTiles][4];
+  static constexpr int kDkTiles = Tile::kDkCols / 8, kDvTiles = Tile::kDvCols / 8;
+  // rows: the warp's keys g, g + 8; columns: the warpgroup's part of the head dim (Tile::dk_column)
+  float dk[kDkTiles][4];
+  float dv[kDvTiles][4];
 };
 
-// The wgmma descriptors of one warpgroup's operands, stage 0 (a stage is kQBytes further).
+// Tiles [kFirst, kFirst + kCount) of an accumulator, as the accumulator of a narrower product.
+template <int kFirst, int kCount, int kRows>
+__device__ inline float (&tiles_of(float (&d)[kRows][4]))[kCount][4] {
+  static_assert(kFirst + kCount <= kRows, "inside the accumulator");
+  return *reinterpret_cast<float(*)[kCount][4]>(&d[kFirst]);
+}
+
+// The products of a ColumnPart's accumulator `d`: `mma(tiles, b)` issues one product, B being `whole`
+// for the part's whole blocks (N = 64 · kWhole, d's first tiles) and `half` for its half block (N = 32).
+// (An accumulator of one piece is passed as itself: a view of it would cost the consumers registers.)
+template <typename Part, int kRows, typename Mma>
+__device__ inline void part_products(float (&d)[kRows][4], uint64_t whole, uint64_t half, const Mma& mma) {
+  static_assert(kRows == Part::kTiles, "the part's accumulator");
+  if constexpr (Part::kHalf == 0) {
+    mma(d, whole);
+  } else if constexpr (Part::kWhole == 0) {
+    mma(d, half);
+  } else {
+    mma(tiles_of<0, 8 * Part::kWhole>(d), whole);
+    mma(tiles_of<8 * Part::kWhole, 4>(d), half);
+  }
+}
+
+// The wgmma descriptors of one warpgroup's operands, stage 0 (a stage is kQBytes further, dO's kDoBytes).
 struct BackwardOperands {
   uint64_t k_rows, v_rows;  // A: the warpgroup's 64 keys of K and V (K-major)
   uint64_t q, d_o;          // B of Sᵀ and dPᵀ (K-major), or N-major B of dK and dV (steps of 16 rows: see
                             // dkv_columns)
   uint64_t ds;              // A of dQ: dS, M-major from dSᵀ (steps of 16 keys), stage 0
-  uint64_t k_columns;       // B of dQ: the warpgroup's kDqCols columns of K, N-major (steps of 16 keys)
+  uint64_t k_columns;       // B of dQ: the warpgroup's whole blocks of K's columns (Tile::DqPart), N-major
+                            // (steps of 16 keys)
+  uint64_t k_half_columns;  // and its half block
 };
 
 template <typename Tile>
@@ -51,18 +77,10 @@ __device__ inline BackwardOperands backward_operands(const BackwardShared<Tile>&
   o.q = arch::mn_major_descriptor(sh.q(0), Q::kBlockBytes);
   o.d_o = arch::mn_major_descriptor(sh.d_o(0), Q::kBlockBytes);
   o.ds = arch::mn_major_descriptor(sh.ds(0), Tile::kDsBytes);
-  // kDqCols ≥ 64: the warpgroup's own 64-column blocks; 32 (D = 64): half a block, 64 bytes in.
-  const uint32_t columns = Tile::kDqCols >= 64 ? warpgroup * (Tile::kDqCols / 64) * KV::kBlockBytes
-                                               : warpgroup * Tile::kDqCols * 2;
-  o.k_columns = arch::mn_major_descriptor(sh.k + columns, KV::kBlockBytes);
+  using Dq = typename Tile::DqPart;
+  o.k_columns = arch::mn_major_descriptor(sh.k + Dq::whole_offset(warpgroup, KV::kBlockBytes), KV::kBlockBytes);
+  o.k_half_columns = arch::mn_major_descriptor(sh.k + Dq::half_offset(warpgroup, KV::kBlockBytes), KV::kBlockBytes);
   return o;
-}
-
-// An N-major B of dK or dV (Q or dO of the stage, `rows`) at the warpgroup's part of the columns.
-template <typename Tile>
-__device__ inline uint64_t dkv_columns(uint64_t rows, int warpgroup) {
-  if constexpr (Tile::kColumnParts == 1) return rows;
-  return arch::descriptor_plus(rows, Tile::column_part(warpgroup) * (Tile::kDkvCols / 64) * Tile::QLayout::kBlockBytes);
 }
 
 // A unit's start in a consumer thread: dK and dV at zero, and the query rows each of the thread's two
@@ -71,10 +89,16 @@ template <typename Tile, typename Walk>
 __device__ inline BackwardOperands start_unit(UnitState<Tile>& st, IndexRange (&kept_rows)[2],
                                               const BackwardShared<Tile>& sh, const Walk& walk, int64_t j0,
                                               int warp, int g) {
+  // (dK's and dV's tiles zeroed pairwise, in this order: ptxas's register assignment follows it, and
+  // zeroing them one after the other cost the masked D = 256 kernel 216 more bytes of spills.)
+  constexpr int kDk = UnitState<Tile>::kDkTiles, kDv = UnitState<Tile>::kDvTiles;
 #pragma unroll
-  for (int n = 0; n < UnitState<Tile>::kDTiles; ++n) {
+  for (int n = 0; n < (kDk > kDv ? kDk : kDv); ++n) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) st.dk[n][e] = st.dv[n][e] = 0.f;
+    for (int e = 0; e < 4; ++e) {
+      if (n < kDv) st.dv[n][e] = 0.f;
+      if (n < kDk) st.dk[n][e] = 0.f;
+    }
   }
   const BackwardOperands operands = backward_operands(sh, warp / 4);
 #pragma unroll
@@ -110,6 +134,13 @@ __device__ inline void store_key_rows(uint32_t tile, const uint32_t (&frag)[4], 
   }
 }
 
+// An Sᵀ-shaped product (64 keys × the q rows of `q_rows`) = the warpgroup's key rows · q rowsᵀ, over kCols
+// columns: Sᵀ (K·Qᵀ) or dPᵀ (V·dOᵀ).
+template <typename Tile, typename T, int kCols, int kRows>
+__device__ inline void key_scores(float (&out)[kRows][4], uint64_t key_rows, uint64_t q_rows) {
+  arch::mma_rows_by_rows<T, kCols, Tile::KVLayout::kBlockBytes, Tile::QLayout::kBlockBytes>(out, key_rows, q_rows);
+}
+
 // One q tile (in stage `stage` of Q, dO, LSE and D) against the unit's K/V, each warpgroup its own keys:
 // dV, dK accumulate; dSᵀ goes to its stage `ds_stage` in shared memory.
 template <typename Tile, typename T, bool kEdge>
@@ -118,19 +149,14 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
                                         const IndexRange (&kept_rows)[2], int64_t i0, int warp, int g, int t) {
   static_assert(Tile::kColumnParts == 1, "column-split tiles: accumulate_dk_dv_halves");
   constexpr int M = Tile::kBlockM, kMTiles = M / 8;
-  const uint32_t q_stage = static_cast<uint32_t>(stage) * Tile::kQBytes;
-  const uint64_t q = arch::descriptor_plus(operands.q, q_stage), d_o = arch::descriptor_plus(operands.d_o, q_stage);
+  const uint64_t q = arch::descriptor_plus(operands.q, static_cast<uint32_t>(stage) * Tile::kQBytes);
+  const uint64_t d_o = arch::descriptor_plus(operands.d_o, static_cast<uint32_t>(stage) * Tile::kDoBytes);
 
   // Sᵀ → P (kept rounded, as the MMAs consume it) → dV += Pᵀ·dO; dPᵀ → dS → dK += dSᵀ·Q and dSᵀ to shared
   // memory. Two fp32 score tiles are live next to the dK/dV accumulators: Sᵀ and dPᵀ are issued
   // together, P is computed while dPᵀ runs and dS while dV does.
   float acc[kMTiles][4] = {};     // Sᵀ, then P; overwritten by the first wgmma
   float dp_acc[kMTiles][4] = {};  // dPᵀ, then dS
-  // Sᵀ-shaped products: (64 keys × kBlockM) = the warpgroup's key rows · q rowsᵀ, over the head dim.
-  auto scores = [&](float(&out)[kMTiles][4], uint64_t key_rows, uint64_t q_rows) {
-    arch::mma_rows_by_rows<T, Tile::kDim, Tile::KVLayout::kBlockBytes, Tile::QLayout::kBlockBytes>(out, key_rows,
-                                                                                                    q_rows);
-  };
   // Element (key row g + 8r of the warp's 16, q column 8n + 2t + c) of a score tile is acc[n][2r + c].
   const uint32_t lse = sh.lse(stage), big_d = sh.d(stage);
   constexpr float kLog2e = 1.4426950408889634f;
@@ -141,9 +167,9 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
 #pragma unroll
   for (int r = 0; r < 2; ++r) kept[r] = kept_range<M>(kept_rows[r], static_cast<int>(i0));
   arch::warpgroup_fence();
-  scores(acc, operands.k_rows, q);
+  key_scores<Tile, T, Tile::kDim>(acc, operands.k_rows, q);
   arch::warpgroup_commit();
-  scores(dp_acc, operands.v_rows, d_o);
+  key_scores<Tile, T, Tile::kDimV>(dp_acc, operands.v_rows, d_o);
   arch::warpgroup_commit();
   arch::warpgroup_wait<1>();
   arch::hold_registers(acc);
@@ -211,23 +237,19 @@ __device__ inline void accumulate_dk_dv_halves(UnitState<Tile>& st, const Backwa
   static_assert(Tile::kColumnParts == 2, "key-split tiles: accumulate_dk_dv");
   constexpr int M = Tile::kBlockM, kHalf = M / 2, kMTiles = kHalf / 8;
   const int warpgroup = warp / 4, col0 = Tile::column_part(warpgroup) * kHalf;
-  const uint32_t q_stage = static_cast<uint32_t>(stage) * Tile::kQBytes;
-  const uint64_t q = arch::descriptor_plus(operands.q, q_stage), d_o = arch::descriptor_plus(operands.d_o, q_stage);
+  const uint64_t q = arch::descriptor_plus(operands.q, static_cast<uint32_t>(stage) * Tile::kQBytes);
+  const uint64_t d_o = arch::descriptor_plus(operands.d_o, static_cast<uint32_t>(stage) * Tile::kDoBytes);
   float acc[kMTiles][4] = {};     // Sᵀ, then P; overwritten by the first wgmma
   float dp_acc[kMTiles][4] = {};  // dPᵀ, then dS
-  const auto scores = [&](float(&out)[kMTiles][4], uint64_t key_rows, uint64_t q_rows) {
-    arch::mma_rows_by_rows<T, Tile::kDim, Tile::KVLayout::kBlockBytes, Tile::QLayout::kBlockBytes>(
-        out, key_rows, arch::descriptor_plus(q_rows, col0 * 128));
-  };
   const uint32_t lse = sh.lse(stage) + 4 * col0, big_d = sh.d(stage) + 4 * col0;
   constexpr float kLog2e = 1.4426950408889634f;
   KeptRange kept[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) kept[r] = kept_range<M>(kept_rows[r], static_cast<int>(i0));
   arch::warpgroup_fence();
-  scores(acc, operands.k_rows, q);
+  key_scores<Tile, T, Tile::kDim>(acc, operands.k_rows, arch::descriptor_plus(q, col0 * 128));
   arch::warpgroup_commit();
-  scores(dp_acc, operands.v_rows, d_o);
+  key_scores<Tile, T, Tile::kDimV>(dp_acc, operands.v_rows, arch::descriptor_plus(d_o, col0 * 128));
   arch::warpgroup_commit();
   arch::warpgroup_wait<1>();
   arch::hold_registers(acc);
@@ -270,9 +292,17 @@ __device__ inline void accumulate_dk_dv_halves(UnitState<Tile>& st, const Backwa
   // two steps back, by products that both waited for before arriving at the last step's barrier.)
   arch::named_barrier_sync(kDsComplete, Tile::kConsumerThreads);
   const uint64_t p_rows = arch::k_major_descriptor(sh.p(ds_stage)), ds_rows = arch::k_major_descriptor(sh.ds(ds_stage));
+  // Each warpgroup's part of dV's and dK's columns: B is dO's or Q's columns there (N-major).
+  constexpr uint32_t kBlock = Tile::QLayout::kBlockBytes;
+  using Dv = typename Tile::DvPart;
+  using Dk = typename Tile::DkPart;
   arch::warpgroup_fence();
-  arch::mma_rows_by_columns<T, M / 16>(st.dv, p_rows, dkv_columns<Tile>(d_o, warpgroup));
-  arch::mma_rows_by_columns<T, M / 16>(st.dk, ds_rows, dkv_columns<Tile>(q, warpgroup));
+  part_products<Dv>(st.dv, arch::descriptor_plus(d_o, Dv::whole_offset(warpgroup, kBlock)),
+                    arch::descriptor_plus(d_o, Dv::half_offset(warpgroup, kBlock)),
+                    [&](auto& tiles, uint64_t b) { arch::mma_rows_by_columns<T, M / 16>(tiles, p_rows, b); });
+  part_products<Dk>(st.dk, arch::descriptor_plus(q, Dk::whole_offset(warpgroup, kBlock)),
+                    arch::descriptor_plus(q, Dk::half_offset(warpgroup, kBlock)),
+                    [&](auto& tiles, uint64_t b) { arch::mma_rows_by_columns<T, M / 16>(tiles, ds_rows, b); });
   arch::warpgroup_commit();
   arch::warpgroup_wait<0>();
   arch::hold_registers(st.dv);
@@ -309,15 +339,15 @@ __device__ inline DqMapPlace dq_map_place(const fmha_bwd_params& p, const float*
 }
 
 // The boxes of one consumer warp's dQ rows (`boxes` in shared memory: its 16 rows from `warp_row` of the
-// tile, the columns from `col0`) as TMA stores or adds into the target's map, from one thread. (Boxes
-// wholly past the sequence add nothing.) A box is stored only where that writes none of another slot's
-// rows.
+// tile, the columns of warpgroup `col_group`'s DqPart) as TMA stores or adds into the target's map, from
+// one thread. (Boxes wholly past the sequence add nothing.) A box is stored only where that writes none
+// of another slot's rows.
 template <typename Tile>
-__device__ inline void send_dq_boxes(uint32_t boxes, int col0, int64_t warp_row, const DqTarget& to) {
+__device__ inline void send_dq_boxes(uint32_t boxes, int col_group, int64_t warp_row, const DqTarget& to) {
   const bool store = Tile::kSplitSlots && to.store && (to.map_clips || warp_row + Tile::kDqBoxRows <= to.sq);
 #pragma unroll
   for (int box = 0; box < Tile::kDqCols / 32; ++box) {
-    const int column = col0 + box * 32;
+    const int column = Tile::DqPart::column(col_group, 4 * box);  // (a box is 4 tiles of one block)
     if (column < to.hdim_q && warp_row < to.sq) {
       arch::tma_store_or_add(*to.map, boxes + box * Tile::kDqBoxBytes, column, to.map_head,
                              to.map_row + static_cast<int>(warp_row), to.map_slot, store);
@@ -326,7 +356,7 @@ __device__ inline void send_dq_boxes(uint32_t boxes, int col0, int64_t warp_row,
 }
 
 // dQ = scale · dS·K for the q tile (after the consumers' barrier: dSᵀ of every warp is in stage `ds_stage`
-// of shared memory), into the unit's dq_acc slot: warpgroup w the columns [w · kDqCols, (w + 1) · kDqCols).
+// of shared memory), into the unit's dq_acc slot: warpgroup w its DqPart of the columns.
 // `step`: the consumers' steps before this one, over all units (the ordered dQ writer's barrier phases).
 template <typename Tile, typename T>
 __device__ inline void accumulate_dq(const BackwardOperands& operands, const BackwardShared<Tile>& sh, int ds_stage,
@@ -336,16 +366,17 @@ __device__ inline void accumulate_dq(const BackwardOperands& operands, const Bac
   float dq[kColTiles][4];
   const uint64_t ds = arch::descriptor_plus(operands.ds, static_cast<uint32_t>(ds_stage) * Tile::kDsBytes);
   arch::warpgroup_fence();
+  part_products<typename Tile::DqPart>(dq, operands.k_columns, operands.k_half_columns, [&](auto& tiles, uint64_t b) {
 #pragma unroll
-  for (int ks = 0; ks < N / 16; ++ks) {
-    // 16 keys a step: rows of dSᵀ (A, M-major) and of K (B, N-major).
-    arch::WarpgroupMma<T>::template mma<1, 1>(dq, arch::descriptor_plus(ds, ks * 16 * 128),
-                                              arch::descriptor_plus(operands.k_columns, ks * 16 * 128), ks > 0);
-  }
+    for (int ks = 0; ks < N / 16; ++ks) {
+      // 16 keys a step: rows of dSᵀ (A, M-major) and of K (B, N-major).
+      arch::WarpgroupMma<T>::template mma<1, 1>(tiles, arch::descriptor_plus(ds, ks * 16 * 128),
+                                                arch::descriptor_plus(b, ks * 16 * 128), ks > 0);
+    }
+  });
   arch::warpgroup_commit();
   arch::warpgroup_wait<0>();
   arch::hold_registers(dq);
-  const int col0 = col_group * Tile::kDqCols;
   const int64_t warp_row = i0 + row_group * Tile::kDqBoxRows;
   if (to.map != nullptr) {
     // The warp's rows through shared memory as boxes, which one lane sends to the slot while the warp
@@ -379,7 +410,7 @@ __device__ inline void accumulate_dq(const BackwardOperands& operands, const Bac
     if constexpr (Tile::kOrdered) {
       if (lane == 0) arch::mbarrier_arrive(sh.dq_full(step));
     } else if (lane == 0) {
-      send_dq_boxes<Tile>(boxes, col0, warp_row, to);
+      send_dq_boxes<Tile>(boxes, col_group, warp_row, to);
       arch::bulk_commit();
     }
     return;
@@ -391,7 +422,7 @@ __device__ inline void accumulate_dq(const BackwardOperands& operands, const Bac
     float* row = to.slot + i * to.row_elements;
 #pragma unroll
     for (int n = 0; n < kColTiles; ++n) {
-      const int col = col0 + n * 8 + 2 * t;
+      const int col = Tile::DqPart::column(col_group, n) + 2 * t;
       if (col >= to.hdim_q) continue;
       const float x = dq[n][2 * r] * scale, y = dq[n][2 * r + 1] * scale;
       // One vector reduction for the pair, fire and forget. With split slots the workgroup owns the
@@ -426,20 +457,21 @@ __device__ inline void issue_row_stats(const fmha_bwd_params& p, const BackwardS
   }
 }
 
-// The q-tile copies of one step by kThreads threads (`copy` is this thread's share): Q and dO rows (zero
-// past the batch's rows) and their LSE and D.
-template <typename Tile, typename T, int kThreads, typename Copy>
+// The q-tile copies of one step by kThreads threads (`q_copy`, `do_copy` are this thread's shares, of
+// Tile::StepLoader's and StepLoaderV's threads): Q and dO rows (zero past the batch's rows) and their LSE
+// and D.
+template <typename Tile, typename T, int kThreads, typename QCopy, typename DoCopy>
 __device__ inline void issue_q_tile(const fmha_bwd_params& p, const BackwardShared<Tile>& sh, int stage,
-                                    const Copy& copy, const BatchRows& rows, int64_t batch, const QTile& tile,
-                                    int thread) {
+                                    const QCopy& q_copy, const DoCopy& do_copy, const BatchRows& rows, int64_t batch,
+                                    const QTile& tile, int thread) {
   const int64_t row = rows.q_start + tile.i0;
   const int valid_rows = static_cast<int>(rows.sq - tile.i0);
   const T* q = reinterpret_cast<const T*>(p.q) + batch * p.q_batch_stride + tile.h * p.q_head_stride +
                row * p.q_row_stride;
   const T* d_o = reinterpret_cast<const T*>(p.d_o) + batch * p.do_batch_stride + tile.h * p.do_head_stride +
                  row * p.do_row_stride;
-  copy.issue(sh.q(stage), q, p.q_row_stride, valid_rows, p.hdim_q);
-  copy.issue(sh.d_o(stage), d_o, p.do_row_stride, valid_rows, p.hdim_v);
+  if (Tile::StepLoader::copies(thread)) q_copy.issue(sh.q(stage), q, p.q_row_stride, valid_rows, p.hdim_q);
+  if (Tile::StepLoaderV::copies(thread)) do_copy.issue(sh.d_o(stage), d_o, p.do_row_stride, valid_rows, p.hdim_v);
   issue_row_stats<Tile, kThreads>(p, sh, stage, rows, batch, tile, thread);
 }
 
