@@ -56,8 +56,8 @@ __device__ inline void part_products(float (&d)[kRows][4], uint64_t whole, uint6
 // The wgmma descriptors of one warpgroup's operands, stage 0 (a stage is kQBytes further, dO's kDoBytes).
 struct BackwardOperands {
   uint64_t k_rows, v_rows;  // A: the warpgroup's 64 keys of K and V (K-major)
-  uint64_t q, d_o;          // B of Sᵀ and dPᵀ (K-major), or N-major B of dK and dV (steps of 16 rows: see
-                            // dkv_columns)
+  uint64_t q, d_o;          // B of Sᵀ and dPᵀ (K-major), or N-major B of dK and dV (steps of 16 rows, at
+                            // the warpgroup's ColumnPart offsets: accumulate_dk_dv_halves)
   uint64_t ds;              // A of dQ: dS, M-major from dSᵀ (steps of 16 keys), stage 0
   uint64_t k_columns;       // B of dQ: the warpgroup's whole blocks of K's columns (Tile::DqPart), N-major
                             // (steps of 16 keys)
@@ -224,8 +224,8 @@ __device__ inline void accumulate_dk_dv(UnitState<Tile>& st, const BackwardShare
   arch::hold_registers(st.dk);
 }
 
-// The column-split tile's q step (D = 256: both warpgroups own the same 64 keys, warpgroup w columns
-// [w · kDkvCols, (w + 1) · kDkvCols) of dK and dV): warpgroup w computes Sᵀ and dPᵀ of the tile's q rows
+// The column-split tile's q step (D = 256, Q/K 192 with V 128: both warpgroups own the same 64 keys,
+// warpgroup w its DkPart of dK's columns and DvPart of dV's): warpgroup w computes Sᵀ and dPᵀ of the tile's q rows
 // [w · M / 2, (w + 1) · M / 2) and stores its half of Pᵀ and dSᵀ in their stage `ds_stage`; after the
 // consumers' barrier each accumulates dV += Pᵀ·dO and dK += dSᵀ·Q over all the tile's rows for its columns,
 // both operands from shared memory. (Each computing the whole Sᵀ and dPᵀ itself would cost 7 products a
