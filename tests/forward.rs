@@ -97,6 +97,28 @@ fn long_sequences() {
     }
 }
 
+/// Unmasked D = 64 (on the GPU three consumer warpgroups, 192 q rows a tile) over many q and k tiles:
+/// lengths around the tile's edges in batch and group mode, GQA, both dtypes.
+#[test]
+fn unmasked_head_dim_64_across_tile_edges() {
+    let mut rng = Rng::fresh();
+    eprintln!("seed {}", rng.0);
+    let host = fmha::ffi::version::fmha_backend() == fmha::ffi::version::FMHA_BACKEND_HOST;
+    let lengths = if host { vec![(193, 130)] } else { vec![(191, 193), (1000, 1000), (2113, 385)] };
+    for (i, (sq, sk)) in lengths.into_iter().enumerate() {
+        let dtype = if i % 2 == 0 { Dtype::Bf16 } else { Dtype::F16 };
+        check(&Case::batch_mode(dtype, 2, 4, [4, 1][i % 2], (sq, sk), (64, 64), Mask::NONE), &mut rng);
+    }
+    let mut group = Case::batch_mode(Dtype::Bf16, 5, 4, 2, (0, 0), (64, 64), Mask::NONE);
+    group.group = true;
+    group.seqlens = if host {
+        vec![(192, 5), (0, 40), (193, 129), (1, 1), (70, 0)]
+    } else {
+        vec![(192, 700), (0, 40), (385, 1000), (1, 1), (1152, 193)]
+    };
+    check(&group, &mut rng);
+}
+
 /// A scheduler workspace changes which CTA computes a tile, never a bit of the result: causal with GQA,
 /// varlen with a window and empty sequences, unmasked varlen, and head dim 256 with more heads than one
 /// L2 section holds (a whole section and the rest). On a GPU the masked shapes have more tiles than the

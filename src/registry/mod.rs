@@ -212,7 +212,8 @@ const FORWARD_TILES: [(i64, i64, i64); 4] = [(32, 64, 64), (64, 64, 64), (128, 6
 /// sm_90a's dense 16-bit forward: the warp-specialized kernel (`hip/fwd/sm90/specialized_kernel.h`), a TMA
 /// producer warp and two consumer warpgroups of 64 q rows, 128 keys per tile up to D = 128 and 80 at
 /// D = 256 (FA3's shape: two stages of K and V fit beside Q); tensors TMA cannot describe take the cp.async
-/// kernel.
+/// kernel. The launch gives unmasked D = 64 calls three consumer warpgroups (192 q rows) where that pays
+/// (`hip/fwd/sm90/instances.h`'s `dense_consumers`).
 const SM90_DENSE_FORWARD_TILES: [(i64, i64, i64); 3] = [(64, 128, 128), (128, 128, 128), (256, 128, 80)];
 /// The same kernel's tile for Q/K head dims up to 192 with V head dims up to 128 (hdim_v set apart).
 const SM90_DENSE_FORWARD_192_128: (i64, i64, i64) = (192, 128, 128);

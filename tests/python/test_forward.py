@@ -54,10 +54,10 @@ GQA_LARGE = {"mha": (8, 8), "gqa4": (8, 2), "gqa8": (16, 2)}
 HEADS = GQA_LARGE if LARGE else GQA
 
 # (seqlen_q, seqlen_k) pairs of the lengths grid: 1, 17, 127, 128, 129, 1000 (+4096 on the large grid),
-# unequal both ways.
+# unequal both ways; 192, 193 and 385 around the edges of sm_90a's 192-row D = 64 tiles.
 LENGTHS = [
     (1, 1), (1, 17), (17, 1), (17, 17), (127, 128), (128, 128), (129, 127), (128, 129), (17, 1000), (1000, 129),
-    (1000, 1000),
+    (1000, 1000), (192, 193), (385, 192),
 ]
 if LARGE:
     LENGTHS += [(1, 4096), (129, 4096), (4096, 1000), (4096, 4096), (1000, 17)]

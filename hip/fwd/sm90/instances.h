@@ -87,23 +87,37 @@ template <typename T, bool kMasked>
 using Fp8SpecializedTile = SpecializedTile<T, 128, 128, 3, kMasked, 72>;
 
 // The dense forward's tiles of the warp-specialized kernel (fwd/sm90/specialized_kernel.h), 128 query
-// rows each, per head-dim bucket:
-//   64, 128: 128 keys, three stages of K and V (224 KiB at D = 128);
+// rows each (kConsumers = 2), per head-dim bucket:
+//   64, 128: 128 keys, three stages of K and V (224 KiB at D = 128; 121 KiB at D = 64, whose unmasked tile
+//     may take three consumers, 192 query rows: dense_consumers);
 //   192 (Q/K) with 128 (V): 128 keys, two stages (208 KiB);
 //   256: 80 keys, two stages (224 KiB; O takes 128 of a consumer's 240 registers, S 40);
 //   fp8 (128 only): Fp8SpecializedTile.
-template <typename T, int kBucket, bool kMasked>
+template <typename T, int kBucket, bool kMasked, int kConsumers = 2>
 using DenseSpecializedTile = std::conditional_t<
     sizeof(T) == 1, Fp8SpecializedTile<T, kMasked>,
     std::conditional_t<kBucket == 256, SpecializedTile<T, 256, 80, 2, kMasked>,
                        std::conditional_t<kBucket == 192, SpecializedTile<T, 192, 128, 2, kMasked, 24, 128>,
-                                          SpecializedTile<T, kBucket, 128, 3, kMasked>>>>;
+                                          SpecializedTile<T, kBucket, 128, 3, kMasked, 24, kBucket, false,
+                                                          kConsumers>>>>;
+
+// The consumer warpgroups of the dense forward's D = 64 tile for `p`: three (FlashAttention-3's 192-row
+// tile: two warpgroups' softmax runs under the third's products, 1.08-1.13x two at S >= 2k on an H200)
+// for an unmasked call whose q rows padded to 192-row tiles are at most 1/8 more than padded to 128-row
+// ones (at S = 256, 384 rows for 256 measured 0.80x); masked, two: at the 160 registers of three
+// consumers the mask's code spills in every step, and 192-row tiles cost short causal rows more on the
+// diagonal (docs/perf.md, 2026-11-28 11:33-12:22 UTC).
+inline int dense_consumers(const fmha_fwd_params& p) {
+  const int64_t rows = p.max_seqlen_q;
+  const int64_t rows_192 = (rows + 191) / 192 * 192, rows_128 = (rows + 127) / 128 * 128;
+  return !p.masked && rows_192 * 8 <= rows_128 * 9 ? 3 : 2;
+}
 
 // The dense forward's warp-specialized instances. Tensors TMA cannot describe (fmha_fwd_params allows
 // strides TMA does not: zero, e.g. a batch-broadcast K) take `fallback`, the cp.async kernel.
-template <typename T, int kBucket, bool kMasked, typename Fallback>
+template <typename T, int kBucket, bool kMasked, int kConsumers, typename Fallback>
 int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const Fallback& fallback) {
-  using Tile = DenseSpecializedTile<T, kBucket, kMasked>;
+  using Tile = DenseSpecializedTile<T, kBucket, kMasked, kConsumers>;
   ForwardMaps maps;
   const int64_t batches = p.group_mode ? 1 : p.batch;
   const bool described =
@@ -181,13 +195,17 @@ int32_t launch_specialized(const fmha_kvcache_params& p, hipStream_t stream, con
 // tensors TMA cannot describe.
 template <typename T, int kBucket, int kFallbackDim, int kFallbackWarpgroups, int kFallbackKeys>
 int32_t launch_dense(const fmha_fwd_params& p, hipStream_t stream) {
-  const auto launch = [&](auto masked) {
+  const auto launch = [&](auto masked, auto consumers) {
     constexpr bool kMasked = decltype(masked)::value;
-    return launch_specialized<T, kBucket, kMasked>(p, stream, [&] {
+    return launch_specialized<T, kBucket, kMasked, decltype(consumers)::value>(p, stream, [&] {
       return launch_forward<T, kFallbackDim, kFallbackWarpgroups, kFallbackKeys, kMasked, false>(p, stream);
     });
   };
-  return p.masked ? launch(std::true_type{}) : launch(std::false_type{});
+  if constexpr (kBucket == 64 && sizeof(T) == 2) {
+    if (dense_consumers(p) == 3) return launch(std::false_type{}, std::integral_constant<int, 3>{});
+  }
+  const std::integral_constant<int, 2> two;
+  return p.masked ? launch(std::true_type{}, two) : launch(std::false_type{}, two);
 }
 
 // The cp.async kernel's tile shapes (the kv cache's other instances, and the fallback of the

@@ -1,7 +1,8 @@
 // The warp-specialized attention forward on Hopper (sm_90a): FlashAttention-3's structure.
 //
-// A CTA computes kBlockM = 128 query rows of one (batch, query head) — with packed GQA (the kv cache's
-// decode), 128 (query row, query head) pairs of one kv head — with three warpgroups:
+// A CTA computes kBlockM = 64 · kConsumers query rows of one (batch, query head) — with packed GQA (the kv
+// cache's decode), 128 (query row, query head) pairs of one kv head — with a producer warpgroup and two
+// or three consumer warpgroups:
 // - the producer (one warp of warpgroup 0, few registers) loads Q once and the K and V tiles through
 //   two rings of kStages stages with TMA (arch/nvidia/tensor_map.h), each stage handed over by
 //   mbarriers: it waits for a stage's `empty` barrier and arms its `full` barrier with the tile's
@@ -13,12 +14,13 @@
 //   inputs (Tile::kTransposeV) V lands in a staging tile and the whole warpgroup transposes it into the
 //   stage's Vᵀ tile, a tile behind the loads (fwd/sm90/transpose_v.h), arriving on the stage's V full
 //   barrier;
-// - two consumers (warpgroups 1 and 2, 64 rows each, the registers the producer gave up) run the
+// - the consumers (warpgroups 1 and up, 64 rows each, the registers the producer gave up) run the
 //   mainloop with intra-warpgroup overlap: S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} are issued together,
 //   the softmax of S_j runs while the tensor cores finish P_{j-1}·V_{j-1}, and each stage is released
 //   as soon as the product reading it has retired. V lags K by one tile.
-// - ping-pong: the consumers take turns issuing their products (two named barriers), so one's softmax
-//   runs under the other's GEMMs. A consumer with no rows in a tile takes its turns without products.
+// - ping-pong: the consumers take turns issuing their products (a named barrier each, in a ring), so
+//   one's softmax runs under the others' GEMMs. A consumer with no rows in a tile takes its turns without
+//   products.
 // No CTA-wide barrier after the setup. The epilogue is the forward's (fwd/sm90/epilogue.h).
 #pragma once
 
@@ -62,14 +64,17 @@ struct SpecializedShared {
 };
 
 // Named barriers of the ping-pong: consumer c syncs on kPingPong + c before issuing its products and
-// arrives on the other's after.
+// arrives on the next one's (c + 1, the last's on consumer 0's) after.
 constexpr uint32_t kPingPong = 1;
+constexpr uint32_t kMaxConsumers = 3;
 // Named barriers that keep consumer c's softmax ahead of its wait for the previous P·V: kSoftmaxDone + c,
 // arrived at once per step by each of its warps (arch::complete_before); a warp's next arrival follows
 // its wait for the next S product, which every warp of the warpgroup issues after its own arrival.
-constexpr uint32_t kSoftmaxDone = 3;
+constexpr uint32_t kSoftmaxDone = kPingPong + kMaxConsumers;
 // The named barrier of the producer warpgroup after a V transpose: the staging tile may be reloaded.
-constexpr uint32_t kTransposed = 5;
+// (The tile queue's, which the same threads sync on at other points of their loop.)
+constexpr uint32_t kTransposed = TileQueue::kProducerSync;
+static_assert(kSoftmaxDone + kMaxConsumers <= kTransposed, "the producer's barrier is none of the consumers'");
 
 template <typename Tile, typename T, typename Params>
 __global__ void __launch_bounds__(Tile::kThreads, 1)
@@ -197,10 +202,14 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       arch::mma_registers_by_columns<T>(o, a, arch::descriptor_plus(v_tile, s * Tile::kVBytes));
     }
   };
-  // Ping-pong: consumer 0 issues first; every sync has one arrival to match, the last one consumed by
-  // consumer 0 at the end.
+  // Ping-pong: consumer 0 issues first, then 1, …; every sync has one arrival to match, the last one
+  // consumed by consumer 0 at the end.
+  // (With two consumers the next is c ^ 1, as before three existed: (c + 1) % 2 compiles to other
+  // instructions around it.)
   const auto turn_begin = [&] { arch::named_barrier_sync(kPingPong + c, 2 * 128); };
-  const auto turn_end = [&] { arch::named_barrier_arrive(kPingPong + (c ^ 1), 2 * 128); };
+  const auto turn_end = [&] {
+    arch::named_barrier_arrive(kPingPong + (Tile::kConsumers == 2 ? c ^ 1 : (c + 1) % Tile::kConsumers), 2 * 128);
+  };
   if (c == 0) arch::named_barrier_arrive(kPingPong, 2 * 128);
 
   int ring = 0, queries = 0;

@@ -1,4 +1,4 @@
-// The warp-specialized forward's tile on Hopper (sm_90a): one producer warp that copies, two
+// The warp-specialized forward's tile on Hopper (sm_90a): one producer warp that copies, two or three
 // consumer warpgroups of 64 query rows each that compute, and the shared memory between them: Q, then
 // kStages stages of K and of V (the wgmma 128-byte swizzle; 8-bit inputs: V staging tiles, then kStages
 // Vᵀ tiles), then the pipeline's mbarriers.
@@ -15,10 +15,14 @@ namespace fmha {
 // small for TMA boxes to stream at the memory's rate); otherwise one warp loads them with TMA.
 // 8-bit inputs (fp8 e4m3, D = 128, 128 keys; InputPrecision in fwd/sm90/tile.h): the whole producer
 // warpgroup transposes each V tile from its staging tile into a Vᵀ tile (fwd/sm90/transpose_v.h).
+// kConsumers_: three for the dense forward's unmasked D = 64 tile where it pays (FlashAttention-3's 192-row
+// tile: a step's products are short beside its softmax, and two warpgroups' softmax runs under the
+// third's products; fwd/sm90/instances.h's dense_consumers).
 template <typename T, int kHeadDim, int kBlockN_, int kStages_, bool kMasked_, int kProducerRegisters_ = 24,
-          int kHeadDimV = kHeadDim, bool kGather_ = false>
+          int kHeadDimV = kHeadDim, bool kGather_ = false, int kConsumers_ = 2>
 struct SpecializedTile {
-  static constexpr int kConsumers = 2;
+  static constexpr int kConsumers = kConsumers_;
+  static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups (kMaxConsumers)");
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
@@ -70,11 +74,14 @@ struct SpecializedTile {
   };
   static constexpr int kQueryLoaders = 32;  // the producer's first warp
   // setmaxnreg: the producer warpgroup keeps what its loads need (24 for dense tensors, more for the
-  // page-table arithmetic of a paged pool), the consumers take the rest of the 168 per thread a
-  // 384-thread CTA starts with (e.g. 24 + 2 · 240 = 3 · 168).
+  // page-table arithmetic of a paged pool), the consumers take the rest of what a thread of the CTA
+  // starts with (168 with two consumers: 24 + 2 · 240 = 3 · 168; 128 with three: 24 + 3 · 160 ≤ 4 · 128).
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
   static constexpr int kProducerRegisters = kProducerRegisters_;
-  static constexpr int kConsumerRegisters = (3 * 168 - kProducerRegisters) / 2 / 8 * 8;
-  static_assert(kProducerRegisters % 8 == 0 && kProducerRegisters + 2 * kConsumerRegisters <= 3 * 168,
+  static constexpr int kConsumerRegisters =
+      ((kConsumers + 1) * kLaunchRegisters - kProducerRegisters) / kConsumers / 8 * 8;
+  static_assert(kProducerRegisters % 8 == 0 &&
+                    kProducerRegisters + kConsumers * kConsumerRegisters <= (kConsumers + 1) * kLaunchRegisters,
                 "setmaxnreg counts are multiples of 8 within the CTA's pool");
 };
 

@@ -23,8 +23,9 @@ class TileQueue {
  public:
   // Two 8-byte slots, then two full and two empty mbarriers.
   static constexpr int kBytes = 2 * 8 + 4 * 8;
-  // The named barrier that publishes a slot to the producer's other threads.
-  static constexpr uint32_t kProducerSync = 5;
+  // The named barrier that publishes a slot to the producer's other threads (after the consumers' ones,
+  // fwd/sm90/specialized_kernel.h).
+  static constexpr uint32_t kProducerSync = 7;
 
   // `base`: kBytes of 8-aligned shared memory; `counter`: the tile counter, or null for a static walk;
   // this CTA and the grid's CTAs.
