@@ -238,13 +238,13 @@ __device__ inline void load_unit(const fmha_bwd_params& p, const BackwardMaps& m
         arch::tma_load_rows<T, Tile::kDimV>(sh.d_o(stage), Tile::QLayout::kBlockBytes, maps.d_o, full,
                                             row0 + tile.i0, tile.h, b);
       }
-      issue_row_stats<Tile, Tile::kStepThreads>(p, sh, stage, rows, batch, tile, thread);
+      issue_row_stats<Tile>(p, sh, stage, rows, batch, tile, thread);
     });
   } else {
     const TileCopy<StepLoader, M, typename Tile::QLayout, StepLoader::kUnroll> q_copy;
     const TileCopy<StepLoaderV, M, typename Tile::QLayout, StepLoaderV::kUnroll> do_copy;  // (Q's layout)
     each_tile([&](int stage, const QTile& tile) {
-      issue_q_tile<Tile, T, Tile::kStepThreads>(p, sh, stage, q_copy, do_copy, rows, batch, tile, thread);
+      issue_q_tile<Tile, T>(p, sh, stage, q_copy, do_copy, rows, batch, tile, thread);
     });
   }
 }

@@ -434,8 +434,9 @@ __device__ inline void accumulate_dq(const BackwardOperands& operands, const Bac
   }
 }
 
-// A step's LSE and D rows of the q tile by kThreads threads (`thread` of them), zeros past the batch's rows.
-template <typename Tile, int kThreads>
+// A step's LSE and D rows of the q tile by the producer's Tile::kStepThreads threads (`thread` of them), zeros
+// past the batch's rows.
+template <typename Tile>
 __device__ inline void issue_row_stats(const fmha_bwd_params& p, const BackwardShared<Tile>& sh, int stage,
                                        const BatchRows& rows, int64_t batch, const QTile& tile, int thread) {
   const int64_t row = rows.q_start + tile.i0;
@@ -450,6 +451,7 @@ __device__ inline void issue_row_stats(const fmha_bwd_params& p, const BackwardS
     const bool valid = r < valid_rows;
     arch::copy_async_4((is_lse ? sh.lse(stage) : sh.d(stage)) + 4 * r, valid ? src + r : src, valid);
   };
+  constexpr int kThreads = Tile::kStepThreads;
   if constexpr (kThreads > 2 * Tile::kBlockM) {
     if (thread < 2 * Tile::kBlockM) copy_row_stat(thread);
   } else {
@@ -457,10 +459,10 @@ __device__ inline void issue_row_stats(const fmha_bwd_params& p, const BackwardS
   }
 }
 
-// The q-tile copies of one step by kThreads threads (`q_copy`, `do_copy` are this thread's shares, of
-// Tile::StepLoader's and StepLoaderV's threads): Q and dO rows (zero past the batch's rows) and their LSE
-// and D.
-template <typename Tile, typename T, int kThreads, typename QCopy, typename DoCopy>
+// The q-tile copies of one step by the producer's Tile::kStepThreads threads (`q_copy`, `do_copy` are this
+// thread's shares, of Tile::StepLoader's and StepLoaderV's threads): Q and dO rows (zero past the batch's
+// rows) and their LSE and D.
+template <typename Tile, typename T, typename QCopy, typename DoCopy>
 __device__ inline void issue_q_tile(const fmha_bwd_params& p, const BackwardShared<Tile>& sh, int stage,
                                     const QCopy& q_copy, const DoCopy& do_copy, const BatchRows& rows, int64_t batch,
                                     const QTile& tile, int thread) {
@@ -472,7 +474,7 @@ __device__ inline void issue_q_tile(const fmha_bwd_params& p, const BackwardShar
                  row * p.do_row_stride;
   if (Tile::StepLoader::copies(thread)) q_copy.issue(sh.q(stage), q, p.q_row_stride, valid_rows, p.hdim_q);
   if (Tile::StepLoaderV::copies(thread)) do_copy.issue(sh.d_o(stage), d_o, p.do_row_stride, valid_rows, p.hdim_v);
-  issue_row_stats<Tile, kThreads>(p, sh, stage, rows, batch, tile, thread);
+  issue_row_stats<Tile>(p, sh, stage, rows, batch, tile, thread);
 }
 
 }  // namespace fmha
