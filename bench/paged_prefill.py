@@ -7,7 +7,8 @@ launch work is hidden); at milliseconds per call the host's share is below 1 % a
 
 The problem is `../shared/spec/inference.md` §4.3's (and `../shared/peers/peer_bench.py`'s): 8 sequences
 of 2-4k new tokens appended to 0-8k cached ones, 32 query / 8 kv heads, d 128, bf16, causal aligned to
-each sequence's end, pages of 1, 16 and 128 tokens scattered in a shuffled pool. FLOPs are counted on the
+each sequence's end, pages of 1, 16 and 128 tokens scattered in a shuffled pool (`--dim`, `--pages`: other
+head dims and page sizes). FLOPs are counted on the
 kept (causal) pairs: 4 * Hq * d * sum(new * cached + new * (new + 1) / 2).
 
     FMHA_LIBRARY=.../libfmha.so.0 PYTHONPATH=python:/tmp/site python3 bench/paged_prefill.py [--out DIR]
@@ -159,10 +160,16 @@ def fp8_reference(pr, q8, qd, kd, vd, pg, P):
 
 
 def main():
+    global D
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT"))
     ap.add_argument("--no-flashinfer", action="store_true", help="skip flashinfer (its JIT takes minutes)")
+    ap.add_argument("--dim", type=int, default=D, help="head dim of Q, K and V (default %(default)s)")
+    ap.add_argument("--pages", default=",".join(map(str, PAGES)), help="page sizes (default %(default)s)")
+    ap.add_argument("--no-fp8", action="store_true", help="skip the fp8 rows")
     args = ap.parse_args()
+    D = args.dim
+    pages = [int(x) for x in args.pages.split(",")]
     dev = torch.device("cuda")
     import fmha
 
@@ -205,7 +212,7 @@ def main():
     k_dense, v_dense = torch.cat(pr["kseq"]), torch.cat(pr["vseq"])
     cell("fmha dense", "-", lambda: (lambda: fmha.flash_attn_varlen_func(
         q, k_dense, v_dense, cu_q, pr["cu_k"], maxq, maxk, causal=True)))
-    for P in PAGES:
+    for P in pages:
         pg = paginate(pr, P, dev)
         cell("fmha paged", P, lambda: (lambda: fmha.flash_attn_with_kvcache(
             q, pg["kc"], pg["vc"], cache_seqlens=pg["seqlens"], page_table=pg["table"], cu_seqlens_q=cu_q,
@@ -232,6 +239,8 @@ def main():
                     return lambda: w.run(q, (pg["kc"], pg["vc"]))
 
                 cell(f"flashinfer {backend} paged", P, fi)
+        if args.no_fp8:
+            continue
         # fp8: per-tensor e4m3 codes of the same pages; FA3 takes (batch, Hkv) descales.
         q8, qd = quantize(q)
         k8, kd = quantize(pg["kc"])

@@ -889,6 +889,23 @@ fn prefill_at_d128_on_every_page() {
     }
 }
 
+/// The same at D = 64 and at a head dim below it (40: TMA boxes and gathered rows with zero columns past
+/// it), on sm_90a the warp-specialized instance of the 64 bucket, its runs of 8 rows: pages of 1, 3 and
+/// 5 (a page lookup per row), 8 and 16 (gathered runs), 32 (a box per page), 128 and 256 (whole tiles).
+#[test]
+fn prefill_at_d64_on_every_page() {
+    if skip() {
+        return;
+    }
+    let mut rng = Rng::fresh();
+    let seed = rng.0;
+    for (i, page) in [1usize, 3, 5, 8, 16, 32, 128, 256].into_iter().enumerate() {
+        let base = prefill_case(i, if i % 2 == 0 { Input::Bf16 } else { Input::F16 }, page);
+        let case = Case { d: if i % 3 == 1 { 40 } else { 64 }, ..base };
+        run_planned(&case, "wgmma_ws_paged", &mut rng, &format!("seed {seed}: page {page} {case:?}"));
+    }
+}
+
 /// fp8 prefill with uniform descales: on sm_90a the warp-specialized tile, V transposed by its producer
 /// warpgroup, K and V tiles TMA boxes of whole-tile pages or gathered (cp.async) from other ones. Pages
 /// of 1 to 1024 tokens, both table formats and layouts, batch and
@@ -917,7 +934,7 @@ fn fp8_prefill_on_the_warp_specialized_tile() {
 
 /// Causal prefill with more tiles than an H200 has SMs (3 q tiles × 16 heads × 4 sequences), run with and
 /// without a scheduler workspace: with one, sm_90a takes the tiles from its counter on a persistent grid.
-/// Pages gathered, of tile pieces and of whole-tile TMA boxes; 16- and 8-bit inputs. sm_90a only (the other
+/// Pages gathered, of tile pieces and of whole-tile TMA boxes; 16- and 8-bit inputs, D = 128 and 64. sm_90a only (the other
 /// backends have no counter, and the other tests run these paths there).
 #[test]
 fn prefill_with_more_tiles_than_sms() {
@@ -927,11 +944,17 @@ fn prefill_with_more_tiles_than_sms() {
     }
     let mut rng = Rng::fresh();
     let seed = rng.0;
-    for (i, (input, page)) in
-        [(Input::Bf16, 16usize), (Input::Bf16, 32), (Input::Fp8(Fp8Format::E4m3fn), 128)].into_iter().enumerate()
+    for (i, (input, page, d)) in [
+        (Input::Bf16, 16usize, 128usize),
+        (Input::Bf16, 32, 128),
+        (Input::Fp8(Fp8Format::E4m3fn), 128, 128),
+        (Input::F16, 16, 64),
+    ]
+    .into_iter()
+    .enumerate()
     {
         let base = prefill_case(3 * i, input, page); // (varlen, causal)
-        let case = Case { hq: 16, hk: 4, lens: vec![(300, 400), (260, 260), (300, 500), (129, 200)], ..base };
+        let case = Case { hq: 16, hk: 4, d, lens: vec![(300, 400), (260, 260), (300, 500), (129, 200)], ..base };
         let pipeline = if matches!(input, Input::Fp8(_)) { "wgmma_ws_paged_vt" } else { "wgmma_ws_paged" };
         assert_eq!(planned_pipeline(&case), pipeline, "seed {seed}: {case:?}");
         for scheduler in [true, false] {

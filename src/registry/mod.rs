@@ -217,9 +217,12 @@ const FORWARD_TILES: [(i64, i64, i64); 4] = [(32, 64, 64), (64, 64, 64), (128, 6
 const SM90_DENSE_FORWARD_TILES: [(i64, i64, i64); 3] = [(64, 128, 128), (128, 128, 128), (256, 128, 80)];
 /// The same kernel's tile for Q/K head dims up to 192 with V head dims up to 128 (hdim_v set apart).
 const SM90_DENSE_FORWARD_192_128: (i64, i64, i64) = (192, 128, 128);
-/// sm_90a's kv-cache forward and dense fp8 forward: warpgroups of 64 q rows (one at D = 64, two at
-/// D = 128), of the cp.async kernel (`hip/fwd/sm90/kernel.h`) or at D = 128 of the warp-specialized one.
-const SM90_FORWARD_TILES: [(i64, i64, i64); 2] = [(64, 64, 128), (128, 128, 128)];
+/// sm_90a's kv-cache prefill: the warp-specialized kernel (`hip/kvcache/sm90/specialized_paged.h`), two
+/// consumer warpgroups of 64 q rows, 128 keys per tile, at D = 64 and 128 for 16-bit types, at D = 128
+/// for fp8 (`SM90_FP8_TILES`, the dense fp8 forward's tile too); tensors TMA cannot describe take the
+/// cp.async kernel (`hip/fwd/sm90/kernel.h`).
+const SM90_PAGED_TILES: [(i64, i64, i64); 2] = [(64, 128, 128), (128, 128, 128)];
+const SM90_FP8_TILES: [(i64, i64, i64); 1] = [(128, 128, 128)];
 /// sm_90a's decode tiles (packed GQA) of the cp.async kernel: one warpgroup of 64 (query row, query
 /// head) pairs; 64 keys for 16-bit types, 128 for fp8.
 const SM90_DECODE_TILES: [(i64, i64, i64); 2] = [(64, 64, 64), (128, 64, 64)];
@@ -315,35 +318,21 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
                 arch,
                 Operation::Forward,
                 &[CacheDtype::Fp8(Fp8Format::E4m3fn)],
-                &SM90_FORWARD_TILES[1..],
+                &SM90_FP8_TILES,
                 "wgmma_ws_tma_vt",
             ));
             list.extend(sm90_backward_instances());
-            // The forward kernels with paged K/V tiles (hip/kvcache/kvcache.hip): at D = 128 the
-            // warp-specialized one, its producer loading K/V as TMA boxes of whole pages or gathering
-            // them row by row (other pages; tensors TMA cannot describe take the cp.async kernel); at
-            // D = 64 the cp.async kernel. fp8 in the OCP format (the one Hopper's tensor cores take)
-            // with the D = 128 shape only: the warp-specialized kernel for uniform descales, the
-            // cp.async kernel for per-page descales.
-            list.extend(gpu_instances(
-                arch,
-                Operation::KvCache,
-                &HALF_DTYPES,
-                &SM90_FORWARD_TILES[..1],
-                "wgmma_cp_async_paged",
-            ));
-            list.extend(gpu_instances(
-                arch,
-                Operation::KvCache,
-                &HALF_DTYPES,
-                &SM90_FORWARD_TILES[1..],
-                "wgmma_ws_paged",
-            ));
+            // The forward kernel with paged K/V tiles (hip/kvcache/kvcache.hip): the warp-specialized
+            // one, its producer loading K/V as TMA boxes of whole pages or gathering them row by row
+            // (other pages; tensors TMA cannot describe take the cp.async kernel). fp8 in the OCP
+            // format (the one Hopper's tensor cores take) with the D = 128 shape only: the
+            // warp-specialized kernel for uniform descales, the cp.async kernel for per-page descales.
+            list.extend(gpu_instances(arch, Operation::KvCache, &HALF_DTYPES, &SM90_PAGED_TILES, "wgmma_ws_paged"));
             list.extend(gpu_instances(
                 arch,
                 Operation::KvCache,
                 &[CacheDtype::Fp8(Fp8Format::E4m3fn)],
-                &SM90_FORWARD_TILES[1..],
+                &SM90_FP8_TILES,
                 "wgmma_ws_paged_vt",
             ));
             list.extend(sm90_decode_instances());

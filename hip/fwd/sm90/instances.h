@@ -134,19 +134,20 @@ int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const F
   return launch_specialized_kernel<Tile, T>(params, maps, grid.walk, grid.ctas, stream);
 }
 
-// The kv cache's forward at D = 128 (no per-page descales), prefill or packed decode: the
-// warp-specialized kernel over the paged pool (kvcache/sm90/specialized_paged.h). Its producer loads K
-// and V as TMA boxes where pages hold whole 128-key tiles or, for the prefill, where a page is a piece of
-// one (a box per page), and gathers them with cp.async from other pages. `fallback` (the cp.async
-// kernel of the same tile shape) takes tensors TMA cannot describe, and packed tiles whose rows TMA
-// cannot box (the GQA group must divide them). Same tiles and splits as the cp.async kernel's. The
-// gathering producer keeps its loop in registers (88: a spill's reload would wait behind its copies in
-// flight), the consumers take the rest.
-template <typename T, bool kMasked, typename Fallback>
+// The kv cache's forward of head-dim bucket kBucket (no per-page descales), prefill or packed decode at
+// D = 128, 16-bit prefill at D = 64: the warp-specialized kernel over the paged pool
+// (kvcache/sm90/specialized_paged.h), two consumer warpgroups of 64 q rows, 128 keys. Its producer loads
+// K and V as TMA boxes where pages hold whole 128-key tiles or, for the prefill, where a page is a piece
+// of one (a box per page), and gathers them with cp.async from other pages. `fallback` (the cp.async
+// kernel) takes tensors TMA cannot describe, and packed tiles whose rows TMA cannot box (the GQA group
+// must divide them). Same splits as the cp.async kernel's. The gathering producer keeps its loop in
+// registers (88: a spill's reload would wait behind its copies in flight), the consumers take the rest.
+template <typename T, int kBucket, bool kMasked, typename Fallback>
 int32_t launch_specialized(const fmha_kvcache_params& p, hipStream_t stream, const Fallback& fallback) {
-  using BoxedTile = std::conditional_t<sizeof(T) == 2, SpecializedTile<T, 128, 128, 3, kMasked, 40>,
+  static_assert(kBucket == 128 || (kBucket == 64 && sizeof(T) == 2), "16-bit D = 64 or 128, fp8 D = 128");
+  using BoxedTile = std::conditional_t<sizeof(T) == 2, SpecializedTile<T, kBucket, 128, 3, kMasked, 40>,
                                       Fp8SpecializedTile<T, kMasked>>;
-  using GatheredTile = SpecializedTile<T, 128, 128, 3, kMasked, 88, 128, true>;
+  using GatheredTile = SpecializedTile<T, kBucket, 128, 3, kMasked, 88, kBucket, true>;
   constexpr int M = BoxedTile::kBlockM, N = BoxedTile::kBlockN;
   using Source = SpecializedSource<fmha_kvcache_params, GatheredTile, T>;
   const int64_t page = p.page_size;
@@ -188,6 +189,19 @@ int32_t launch_specialized(const fmha_kvcache_params& p, hipStream_t stream, con
   const int64_t ctas = counted || tiles > INT32_MAX ? sms : tiles;
   return boxes_described ? launch_specialized_kernel<BoxedTile, T>(params, maps, Source::walk(p), ctas, stream)
                          : launch_specialized_kernel<GatheredTile, T>(params, maps, Source::walk(p), ctas, stream);
+}
+
+// The kv cache's prefill of one bucket, masked or not: the warp-specialized kernel, with the cp.async
+// kernel of kFallbackWarpgroups warpgroups (128 keys per tile) for tensors TMA cannot describe.
+template <typename T, int kBucket, int kFallbackWarpgroups>
+int32_t launch_paged(const fmha_kvcache_params& p, hipStream_t stream) {
+  const auto launch = [&](auto masked) {
+    constexpr bool kMasked = decltype(masked)::value;
+    return launch_specialized<T, kBucket, kMasked>(p, stream, [&] {
+      return launch_forward<T, kBucket, kFallbackWarpgroups, 128, kMasked, false>(p, stream);
+    });
+  };
+  return p.masked ? launch(std::true_type{}) : launch(std::false_type{});
 }
 
 // One bucket of the dense forward, masked or not: the warp-specialized kernel, with the cp.async
@@ -234,7 +248,7 @@ int32_t dispatch_packed(const Params& p, hipStream_t stream) {
     if (p.hdim_bucket == 128 && p.block_m == 128) {
       const auto launch = [&](auto masked) {
         constexpr bool kMasked = decltype(masked)::value;
-        return launch_specialized<T, kMasked>(
+        return launch_specialized<T, 128, kMasked>(
             p, stream, [&] { return launch_forward<T, 128, 2, 128, kMasked, false, true>(p, stream); });
       };
       return p.masked ? launch(std::true_type{}) : launch(std::false_type{});
@@ -261,11 +275,9 @@ int32_t dispatch_forward(const Params& p, hipStream_t stream) {
   if constexpr (std::is_same_v<Params, fmha_kvcache_params>) {
     if (p.pack_gqa != 0) return dispatch_packed<T, kPageScales>(p, stream);
     if constexpr (!kPageScales) {
-      if (p.hdim_bucket == 128) {
-        return p.masked ? launch_specialized<T, true>(
-                              p, stream, [&] { return launch_forward<T, 128, 2, 128, true, false>(p, stream); })
-                        : launch_specialized<T, false>(
-                              p, stream, [&] { return launch_forward<T, 128, 2, 128, false, false>(p, stream); });
+      if (p.hdim_bucket == 128) return launch_paged<T, 128, 2>(p, stream);
+      if constexpr (sizeof(T) == 2) {
+        if (p.hdim_bucket == 64) return launch_paged<T, 64, 1>(p, stream);
       }
     }
   }
