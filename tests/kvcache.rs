@@ -906,6 +906,30 @@ fn prefill_at_d64_on_every_page() {
     }
 }
 
+/// Prefill and decode at D = 256 (and 200: zero columns past it) for 16-bit inputs, on sm_90a the cp.async
+/// kernel's tile of 64 keys: gathered pages of 1, 5 and 16 tokens, whole-tile pages of 128, both table
+/// formats and layouts, batch and varlen queries, every mask; decode rows (one query row against long
+/// caches) split and unsplit.
+#[test]
+fn prefill_and_decode_at_d256() {
+    if skip() {
+        return;
+    }
+    let mut rng = Rng::fresh();
+    let seed = rng.0;
+    for (i, page) in [1usize, 16, 128, 5, 64, 16].into_iter().enumerate() {
+        let base = prefill_case(i, if i % 2 == 0 { Input::Bf16 } else { Input::F16 }, page);
+        let d = if i == 3 { 200 } else { 256 };
+        let case = if i < 4 {
+            Case { d, ..base }
+        } else {
+            let lens = vec![(1, 1500), (1, 0), (1, 2 * page + 1), (1, 700)];
+            Case { d, lens, group: i == 5, splits: (if i == 4 { 3 } else { 0 }, 0), ..base }
+        };
+        run_planned(&case, "wgmma_cp_async_paged", &mut rng, &format!("seed {seed}: page {page} {case:?}"));
+    }
+}
+
 /// fp8 prefill with uniform descales: on sm_90a the warp-specialized tile, V transposed by its producer
 /// warpgroup, K and V tiles TMA boxes of whole-tile pages or gathered (cp.async) from other ones. Pages
 /// of 1 to 1024 tokens, both table formats and layouts, batch and

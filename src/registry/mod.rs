@@ -222,6 +222,9 @@ const SM90_DENSE_FORWARD_192_128: (i64, i64, i64) = (192, 128, 128);
 /// for fp8 (`SM90_FP8_TILES`, the dense fp8 forward's tile too); tensors TMA cannot describe take the
 /// cp.async kernel (`hip/fwd/sm90/kernel.h`).
 const SM90_PAGED_TILES: [(i64, i64, i64); 2] = [(64, 128, 128), (128, 128, 128)];
+/// Its D = 256 tile, of the cp.async kernel (two warpgroups, 64 keys; the warp-specialized tile's 80 keys
+/// fit neither whole-page TMA boxes nor its gathering producer, `hip/fwd/sm90/instances.h`).
+const SM90_PAGED_TILE_256: (i64, i64, i64) = (256, 128, 64);
 const SM90_FP8_TILES: [(i64, i64, i64); 1] = [(128, 128, 128)];
 /// sm_90a's decode tiles (packed GQA) of the cp.async kernel: one warpgroup of 64 (query row, query
 /// head) pairs; 64 keys for 16-bit types, 128 for fp8.
@@ -324,10 +327,18 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
             list.extend(sm90_backward_instances());
             // The forward kernel with paged K/V tiles (hip/kvcache/kvcache.hip): the warp-specialized
             // one, its producer loading K/V as TMA boxes of whole pages or gathering them row by row
-            // (other pages; tensors TMA cannot describe take the cp.async kernel). fp8 in the OCP
+            // (other pages; tensors TMA cannot describe take the cp.async kernel); at D = 256 the
+            // cp.async kernel. fp8 in the OCP
             // format (the one Hopper's tensor cores take) with the D = 128 shape only: the
             // warp-specialized kernel for uniform descales, the cp.async kernel for per-page descales.
             list.extend(gpu_instances(arch, Operation::KvCache, &HALF_DTYPES, &SM90_PAGED_TILES, "wgmma_ws_paged"));
+            list.extend(gpu_instances(
+                arch,
+                Operation::KvCache,
+                &HALF_DTYPES,
+                &[SM90_PAGED_TILE_256],
+                "wgmma_cp_async_paged",
+            ));
             list.extend(gpu_instances(
                 arch,
                 Operation::KvCache,

@@ -228,7 +228,10 @@ int32_t launch_dense(const fmha_fwd_params& p, hipStream_t stream) {
 //   D = 64: one warpgroup, 128 keys (80 KiB): two CTAs per SM interleave their softmax phases with
 //     each other's MMAs (two warpgroups sharing the K/V tiles: 0.88-0.98x of this);
 //   D = 128: two warpgroups sharing each 128-key K/V tile (161 KiB, one CTA per SM): half the K/V
-//     traffic per query row of one warpgroup with 64 keys (that: 0.85-0.97x of this at S >= 2k).
+//     traffic per query row of one warpgroup with 64 keys (that: 0.85-0.97x of this at S >= 2k);
+//   D = 256: two warpgroups, 64 keys (192 KiB): the kv cache's D = 256 instance. The warp-specialized
+//     tile's 80 keys fit neither whole-tile TMA boxes of the usual pages (multiples of 80 keys) nor its
+//     gathering producer (a run of kChunks rows per thread: 20 rows of 32 chunks).
 // fp8 (the kv-cache's) has the D = 128 shape only (rows of one 128-byte swizzle block); the registry
 // routes smaller head dims to it.
 // kPageScales: the kv-cache's fp8 K/V descales per page (its own instances, so that the uniform path
@@ -272,19 +275,32 @@ int32_t dispatch_packed(const Params& p, hipStream_t stream) {
 
 template <typename T, bool kPageScales = false, typename Params>
 int32_t dispatch_forward(const Params& p, hipStream_t stream) {
+  const auto masked_or_not = [&](auto launch) {
+    return p.masked ? launch(std::true_type{}) : launch(std::false_type{});
+  };
   if constexpr (std::is_same_v<Params, fmha_kvcache_params>) {
     if (p.pack_gqa != 0) return dispatch_packed<T, kPageScales>(p, stream);
-    if constexpr (!kPageScales) {
-      if (p.hdim_bucket == 128) return launch_paged<T, 128, 2>(p, stream);
-      if constexpr (sizeof(T) == 2) {
-        if (p.hdim_bucket == 64) return launch_paged<T, 64, 1>(p, stream);
+    if constexpr (kPageScales) {  // fp8 with per-page descales: the cp.async kernel
+      if (p.hdim_bucket == 128) {
+        return masked_or_not([&](auto masked) {
+          return launch_forward<T, 128, 2, 128, decltype(masked)::value, true>(p, stream);
+        });
+      }
+    } else if (p.hdim_bucket == 128) {
+      return launch_paged<T, 128, 2>(p, stream);
+    } else if constexpr (sizeof(T) == 2) {
+      if (p.hdim_bucket == 64) return launch_paged<T, 64, 1>(p, stream);
+      if (p.hdim_bucket == 256) {  // the cp.async kernel: two warpgroups, 64 keys per tile (192 KiB)
+        return masked_or_not([&](auto masked) {
+          return launch_forward<T, 256, 2, 64, decltype(masked)::value, false>(p, stream);
+        });
       }
     }
-  }
-  if constexpr (std::is_same_v<Params, fmha_fwd_params> && sizeof(T) == 1) {
+    return static_cast<int32_t>(cudaErrorInvalidValue);
+  } else if constexpr (sizeof(T) == 1) {
     if (p.hdim_bucket == 128) return launch_dense<T, 128, 128, 2, 128>(p, stream);
-  }
-  if constexpr (std::is_same_v<Params, fmha_fwd_params> && sizeof(T) == 2) {
+    return static_cast<int32_t>(cudaErrorInvalidValue);
+  } else {
     switch (p.hdim_bucket) {
       case 64:
         return launch_dense<T, 64, 64, 1, 128>(p, stream);
@@ -297,20 +313,6 @@ int32_t dispatch_forward(const Params& p, hipStream_t stream) {
       default:
         return static_cast<int32_t>(cudaErrorInvalidValue);
     }
-  }
-  switch (p.hdim_bucket) {
-    case 64:
-      if constexpr (sizeof(T) == 1) {
-        return static_cast<int32_t>(cudaErrorInvalidValue);
-      } else {
-        return p.masked ? launch_forward<T, 64, 1, 128, true, kPageScales>(p, stream)
-                        : launch_forward<T, 64, 1, 128, false, kPageScales>(p, stream);
-      }
-    case 128:
-      return p.masked ? launch_forward<T, 128, 2, 128, true, kPageScales>(p, stream)
-                      : launch_forward<T, 128, 2, 128, false, kPageScales>(p, stream);
-    default:
-      return static_cast<int32_t>(cudaErrorInvalidValue);
   }
 }
 
