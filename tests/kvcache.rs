@@ -906,10 +906,10 @@ fn prefill_at_d64_on_every_page() {
     }
 }
 
-/// Prefill and decode at D = 256 (and 200: zero columns past it) for 16-bit inputs, on sm_90a the cp.async
-/// kernel's tile of 64 keys: gathered pages of 1, 5 and 16 tokens, whole-tile pages of 128, both table
-/// formats and layouts, batch and varlen queries, every mask; decode rows (one query row against long
-/// caches) split and unsplit.
+/// Prefill and decode at D = 256 (and 200: zero columns past it) for 16-bit inputs, on sm_90a tiles of 64
+/// keys: the warp-specialized kernel's TMA boxes for pages of 32 (a box per page), 64 and 128 (whole
+/// tiles), the cp.async kernel for pages of 1, 5 and 16; both table formats and layouts, batch and varlen
+/// queries, every mask; decode rows (one query row against long caches) split and unsplit.
 #[test]
 fn prefill_and_decode_at_d256() {
     if skip() {
@@ -917,16 +917,17 @@ fn prefill_and_decode_at_d256() {
     }
     let mut rng = Rng::fresh();
     let seed = rng.0;
-    for (i, page) in [1usize, 16, 128, 5, 64, 16].into_iter().enumerate() {
+    for (i, page) in [1usize, 16, 128, 5, 64, 16, 32, 128].into_iter().enumerate() {
         let base = prefill_case(i, if i % 2 == 0 { Input::Bf16 } else { Input::F16 }, page);
-        let d = if i == 3 { 200 } else { 256 };
-        let case = if i < 4 {
-            Case { d, ..base }
-        } else {
+        let d = if i == 3 || i == 7 { 200 } else { 256 };
+        let decode = i == 4 || i == 5;
+        let case = if decode {
             let lens = vec![(1, 1500), (1, 0), (1, 2 * page + 1), (1, 700)];
             Case { d, lens, group: i == 5, splits: (if i == 4 { 3 } else { 0 }, 0), ..base }
+        } else {
+            Case { d, ..base }
         };
-        run_planned(&case, "wgmma_cp_async_paged", &mut rng, &format!("seed {seed}: page {page} {case:?}"));
+        run_planned(&case, "wgmma_ws_paged", &mut rng, &format!("seed {seed}: page {page} {case:?}"));
     }
 }
 
@@ -958,25 +959,35 @@ fn fp8_prefill_on_the_warp_specialized_tile() {
 
 /// Causal prefill with more tiles than an H200 has SMs (3 q tiles × 16 heads × 4 sequences), run with and
 /// without a scheduler workspace: with one, sm_90a takes the tiles from its counter on a persistent grid.
-/// Pages gathered, of tile pieces and of whole-tile TMA boxes; 16- and 8-bit inputs, D = 128 and 64. sm_90a only (the other
-/// backends have no counter, and the other tests run these paths there).
+/// Pages gathered, of tile pieces and of whole-tile TMA boxes; 16- and 8-bit inputs, D = 128 and 64.
+/// sm_90a only (the other backends have no counter, and the other tests run these paths there).
 #[test]
 fn prefill_with_more_tiles_than_sms() {
+    more_tiles_than_sms(&[
+        (Input::Bf16, 16, 128),
+        (Input::Bf16, 32, 128),
+        (Input::Fp8(Fp8Format::E4m3fn), 128, 128),
+        (Input::F16, 16, 64),
+    ]);
+}
+
+/// The same at D = 256 (64-key tiles): pages of tile pieces and of whole tiles (TMA boxes). A test of its
+/// own: the float64 reference at D = 256 costs twice as much.
+#[test]
+fn d256_prefill_with_more_tiles_than_sms() {
+    more_tiles_than_sms(&[(Input::Bf16, 128, 256), (Input::F16, 32, 256)]);
+}
+
+/// Runs each (input, page, head dim) of `cases` as a causal varlen prefill of more tiles than SMs, with and
+/// without a scheduler workspace, on sm_90a's warp-specialized kernel.
+fn more_tiles_than_sms(cases: &[(Input, usize, usize)]) {
     let arch = current_arch();
     if skip() || arch != Arch::Sm90 {
         return;
     }
     let mut rng = Rng::fresh();
     let seed = rng.0;
-    for (i, (input, page, d)) in [
-        (Input::Bf16, 16usize, 128usize),
-        (Input::Bf16, 32, 128),
-        (Input::Fp8(Fp8Format::E4m3fn), 128, 128),
-        (Input::F16, 16, 64),
-    ]
-    .into_iter()
-    .enumerate()
-    {
+    for (i, &(input, page, d)) in cases.iter().enumerate() {
         let base = prefill_case(3 * i, input, page); // (varlen, causal)
         let case = Case { hq: 16, hk: 4, d, lens: vec![(300, 400), (260, 260), (300, 500), (129, 200)], ..base };
         let pipeline = if matches!(input, Input::Fp8(_)) { "wgmma_ws_paged_vt" } else { "wgmma_ws_paged" };

@@ -218,13 +218,11 @@ const SM90_DENSE_FORWARD_TILES: [(i64, i64, i64); 3] = [(64, 128, 128), (128, 12
 /// The same kernel's tile for Q/K head dims up to 192 with V head dims up to 128 (hdim_v set apart).
 const SM90_DENSE_FORWARD_192_128: (i64, i64, i64) = (192, 128, 128);
 /// sm_90a's kv-cache prefill: the warp-specialized kernel (`hip/kvcache/sm90/specialized_paged.h`), two
-/// consumer warpgroups of 64 q rows, 128 keys per tile, at D = 64 and 128 for 16-bit types, at D = 128
-/// for fp8 (`SM90_FP8_TILES`, the dense fp8 forward's tile too); tensors TMA cannot describe take the
-/// cp.async kernel (`hip/fwd/sm90/kernel.h`).
-const SM90_PAGED_TILES: [(i64, i64, i64); 2] = [(64, 128, 128), (128, 128, 128)];
-/// Its D = 256 tile, of the cp.async kernel (two warpgroups, 64 keys; the warp-specialized tile's 80 keys
-/// fit neither whole-page TMA boxes nor its gathering producer, `hip/fwd/sm90/instances.h`).
-const SM90_PAGED_TILE_256: (i64, i64, i64) = (256, 128, 64);
+/// consumer warpgroups of 64 q rows, 128 keys per tile at D = 64 and 128 (16-bit types), 64 at D = 256
+/// (16-bit; pages it cannot load as TMA boxes, of fewer than 32 keys or not dividing the tile, take the
+/// cp.async kernel), and at D = 128 for fp8 (`SM90_FP8_TILES`, the dense fp8 forward's tile too);
+/// tensors TMA cannot describe take the cp.async kernel (`hip/fwd/sm90/kernel.h`).
+const SM90_PAGED_TILES: [(i64, i64, i64); 3] = [(64, 128, 128), (128, 128, 128), (256, 128, 64)];
 const SM90_FP8_TILES: [(i64, i64, i64); 1] = [(128, 128, 128)];
 /// sm_90a's decode tiles (packed GQA) of the cp.async kernel: one warpgroup of 64 (query row, query
 /// head) pairs; 64 keys for 16-bit types, 128 for fp8.
@@ -327,18 +325,11 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
             list.extend(sm90_backward_instances());
             // The forward kernel with paged K/V tiles (hip/kvcache/kvcache.hip): the warp-specialized
             // one, its producer loading K/V as TMA boxes of whole pages or gathering them row by row
-            // (other pages; tensors TMA cannot describe take the cp.async kernel); at D = 256 the
-            // cp.async kernel. fp8 in the OCP
+            // (other pages; at D = 256, and for tensors TMA cannot describe, the cp.async kernel takes
+            // them). fp8 in the OCP
             // format (the one Hopper's tensor cores take) with the D = 128 shape only: the
             // warp-specialized kernel for uniform descales, the cp.async kernel for per-page descales.
             list.extend(gpu_instances(arch, Operation::KvCache, &HALF_DTYPES, &SM90_PAGED_TILES, "wgmma_ws_paged"));
-            list.extend(gpu_instances(
-                arch,
-                Operation::KvCache,
-                &HALF_DTYPES,
-                &[SM90_PAGED_TILE_256],
-                "wgmma_cp_async_paged",
-            ));
             list.extend(gpu_instances(
                 arch,
                 Operation::KvCache,

@@ -135,19 +135,25 @@ int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const F
 }
 
 // The kv cache's forward of head-dim bucket kBucket (no per-page descales), prefill or packed decode at
-// D = 128, 16-bit prefill at D = 64: the warp-specialized kernel over the paged pool
-// (kvcache/sm90/specialized_paged.h), two consumer warpgroups of 64 q rows, 128 keys. Its producer loads
-// K and V as TMA boxes where pages hold whole 128-key tiles or, for the prefill, where a page is a piece
-// of one (a box per page), and gathers them with cp.async from other pages. `fallback` (the cp.async
-// kernel) takes tensors TMA cannot describe, and packed tiles whose rows TMA cannot box (the GQA group
+// D = 128, 16-bit prefill at D = 64 and 256: the warp-specialized kernel over the paged pool
+// (kvcache/sm90/specialized_paged.h), two consumer warpgroups of 64 q rows, 128 keys (D = 256: 64 keys,
+// two stages, 192 KiB). Its producer loads K and V as TMA boxes where pages hold whole key tiles or, for
+// the prefill, where a page is a piece of one (a box per page), and gathers them with cp.async from
+// other pages (not at D = 256: a gathering producer thread copies a run of kChunks rows, and 64 keys of
+// 32 chunks do not divide into 128 such runs). `fallback` (the cp.async kernel) takes tensors TMA cannot
+// describe, the pages D = 256 does not box, and packed tiles whose rows TMA cannot box (the GQA group
 // must divide them). Same splits as the cp.async kernel's. The gathering producer keeps its loop in
 // registers (88: a spill's reload would wait behind its copies in flight), the consumers take the rest.
 template <typename T, int kBucket, bool kMasked, typename Fallback>
 int32_t launch_specialized(const fmha_kvcache_params& p, hipStream_t stream, const Fallback& fallback) {
-  static_assert(kBucket == 128 || (kBucket == 64 && sizeof(T) == 2), "16-bit D = 64 or 128, fp8 D = 128");
-  using BoxedTile = std::conditional_t<sizeof(T) == 2, SpecializedTile<T, kBucket, 128, 3, kMasked, 40>,
-                                      Fp8SpecializedTile<T, kMasked>>;
-  using GatheredTile = SpecializedTile<T, kBucket, 128, 3, kMasked, 88, kBucket, true>;
+  static_assert(kBucket == 128 || (kBucket % 64 == 0 && sizeof(T) == 2), "16-bit D = 64, 128 or 256, fp8 D = 128");
+  constexpr bool kGathers = kBucket != 256;
+  using BoxedTile = std::conditional_t<
+      sizeof(T) == 1, Fp8SpecializedTile<T, kMasked>,
+      std::conditional_t<kBucket == 256, SpecializedTile<T, 256, 64, 2, kMasked, 40>,
+                         SpecializedTile<T, kBucket, 128, 3, kMasked, 40>>>;
+  using GatheredTile =
+      std::conditional_t<kGathers, SpecializedTile<T, kBucket, 128, 3, kMasked, 88, kBucket, true>, BoxedTile>;
   constexpr int M = BoxedTile::kBlockM, N = BoxedTile::kBlockN;
   using Source = SpecializedSource<fmha_kvcache_params, GatheredTile, T>;
   const int64_t page = p.page_size;
@@ -176,7 +182,7 @@ int32_t launch_specialized(const fmha_kvcache_params& p, hipStream_t stream, con
                             p.nhead_k, p.num_pages, p.k_row_stride, p.k_head_stride, p.k_batch_stride, box) &&
       arch::encode_rows_map(&maps.v, reinterpret_cast<const void*>(p.v), BoxedTile::kElementBytes, p.hdim_v, page,
                             p.nhead_k, p.num_pages, p.v_row_stride, p.v_head_stride, p.v_batch_stride, box);
-  if (!query_described || (boxed && !pieces && !boxes_described)) return fallback();
+  if (!query_described || (!boxes_described && (!kGathers || (boxed && !pieces)))) return fallback();
   const int64_t tiles = Source::tiles(p);  // (the boxed tile's grid: the same M)
   // Masked tiles differ in cost: given a tile counter (the run's scheduler workspace), a persistent grid
   // of one CTA per SM takes them from it in the grid's order, each CTA loading its next tile under the
@@ -192,13 +198,13 @@ int32_t launch_specialized(const fmha_kvcache_params& p, hipStream_t stream, con
 }
 
 // The kv cache's prefill of one bucket, masked or not: the warp-specialized kernel, with the cp.async
-// kernel of kFallbackWarpgroups warpgroups (128 keys per tile) for tensors TMA cannot describe.
-template <typename T, int kBucket, int kFallbackWarpgroups>
+// kernel of kFallbackWarpgroups warpgroups and kFallbackKeys keys per tile for what it does not take.
+template <typename T, int kBucket, int kFallbackWarpgroups, int kFallbackKeys>
 int32_t launch_paged(const fmha_kvcache_params& p, hipStream_t stream) {
   const auto launch = [&](auto masked) {
     constexpr bool kMasked = decltype(masked)::value;
     return launch_specialized<T, kBucket, kMasked>(p, stream, [&] {
-      return launch_forward<T, kBucket, kFallbackWarpgroups, 128, kMasked, false>(p, stream);
+      return launch_forward<T, kBucket, kFallbackWarpgroups, kFallbackKeys, kMasked, false>(p, stream);
     });
   };
   return p.masked ? launch(std::true_type{}) : launch(std::false_type{});
@@ -287,14 +293,10 @@ int32_t dispatch_forward(const Params& p, hipStream_t stream) {
         });
       }
     } else if (p.hdim_bucket == 128) {
-      return launch_paged<T, 128, 2>(p, stream);
+      return launch_paged<T, 128, 2, 128>(p, stream);
     } else if constexpr (sizeof(T) == 2) {
-      if (p.hdim_bucket == 64) return launch_paged<T, 64, 1>(p, stream);
-      if (p.hdim_bucket == 256) {  // the cp.async kernel: two warpgroups, 64 keys per tile (192 KiB)
-        return masked_or_not([&](auto masked) {
-          return launch_forward<T, 256, 2, 64, decltype(masked)::value, false>(p, stream);
-        });
-      }
+      if (p.hdim_bucket == 64) return launch_paged<T, 64, 1, 128>(p, stream);
+      if (p.hdim_bucket == 256) return launch_paged<T, 256, 2, 64>(p, stream);
     }
     return static_cast<int32_t>(cudaErrorInvalidValue);
   } else if constexpr (sizeof(T) == 1) {
