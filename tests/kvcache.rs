@@ -878,15 +878,7 @@ fn packed_decode(i: usize, input: Input, page: usize, per_page_scales: bool, rng
 /// layouts, batch and varlen queries, every mask, shared prefixes.
 #[test]
 fn prefill_at_d128_on_every_page() {
-    if skip() {
-        return;
-    }
-    let mut rng = Rng::fresh();
-    let seed = rng.0;
-    for (i, page) in [1usize, 5, 16, 48, 64, 128, 256].into_iter().enumerate() {
-        let case = prefill_case(i, if i % 2 == 0 { Input::Bf16 } else { Input::F16 }, page);
-        run_planned(&case, "wgmma_ws_paged", &mut rng, &format!("seed {seed}: page {page} {case:?}"));
-    }
+    prefill_on_pages(&[1, 5, 16, 48, 64, 128, 256], |_| 128);
 }
 
 /// The same at D = 64 and at a head dim below it (40: TMA boxes and gathered rows with zero columns past
@@ -894,14 +886,20 @@ fn prefill_at_d128_on_every_page() {
 /// 5 (a page lookup per row), 8 and 16 (gathered runs), 32 (a box per page), 128 and 256 (whole tiles).
 #[test]
 fn prefill_at_d64_on_every_page() {
+    prefill_on_pages(&[1, 3, 5, 8, 16, 32, 128, 256], |i| if i % 3 == 1 { 40 } else { 64 });
+}
+
+/// Case i of the 16-bit prefill tests (`prefill_case`, bf16 and fp16 in turn) on pages of `pages[i]` tokens
+/// at head dim `head_dim(i)`, on sm_90a the warp-specialized instance.
+fn prefill_on_pages(pages: &[usize], head_dim: impl Fn(usize) -> usize) {
     if skip() {
         return;
     }
     let mut rng = Rng::fresh();
     let seed = rng.0;
-    for (i, page) in [1usize, 3, 5, 8, 16, 32, 128, 256].into_iter().enumerate() {
+    for (i, &page) in pages.iter().enumerate() {
         let base = prefill_case(i, if i % 2 == 0 { Input::Bf16 } else { Input::F16 }, page);
-        let case = Case { d: if i % 3 == 1 { 40 } else { 64 }, ..base };
+        let case = Case { d: head_dim(i), ..base };
         run_planned(&case, "wgmma_ws_paged", &mut rng, &format!("seed {seed}: page {page} {case:?}"));
     }
 }
