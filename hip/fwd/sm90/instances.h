@@ -14,6 +14,13 @@
 
 namespace fmha {
 
+// `launch(std::true_type{})` for a call with a mask, `launch(std::false_type{})` without: masked and
+// unmasked tiles are compiled apart.
+template <typename Params, typename Launch>
+int32_t with_mask(const Params& p, const Launch& launch) {
+  return p.masked ? launch(std::true_type{}) : launch(std::false_type{});
+}
+
 template <typename T, int kHeadDim, int kWarpgroups, int kBlockN, bool kMasked, bool kPageScales,
           bool kPackGqa = false, typename Params>
 int32_t launch_forward(const Params& p, hipStream_t stream) {
@@ -146,7 +153,8 @@ int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const F
 // registers (88: a spill's reload would wait behind its copies in flight), the consumers take the rest.
 template <typename T, int kBucket, bool kMasked, typename Fallback>
 int32_t launch_specialized(const fmha_kvcache_params& p, hipStream_t stream, const Fallback& fallback) {
-  static_assert(kBucket == 128 || (kBucket % 64 == 0 && sizeof(T) == 2), "16-bit D = 64, 128 or 256, fp8 D = 128");
+  static_assert(kBucket == 128 || ((kBucket == 64 || kBucket == 256) && sizeof(T) == 2),
+                "16-bit D = 64, 128 or 256, fp8 D = 128");
   constexpr bool kGathers = kBucket != 256;
   using BoxedTile = std::conditional_t<
       sizeof(T) == 1, Fp8SpecializedTile<T, kMasked>,
@@ -201,13 +209,12 @@ int32_t launch_specialized(const fmha_kvcache_params& p, hipStream_t stream, con
 // kernel of kFallbackWarpgroups warpgroups and kFallbackKeys keys per tile for what it does not take.
 template <typename T, int kBucket, int kFallbackWarpgroups, int kFallbackKeys>
 int32_t launch_paged(const fmha_kvcache_params& p, hipStream_t stream) {
-  const auto launch = [&](auto masked) {
+  return with_mask(p, [&](auto masked) {
     constexpr bool kMasked = decltype(masked)::value;
     return launch_specialized<T, kBucket, kMasked>(p, stream, [&] {
       return launch_forward<T, kBucket, kFallbackWarpgroups, kFallbackKeys, kMasked, false>(p, stream);
     });
-  };
-  return p.masked ? launch(std::true_type{}) : launch(std::false_type{});
+  });
 }
 
 // One bucket of the dense forward, masked or not: the warp-specialized kernel, with the cp.async
@@ -224,8 +231,7 @@ int32_t launch_dense(const fmha_fwd_params& p, hipStream_t stream) {
   if constexpr (kBucket == 64 && sizeof(T) == 2) {
     if (dense_consumers(p) == 3) return launch(std::false_type{}, std::integral_constant<int, 3>{});
   }
-  const std::integral_constant<int, 2> two;
-  return p.masked ? launch(std::true_type{}, two) : launch(std::false_type{}, two);
+  return with_mask(p, [&](auto masked) { return launch(masked, std::integral_constant<int, 2>{}); });
 }
 
 // The cp.async kernel's tile shapes (the kv cache's other instances, and the fallback of the
@@ -255,12 +261,11 @@ int32_t dispatch_packed(const Params& p, hipStream_t stream) {
   constexpr int N = sizeof(T) == 1 ? 128 : 64;
   if constexpr (!kPageScales && std::is_same_v<Params, fmha_kvcache_params>) {
     if (p.hdim_bucket == 128 && p.block_m == 128) {
-      const auto launch = [&](auto masked) {
+      return with_mask(p, [&](auto masked) {
         constexpr bool kMasked = decltype(masked)::value;
         return launch_specialized<T, 128, kMasked>(
             p, stream, [&] { return launch_forward<T, 128, 2, 128, kMasked, false, true>(p, stream); });
-      };
-      return p.masked ? launch(std::true_type{}) : launch(std::false_type{});
+      });
     }
   }
   switch (p.hdim_bucket) {
@@ -281,14 +286,11 @@ int32_t dispatch_packed(const Params& p, hipStream_t stream) {
 
 template <typename T, bool kPageScales = false, typename Params>
 int32_t dispatch_forward(const Params& p, hipStream_t stream) {
-  const auto masked_or_not = [&](auto launch) {
-    return p.masked ? launch(std::true_type{}) : launch(std::false_type{});
-  };
   if constexpr (std::is_same_v<Params, fmha_kvcache_params>) {
     if (p.pack_gqa != 0) return dispatch_packed<T, kPageScales>(p, stream);
     if constexpr (kPageScales) {  // fp8 with per-page descales: the cp.async kernel
       if (p.hdim_bucket == 128) {
-        return masked_or_not([&](auto masked) {
+        return with_mask(p, [&](auto masked) {
           return launch_forward<T, 128, 2, 128, decltype(masked)::value, true>(p, stream);
         });
       }
