@@ -146,22 +146,20 @@ int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const F
 // (kvcache/sm90/specialized_paged.h), two consumer warpgroups of 64 q rows, 128 keys (D = 256: 64 keys,
 // two stages, 192 KiB). Its producer loads K and V as TMA boxes where pages hold whole key tiles or, for
 // the prefill, where a page is a piece of one (a box per page), and gathers them with cp.async from
-// other pages (not at D = 256: a gathering producer thread copies a run of kChunks rows, and 64 keys of
-// 32 chunks do not divide into 128 such runs). `fallback` (the cp.async kernel) takes tensors TMA cannot
-// describe, the pages D = 256 does not box, and packed tiles whose rows TMA cannot box (the GQA group
-// must divide them). Same splits as the cp.async kernel's. The gathering producer keeps its loop in
-// registers (88: a spill's reload would wait behind its copies in flight), the consumers take the rest.
+// other pages. `fallback` (the cp.async kernel) takes tensors TMA cannot describe and packed tiles whose
+// rows TMA cannot box (the GQA group must divide them). Same splits as the cp.async kernel's. The
+// gathering producer keeps its loop in registers (88: a spill's reload would wait behind its copies in
+// flight), the consumers take the rest; at D = 256 72, the fewest it runs without spills, for consumers
+// of 216 (at 208 D = 256's masked step spills 4 stores and 22 loads, at 216 1 and 15).
 template <typename T, int kBucket, bool kMasked, typename Fallback>
 int32_t launch_specialized(const fmha_kvcache_params& p, hipStream_t stream, const Fallback& fallback) {
   static_assert(kBucket == 128 || ((kBucket == 64 || kBucket == 256) && sizeof(T) == 2),
                 "16-bit D = 64, 128 or 256, fp8 D = 128");
-  constexpr bool kGathers = kBucket != 256;
-  using BoxedTile = std::conditional_t<
-      sizeof(T) == 1, Fp8SpecializedTile<T, kMasked>,
-      std::conditional_t<kBucket == 256, SpecializedTile<T, 256, 64, 2, kMasked, 40>,
-                         SpecializedTile<T, kBucket, 128, 3, kMasked, 40>>>;
-  using GatheredTile =
-      std::conditional_t<kGathers, SpecializedTile<T, kBucket, 128, 3, kMasked, 88, kBucket, true>, BoxedTile>;
+  constexpr int kKeys = kBucket == 256 ? 64 : 128, kStages = kBucket == 256 ? 2 : 3;
+  using BoxedTile = std::conditional_t<sizeof(T) == 1, Fp8SpecializedTile<T, kMasked>,
+                                       SpecializedTile<T, kBucket, kKeys, kStages, kMasked, 40>>;
+  constexpr int kGatherRegisters = kBucket == 256 ? 72 : 88;
+  using GatheredTile = SpecializedTile<T, kBucket, kKeys, kStages, kMasked, kGatherRegisters, kBucket, true>;
   constexpr int M = BoxedTile::kBlockM, N = BoxedTile::kBlockN;
   using Source = SpecializedSource<fmha_kvcache_params, GatheredTile, T>;
   const int64_t page = p.page_size;
@@ -190,7 +188,7 @@ int32_t launch_specialized(const fmha_kvcache_params& p, hipStream_t stream, con
                             p.nhead_k, p.num_pages, p.k_row_stride, p.k_head_stride, p.k_batch_stride, box) &&
       arch::encode_rows_map(&maps.v, reinterpret_cast<const void*>(p.v), BoxedTile::kElementBytes, p.hdim_v, page,
                             p.nhead_k, p.num_pages, p.v_row_stride, p.v_head_stride, p.v_batch_stride, box);
-  if (!query_described || (!boxes_described && (!kGathers || (boxed && !pieces)))) return fallback();
+  if (!query_described || (!boxes_described && boxed && !pieces)) return fallback();
   const int64_t tiles = Source::tiles(p);  // (the boxed tile's grid: the same M)
   // Masked tiles differ in cost: given a tile counter (the run's scheduler workspace), a persistent grid
   // of one CTA per SM takes them from it in the grid's order, each CTA loading its next tile under the
@@ -241,9 +239,9 @@ int32_t launch_dense(const fmha_fwd_params& p, hipStream_t stream) {
 //     each other's MMAs (two warpgroups sharing the K/V tiles: 0.88-0.98x of this);
 //   D = 128: two warpgroups sharing each 128-key K/V tile (161 KiB, one CTA per SM): half the K/V
 //     traffic per query row of one warpgroup with 64 keys (that: 0.85-0.97x of this at S >= 2k);
-//   D = 256: two warpgroups, 64 keys (192 KiB): the kv cache's D = 256 instance. The warp-specialized
-//     tile's 80 keys fit neither whole-tile TMA boxes of the usual pages (multiples of 80 keys) nor its
-//     gathering producer (a run of kChunks rows per thread: 20 rows of 32 chunks).
+//   D = 256: two warpgroups, 64 keys (192 KiB), as the kv cache's warp-specialized D = 256 tile. The
+//     dense forward's 80 keys fit neither whole-tile TMA boxes of the usual pages (multiples of 80 keys)
+//     nor the gathering producer (a thread's run of 20 rows is not whole swizzle periods).
 // fp8 (the kv-cache's) has the D = 128 shape only (rows of one 128-byte swizzle block); the registry
 // routes smaller head dims to it.
 // kPageScales: the kv-cache's fp8 K/V descales per page (its own instances, so that the uniform path

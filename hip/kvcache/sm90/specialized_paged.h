@@ -1,9 +1,9 @@
 // The warp-specialized forward's source for the kv-cache operation (fmha_kvcache_params), pools whose
-// pages hold whole 128-key tiles or, for the prefill, pieces of one (a page size dividing 128: Tile::kGather
-// false, K/V tiles are TMA boxes of the pool, a box per page) or any other number of rows (Tile::kGather:
-// the producer warpgroup gathers them with cp.async, a run of consecutive rows per thread): the grid and
-// split-KV of the cp.async kernel (kvcache/split.h); key j of a sequence is row j mod P of page
-// page_id(j / P) (kvcache/page_table.h).
+// pages hold whole key tiles (128 keys; D = 256: 64) or, for the prefill, pieces of one (a page size
+// dividing the tile: Tile::kGather false, K/V tiles are TMA boxes of the pool, a box per page) or any
+// other number of rows (Tile::kGather: the producer warpgroup gathers them with cp.async, a run of
+// consecutive rows per thread): the grid and split-KV of the cp.async kernel (kvcache/split.h); key j of
+// a sequence is row j mod P of page page_id(j / P) (kvcache/page_table.h).
 // A boxed sequence's last V tile is copied with cp.async (zeros past its keys: the rest of a page is not
 // the sequence's); gathered tiles have zeros there.
 #pragma once
@@ -117,11 +117,12 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
   }
 
   // Gathered tiles: producer thread t copies the 16-byte chunk t mod kChunks of kRun consecutive rows,
-  // from row kRun · (t / kChunks). Where the pages hold a multiple of kRun rows, a run lies in one page;
-  // else (row_pages) the run's kChunks = kRun threads, lanes of one warp, each look up one of its rows and
-  // pass each other the rows' offsets by shuffles: one table load per thread and tile either way.
+  // from row kRun · (t / kChunks) (16 rows at D = 128 and 256: 128 keys of 16 chunks, 64 keys of 32).
+  // Where the pages hold a multiple of kRun rows, a run lies in one page; else (row_pages) lane i of the
+  // run's kChunks threads, lanes of one warp, looks up row i mod kRun, and they pass each other the rows'
+  // offsets by shuffles: one table load per thread and tile either way.
   static constexpr int kRun = N * Tile::kChunks / Tile::Producer::kThreads;
-  static_assert(!Tile::kGather || (Tile::kChunksQK == Tile::kChunks && kRun == Tile::kChunks &&
+  static_assert(!Tile::kGather || (Tile::kChunksQK == Tile::kChunks && Tile::kChunks % kRun == 0 &&
                                    arch::kWarpSize % Tile::kChunks == 0),
                 "gathered K and V rows of the same chunks, a run per kChunks lanes of one warp");
   __device__ static bool row_pages(const Work& w) { return w.page.divisor() % kRun != 0; }
@@ -131,12 +132,12 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
 
   // The page this lane loads from in the tile of keys j0.. (clamped to the sequence's pages): TMA, the
   // tile's page (lane 0 issues the boxes), or with pieces that of the lane's piece; gathered, the page of
-  // the lane's run, or with row_pages of its run's row lane mod kChunks. The producer asks a tile ahead,
+  // the lane's run, or with row_pages of its run's row lane mod kRun. The producer asks a tile ahead,
   // so that the table load is in flight while it waits for a stage.
   __device__ static int64_t page_of(const fmha_kvcache_params& p, const Work& w, int64_t j0, int lane) {
     int64_t row;
     if constexpr (Tile::kGather) {
-      row = (lane / Tile::kChunks) * kRun + (row_pages(w) ? lane % Tile::kChunks : 0);
+      row = (lane / Tile::kChunks) * kRun + (row_pages(w) ? lane % kRun : 0);
     } else {
       row = lane < pieces(w) ? lane * w.page.divisor() : 0;
     }
@@ -197,8 +198,8 @@ struct SpecializedSource<fmha_kvcache_params, Tile, T> {
       const bool valid = column_valid && i < valid_rows;
       arch::copy_async_16(slot(i), valid ? row : pool, valid);
     };
-    if (row_pages(w)) {  // this lane's page is row first + chunk's; row i's offset is lane i's of the run
-      const int64_t mine = id * page_stride + w.page.remainder(j0 + first + chunk) * row_stride;
+    if (row_pages(w)) {  // this lane's page is row first + chunk mod kRun's; row i's offset is lane i's
+      const int64_t mine = id * page_stride + w.page.remainder(j0 + first + chunk % kRun) * row_stride;
       const auto row = [&](int i) { return pool + arch::shuffle(mine, i, Tile::kChunks) + column; };
       if (arch::all_lanes(whole)) {  // (the warp's lanes take one branch: each shuffle needs all of them)
 #pragma unroll
