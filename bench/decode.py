@@ -5,7 +5,7 @@ e4m3 (OCP; descale = amax / 448); fmha and FA3 take fp8 q too, flashinfer's deco
 cache (its scales as floats); each is checked against SDPA on its own dequantised inputs.
 
 The shapes are `../shared/spec/inference.md` §4.3's (and `../shared/peers/peer_bench.py`'s): 32 query /
-8 kv heads, d 128, bf16, pages of 16 tokens scattered in a shuffled pool; batch 64 or 128 of 1k-32k
+8 kv heads, d 128 (`--dim`: another), bf16, pages of 16 tokens scattered in a shuffled pool; batch 64 or 128 of 1k-32k
 tokens, and 128 sequences of log-uniform lengths in [1k, 32k]. GB/s = bytes of K and V read
 (sum L * Hkv * D * bytes * 2) / time, where time is the GPU's per call (`timed`: calls queued behind a sleep
 kernel, as a serving engine's CUDA graph runs them); `call us` is one call's latency from its start to
@@ -88,12 +88,16 @@ def reference(q, kc, vc, table, L):
 
 
 def main():
+    global D
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT"))
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--shapes", type=shapes, default=SHAPES,
                     help="comma-separated BxL (L a length or 'mixed'); default the issue's five rows")
+    ap.add_argument("--dim", type=int, default=D, help="head dim of Q, K and V (default %(default)s)")
+    ap.add_argument("--no-fp8", action="store_true", help="skip the fp8 rows")
     args = ap.parse_args()
+    D = args.dim
     dev = torch.device("cuda")
     import fmha
 
@@ -156,6 +160,10 @@ def main():
             cell("flashinfer decode", lambda: wrapper(rivals["flashinfer"]))
 
         # fp8: per-tensor codes of the same cache; fmha and FA3 take (batch, Hkv) descales.
+        if args.no_fp8:
+            del pr
+            torch.cuda.empty_cache()
+            continue
         q8, qd = quantize(pr["q"])
         k8, kd = quantize(pr["kc"])
         v8, vd = quantize(pr["vc"])

@@ -821,16 +821,34 @@ fn packed_decode_on_every_group_and_page() {
     let pages = [8usize, 16, 1, 64, 128, 256, 5, 48];
     for i in 0..16 {
         let input = if i % 2 == 0 { Input::Bf16 } else { Input::F16 };
-        packed_decode(i, input, pages[i % pages.len()], false, &mut rng, seed);
+        packed_decode(i, input, pages[i % pages.len()], false, 128, &mut rng, seed);
     }
     // fp8: the warp-specialized tile takes every page size; per-page descales take the one-warpgroup tile.
     for (i, page) in [8usize, 16, 128, 1, 256, 3, 128, 24].into_iter().enumerate() {
-        packed_decode(i, Input::Fp8(Fp8Format::E4m3fn), page, i == 6, &mut rng, seed);
+        packed_decode(i, Input::Fp8(Fp8Format::E4m3fn), page, i == 6, 128, &mut rng, seed);
     }
 }
 
-/// Case `i` of `packed_decode_on_every_group_and_page`: its heads, masks, lengths and splits by `i`.
-fn packed_decode(i: usize, input: Input, page: usize, per_page_scales: bool, rng: &mut Rng, seed: u64) {
+/// The same at D = 64 (and 40) and D = 256 (and 200) for 16-bit inputs: on sm_90a the warp-specialized
+/// tile (D = 256: 64 keys, pages of 64 and 128 as TMA boxes, others gathered); a group of 6 takes D = 64's
+/// one-warpgroup tile and, at D = 256, which has none, the prefill tile.
+#[test]
+fn packed_decode_at_d64_and_d256() {
+    if skip() {
+        return;
+    }
+    let mut rng = Rng::fresh();
+    let seed = rng.0;
+    let pages = [16usize, 1, 128, 5, 32, 64];
+    for i in 0..12 {
+        let input = if i % 2 == 0 { Input::Bf16 } else { Input::F16 };
+        let d = if i < 6 { [64, 40][i % 2] } else { [256, 200][i % 2] };
+        packed_decode(i, input, pages[i % pages.len()], false, d, &mut rng, seed);
+    }
+}
+
+/// Case `i` of the packed decode tests at head dim `d`: its heads, masks, lengths and splits by `i`.
+fn packed_decode(i: usize, input: Input, page: usize, per_page_scales: bool, d: usize, rng: &mut Rng, seed: u64) {
     let heads = [(4, 4), (8, 4), (8, 2), (16, 2), (32, 2), (12, 2)];
     let (hq, hk) = heads[i % heads.len()];
     let group_size = hq / hk;
@@ -858,13 +876,14 @@ fn packed_decode(i: usize, input: Input, page: usize, per_page_scales: bool, rng
         per_page_scales,
         hq,
         hk,
-        d: 128,
+        d,
         lens,
         share_prefix: i % 2 == 1,
         splits: [(0, 0), (1, 0), (3, 0), (0, 256)][i % 4],
     };
     let expected = match (boxes, fp8) {
         (true, false) => "wgmma_ws_paged_gqa",
+        (false, false) if d > 128 => "wgmma_ws_paged",
         (false, false) => "wgmma_cp_async_paged_gqa",
         (true, true) => "wgmma_ws_paged_vt_gqa",
         (false, true) => "wgmma_cp_async_paged_vt_gqa",
@@ -908,7 +927,7 @@ fn prefill_on_pages(pages: &[usize], head_dim: impl Fn(usize) -> usize) {
 /// warp-specialized kernel's tiles of 64 keys: TMA boxes for pages of 32 (a box per page), 64 and 128
 /// (whole tiles), gathered runs of 16 rows for pages of 16, a page lookup per row for pages of 1 and 5;
 /// both table formats and layouts, batch and varlen queries, every mask; decode rows (one query row
-/// against long caches) split and unsplit.
+/// against long caches: the packed-GQA tile of the same kernel) split and unsplit.
 #[test]
 fn prefill_and_decode_at_d256() {
     if skip() {
@@ -926,7 +945,8 @@ fn prefill_and_decode_at_d256() {
         } else {
             Case { d, ..base }
         };
-        run_planned(&case, "wgmma_ws_paged", &mut rng, &format!("seed {seed}: page {page} {case:?}"));
+        let expected = if decode { "wgmma_ws_paged_gqa" } else { "wgmma_ws_paged" };
+        run_planned(&case, expected, &mut rng, &format!("seed {seed}: page {page} {case:?}"));
     }
 }
 

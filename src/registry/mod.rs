@@ -74,7 +74,8 @@ impl Instance {
     /// warp-specialized tile loads its rows as TMA boxes of `group` heads, so the group also divides its
     /// rows, and its descales are uniform (its producer takes every page size: TMA boxes of whole-tile
     /// pages, other pages gathered). Its kernel takes other calls too, through the cp.async kernel of its
-    /// shape, which is slower than the one-warpgroup tiles that take them here.
+    /// shape, which is slower than the one-warpgroup tiles (or, at D = 256, the prefill tile) that take
+    /// them here.
     pub fn packs(&self, group: i64, max_seqlen_q: i64, page_size: i64, page_scales: bool) -> bool {
         let fits_tile = self.packed_gqa && max_seqlen_q * group <= self.m0;
         if !SM90_DECODE_WS_PIPELINES.contains(&self.pipeline) {
@@ -227,10 +228,12 @@ const SM90_FP8_TILES: [(i64, i64, i64); 1] = [(128, 128, 128)];
 /// sm_90a's decode tiles (packed GQA) of the cp.async kernel: one warpgroup of 64 (query row, query
 /// head) pairs; 64 keys for 16-bit types, 128 for fp8.
 const SM90_DECODE_TILES: [(i64, i64, i64); 2] = [(64, 64, 64), (128, 64, 64)];
-/// The warp-specialized kernel's decode tile (`hip/kvcache/sm90/specialized_paged.h`): 128 (query row,
-/// query head) pairs, 128 keys, its rows loaded as TMA boxes (see [`Instance::packs`]); for 16-bit
-/// types and for fp8 (V transposed by the producer).
-const SM90_DECODE_WS_TILE: (i64, i64, i64) = (128, 128, 128);
+/// The warp-specialized kernel's decode tiles (`hip/kvcache/sm90/specialized_paged.h`, the prefill's
+/// tiles): 128 (query row, query head) pairs, 128 keys (D = 256: 64), its rows loaded as TMA boxes (see
+/// [`Instance::packs`]); for 16-bit types at D = 64, 128 and 256, for fp8 (V transposed by the
+/// producer) at D = 128.
+const SM90_DECODE_WS_TILES: [(i64, i64, i64); 3] = [(64, 128, 128), (128, 128, 128), (256, 128, 64)];
+const SM90_DECODE_WS_TILE_FP8: (i64, i64, i64) = (128, 128, 128);
 const SM90_DECODE_WS_PIPELINES: [&str; 2] = ["wgmma_ws_paged_gqa", "wgmma_ws_paged_vt_gqa"];
 const SM90_DECODE_TILES_FP8: [(i64, i64, i64); 1] = [(128, 64, 128)];
 /// gfx942: 4 waves of 32 q rows; k rows such that the double-buffered K and Vᵀ tiles take at most
@@ -381,8 +384,8 @@ fn sm90_backward_instances() -> Vec<Instance> {
 }
 
 /// sm_90a's decode instances (packed GQA: tile rows pack the query heads of one kv head): the
-/// warp-specialized tiles at D = 128 first (16-bit, fp8), the cp.async kernel's one-warpgroup tiles for
-/// the calls they do not take and the other head dims.
+/// warp-specialized tiles first (16-bit at D = 64, 128 and 256, fp8 at D = 128), the cp.async kernel's
+/// one-warpgroup tiles (D = 64 and 128) for the calls they do not take.
 fn sm90_decode_instances() -> Vec<Instance> {
     let packed = |dtypes: &[CacheDtype], tiles: &[(i64, i64, i64)], pipeline| {
         gpu_instances(Arch::Sm90, Operation::KvCache, dtypes, tiles, pipeline)
@@ -390,8 +393,8 @@ fn sm90_decode_instances() -> Vec<Instance> {
             .map(|i| Instance { packed_gqa: true, ..i })
     };
     let fp8 = [CacheDtype::Fp8(Fp8Format::E4m3fn)];
-    let mut list: Vec<Instance> = packed(&HALF_DTYPES, &[SM90_DECODE_WS_TILE], SM90_DECODE_WS_PIPELINES[0]).collect();
-    list.extend(packed(&fp8, &[SM90_DECODE_WS_TILE], SM90_DECODE_WS_PIPELINES[1]));
+    let mut list: Vec<Instance> = packed(&HALF_DTYPES, &SM90_DECODE_WS_TILES, SM90_DECODE_WS_PIPELINES[0]).collect();
+    list.extend(packed(&fp8, &[SM90_DECODE_WS_TILE_FP8], SM90_DECODE_WS_PIPELINES[1]));
     list.extend(packed(&HALF_DTYPES, &SM90_DECODE_TILES, "wgmma_cp_async_paged_gqa"));
     list.extend(packed(&fp8, &SM90_DECODE_TILES_FP8, "wgmma_cp_async_paged_vt_gqa"));
     list
@@ -672,7 +675,13 @@ mod tests {
             assert_eq!(pick(128, 4, 1, page), ws, "page {page}");
         }
         assert_eq!(pick(128, 4, 1, 0), cp_async, "no pages: the launcher refuses the call first");
-        assert_eq!(pick(64, 4, 1, 16), cp_async);
+        // D = 64 and 256: the same rule, on 64-key tiles at D = 256.
+        assert_eq!(pick(64, 4, 1, 16), ws);
+        assert_eq!(pick(40, 8, 16, 1), ws);
+        assert_eq!(pick(64, 6, 1, 16), cp_async);
+        assert_eq!(pick(256, 4, 1, 16), Some((128, 64, SM90_DECODE_WS_PIPELINES[0])));
+        assert_eq!(pick(200, 2, 64, 128), Some((128, 64, SM90_DECODE_WS_PIPELINES[0])));
+        assert_eq!(pick(256, 6, 1, 16), None, "no one-warpgroup tile at D = 256: the prefill tile");
         // fp8: every page size; per-page descales take the cp.async tile.
         let fp8 = CacheDtype::Fp8(Fp8Format::E4m3fn);
         let ws8 = Some((128, 128, SM90_DECODE_WS_PIPELINES[1]));

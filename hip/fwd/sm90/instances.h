@@ -141,8 +141,8 @@ int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const F
   return launch_specialized_kernel<Tile, T>(params, maps, grid.walk, grid.ctas, stream);
 }
 
-// The kv cache's forward of head-dim bucket kBucket (no per-page descales), prefill or packed decode at
-// D = 128, 16-bit prefill at D = 64 and 256: the warp-specialized kernel over the paged pool
+// The kv cache's forward of head-dim bucket kBucket (no per-page descales), prefill or packed decode, at
+// D = 128, and for 16-bit types at D = 64 and 256: the warp-specialized kernel over the paged pool
 // (kvcache/sm90/specialized_paged.h), two consumer warpgroups of 64 q rows, 128 keys (D = 256: 64 keys,
 // two stages, 192 KiB). Its producer loads K and V as TMA boxes where pages hold whole key tiles or, for
 // the prefill, where a page is a piece of one (a box per page), and gathers them with cp.async from
@@ -203,14 +203,15 @@ int32_t launch_specialized(const fmha_kvcache_params& p, hipStream_t stream, con
                          : launch_specialized_kernel<GatheredTile, T>(params, maps, Source::walk(p), ctas, stream);
 }
 
-// The kv cache's prefill of one bucket, masked or not: the warp-specialized kernel, with the cp.async
-// kernel of kFallbackWarpgroups warpgroups and kFallbackKeys keys per tile for what it does not take.
-template <typename T, int kBucket, int kFallbackWarpgroups, int kFallbackKeys>
+// The kv cache's prefill (kPackGqa: packed decode) of one bucket, masked or not: the warp-specialized
+// kernel, with the cp.async kernel of kFallbackWarpgroups warpgroups and kFallbackKeys keys per tile for
+// what it does not take.
+template <typename T, int kBucket, int kFallbackWarpgroups, int kFallbackKeys, bool kPackGqa = false>
 int32_t launch_paged(const fmha_kvcache_params& p, hipStream_t stream) {
   return with_mask(p, [&](auto masked) {
     constexpr bool kMasked = decltype(masked)::value;
     return launch_specialized<T, kBucket, kMasked>(p, stream, [&] {
-      return launch_forward<T, kBucket, kFallbackWarpgroups, kFallbackKeys, kMasked, false>(p, stream);
+      return launch_forward<T, kBucket, kFallbackWarpgroups, kFallbackKeys, kMasked, false, kPackGqa>(p, stream);
     });
   });
 }
@@ -248,22 +249,23 @@ int32_t launch_dense(const fmha_fwd_params& p, hipStream_t stream) {
 // carries nothing of them).
 // The kv-cache's decode (fmha_kvcache_params::pack_gqa): tiles whose rows are (query row, query head)
 // pairs of one kv head (the registry's "_gqa" instances), so that K/V are read once per kv head. The
-// D = 128 tile of 128 rows and 128 keys (block_m 128; 16-bit, or fp8 with uniform descales) is the
-// warp-specialized kernel: its producer keeps three stages of K and V in flight, what a read-bound decode
-// needs (the cp.async kernel of the same shape where TMA cannot take the pages). The others, one
-// warpgroup of 64 rows: 64-key tiles for
-// 16-bit types (80 KiB at D = 128) let two CTAs share an SM and keep four tiles in flight; 8-bit ones
-// keep the 128 keys the V transpose is written for (88 KiB).
+// tiles of 128 rows (block_m 128: 16-bit at D = 64, 128 and 256, fp8 with uniform descales at D = 128)
+// are the warp-specialized kernel's, the prefill's tiles: its producer keeps K and V in flight (three
+// stages of 128 keys; D = 256 two of 64), what a read-bound decode needs (the cp.async kernel of the same
+// shape where TMA cannot take the pages). The others, for groups that do not divide 128 rows and fp8's
+// per-page descales, one warpgroup of 64 rows: 64-key tiles for 16-bit types (80 KiB at D = 128) let two
+// CTAs share an SM and keep four tiles in flight; 8-bit ones keep the 128 keys the V transpose is written
+// for (88 KiB).
 template <typename T, bool kPageScales, typename Params>
 int32_t dispatch_packed(const Params& p, hipStream_t stream) {
   constexpr int N = sizeof(T) == 1 ? 128 : 64;
   if constexpr (!kPageScales && std::is_same_v<Params, fmha_kvcache_params>) {
-    if (p.hdim_bucket == 128 && p.block_m == 128) {
-      return with_mask(p, [&](auto masked) {
-        constexpr bool kMasked = decltype(masked)::value;
-        return launch_specialized<T, 128, kMasked>(
-            p, stream, [&] { return launch_forward<T, 128, 2, 128, kMasked, false, true>(p, stream); });
-      });
+    if (p.block_m == 128) {
+      if (p.hdim_bucket == 128) return launch_paged<T, 128, 2, 128, true>(p, stream);
+      if constexpr (sizeof(T) == 2) {
+        if (p.hdim_bucket == 64) return launch_paged<T, 64, 2, 128, true>(p, stream);
+        if (p.hdim_bucket == 256) return launch_paged<T, 256, 2, 64, true>(p, stream);
+      }
     }
   }
   switch (p.hdim_bucket) {
