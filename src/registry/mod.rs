@@ -328,10 +328,9 @@ pub fn instances(arch: Arch) -> Vec<Instance> {
             list.extend(sm90_backward_instances());
             // The forward kernel with paged K/V tiles (hip/kvcache/kvcache.hip): the warp-specialized
             // one, its producer loading K/V as TMA boxes of whole pages or gathering them row by row
-            // (other pages; at D = 256, and for tensors TMA cannot describe, the cp.async kernel takes
-            // them). fp8 in the OCP format (the one Hopper's tensor cores take) with the D = 128 shape
-            // only: the warp-specialized kernel for uniform descales, the cp.async kernel for per-page
-            // descales.
+            // (other pages; the cp.async kernel takes tensors TMA cannot describe). fp8 in the OCP format
+            // (the one Hopper's tensor cores take) with the D = 128 shape only: the warp-specialized
+            // kernel for uniform descales, the cp.async kernel for per-page descales.
             list.extend(gpu_instances(arch, Operation::KvCache, &HALF_DTYPES, &SM90_PAGED_TILES, "wgmma_ws_paged"));
             list.extend(gpu_instances(
                 arch,

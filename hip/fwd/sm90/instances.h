@@ -149,8 +149,8 @@ int32_t launch_specialized(const fmha_fwd_params& p, hipStream_t stream, const F
 // other pages. `fallback` (the cp.async kernel) takes tensors TMA cannot describe and packed tiles whose
 // rows TMA cannot box (the GQA group must divide them). Same splits as the cp.async kernel's. The
 // gathering producer keeps its loop in registers (88: a spill's reload would wait behind its copies in
-// flight), the consumers take the rest; at D = 256 72, the fewest it runs without spills, for consumers
-// of 216 (at 208 D = 256's masked step spills 4 stores and 22 loads, at 216 1 and 15).
+// flight), the consumers take the rest; at D = 256 72, the fewest it runs without spills, so that the
+// consumers, which hold O's 256 columns, get 216.
 template <typename T, int kBucket, bool kMasked, typename Fallback>
 int32_t launch_specialized(const fmha_kvcache_params& p, hipStream_t stream, const Fallback& fallback) {
   static_assert(kBucket == 128 || ((kBucket == 64 || kBucket == 256) && sizeof(T) == 2),
